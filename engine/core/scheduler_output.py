@@ -1,0 +1,50 @@
+"""What the scheduler tells the model runner for one step.
+
+Full data for a request is sent once (NewRequestData, also when a preempted request
+resumes); after that only diffs (CachedRequestData). The runner keeps its own copy of each
+request's tokens and block table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    req_id: str
+    token_ids: list[int]  # prompt plus any output produced before a preemption
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
+    scheduled_cached_reqs: list[CachedRequestData] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    total_num_scheduled_tokens: int = 0
+    # requests the runner must forget before this step (finished, aborted or preempted)
+    finished_req_ids: set[str] = field(default_factory=set)
+    preempted_req_ids: set[str] = field(default_factory=set)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass
+class ModelRunnerOutput:
+    # one sampled token for each request that reached the end of its known tokens
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    # per sampled request: (sampled token logprob, {token_id: logprob} of the top N)
+    logprobs: dict[str, tuple[float, dict[int, float]]] = field(default_factory=dict)

@@ -1,0 +1,144 @@
+"""EngineCore: the step loop. schedule -> execute (one flat batch) -> sample -> update."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import torch
+
+from engine.attention.backend import get_attention_backend
+from engine.config import EngineConfig
+from engine.core.block_hash import model_fingerprint
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.scheduler import Scheduler
+from engine.detokenizer import IncrementalDetokenizer
+from engine.model.loader import load_model, parse_dtype
+from engine.model.source import resolve_model
+from engine.outputs import RequestOutput, TokenLogprob
+from engine.request import Request, RequestStatus
+from engine.sampling_params import SamplingParams
+from engine.validation import validate_request
+from engine.worker.kv_cache import allocate_kv_caches, num_kv_blocks
+from engine.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, progress: bool = True):
+        self.config = config
+        self.source = resolve_model(config.model)
+        self.dtype = parse_dtype(config.dtype)
+        device = torch.device(config.device)
+        backend = get_attention_backend(config.attention_backend)
+        self.loaded = load_model(self.source, self.dtype, config.device,
+                                 config.scheduler.max_model_len, progress)
+        self.tokenizer = self.loaded.tokenizer
+        arch, cache = self.loaded.arch, config.cache
+        num_blocks = num_kv_blocks(cache, arch, self.dtype, device)
+        self.max_model_len = self._resolve_max_model_len(num_blocks)
+        self.root_hash = model_fingerprint(self.source.model_id, str(self.dtype), arch.num_layers,
+                                           arch.num_kv_heads, arch.head_dim, cache.block_size)
+        self.kv_manager = KVCacheManager(num_blocks, cache.block_size, self.root_hash,
+                                         cache.enable_prefix_caching)
+        self.scheduler = Scheduler(dataclasses.replace(config.scheduler, max_model_len=self.max_model_len),
+                                   self.kv_manager)
+        kv_caches = allocate_kv_caches(num_blocks, arch, cache.block_size, self.dtype, device)
+        self.runner = ModelRunner(self.loaded.model, kv_caches, cache.block_size, backend, device, config.seed)
+        self._outputs: dict[str, RequestOutput] = {}
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._aborted: list[RequestOutput] = []
+
+    def _resolve_max_model_len(self, num_blocks: int) -> int:
+        wanted = self.config.scheduler.max_model_len or self.loaded.arch.max_position_embeddings
+        capacity = num_blocks * self.config.cache.block_size
+        if wanted > capacity:
+            logger.warning("max_model_len lowered from %d to %d tokens: the KV cache holds %d blocks",
+                           wanted, capacity, num_blocks)
+        return min(wanted, capacity)
+
+    # ---- requests --------------------------------------------------------------------
+    def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    prompt: str | None = None) -> None:
+        """Validate and queue a request; a bad one raises InvalidRequestError and changes nothing."""
+        validate_request(req_id, prompt_token_ids, params, self.max_model_len,
+                         self.loaded.arch.vocab_size, self._outputs)
+        request = Request(req_id, prompt_token_ids, params, self.loaded.eos_token_ids)
+        self._outputs[req_id] = RequestOutput(req_id, prompt, list(prompt_token_ids),
+                                              logprobs=[] if params.logprobs is not None else None,
+                                              arrival_time=time.monotonic())
+        self._detokenizers[req_id] = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
+                                                            params.stop, params.include_stop_str_in_output)
+        self.scheduler.add_request(request)
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """The checks of add_request, without queueing anything."""
+        validate_request("validate", prompt_token_ids, params, self.max_model_len,
+                         self.loaded.arch.vocab_size, ())
+
+    def abort_request(self, req_id: str) -> None:
+        """Stop a request and free its blocks; its final output comes with the next step."""
+        for request in self.scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED):
+            self._aborted.append(self._finish_output(request))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or bool(self._aborted)
+
+    # ---- the loop --------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One engine iteration; returns the outputs of requests that advanced or ended."""
+        outputs, self._aborted = self._aborted, []
+        sched = self.scheduler.schedule()
+        if sched.is_empty and not sched.finished_req_ids:
+            return outputs
+        result = self.runner.execute_model(sched)
+        for request in self.scheduler.update_from_output(sched, result):
+            outputs.append(self._process_token(request, result.logprobs.get(request.req_id)))
+        return outputs
+
+    def _process_token(self, request: Request, logprob) -> RequestOutput:
+        out = self._outputs[request.req_id]
+        token_id = request.all_token_ids[-1]
+        now = time.monotonic()
+        if out.first_token_time is None:
+            out.first_token_time = now
+            out.num_cached_tokens = max(request.num_cached_tokens, 0)
+        out.token_ids.append(token_id)
+        out.new_token_ids = [token_id]
+        if logprob is not None:
+            out.logprobs.append(TokenLogprob(token_id, logprob[0], logprob[1]))
+        detok = self._detokenizers[request.req_id]
+        matched_stop = detok.update(token_id)
+        status = RequestStatus.FINISHED_STOPPED if matched_stop is not None else self.scheduler.check_stop(request)
+        if matched_stop is not None:
+            request.stop_reason = matched_stop
+        if status is None:
+            out.text = detok.output_text
+            out.new_text = detok.take_delta(finished=False)
+            return out
+        if matched_stop is None:
+            detok.flush()
+        self.scheduler.finish_requests([request.req_id], status)
+        return self._finish_output(request)
+
+    def _finish_output(self, request: Request) -> RequestOutput:
+        out = self._outputs.pop(request.req_id)
+        detok = self._detokenizers.pop(request.req_id)
+        if request.status != RequestStatus.FINISHED_ABORTED:
+            out.new_text = detok.take_delta(finished=True)
+        else:
+            out.new_token_ids, out.new_text = [], ""
+        out.text = detok.output_text
+        out.finish_reason = request.finish_reason
+        out.stop_reason = request.stop_reason
+        out.finished_time = time.monotonic()
+        return out
+
+    # ---- introspection ---------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        kv = self.kv_manager
+        stats = dict(self.scheduler.stats())
+        stats["prefix_cache_queried_tokens"] = kv.num_queried_tokens
+        stats["prefix_cache_hit_tokens"] = kv.num_hit_tokens
+        return stats

@@ -1,0 +1,100 @@
+"""The offline API: `LLM(model=...).generate(prompts, params)` drives the engine loop."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.engine_core import EngineCore
+from engine.errors import InvalidRequestError
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+PromptType = str | dict
+
+
+class LLM:
+    def __init__(self, model: str = "smollm2", *, dtype: str = "float32", device: str = "cpu",
+                 attention_backend: str = "torch", seed: int = 0, block_size: int = 16,
+                 enable_prefix_caching: bool = True, kv_cache_memory_bytes: int | None = None,
+                 kv_cache_memory_fraction: float = 0.1, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 2048, long_prefill_token_threshold: int = 512,
+                 max_model_len: int | None = None, progress: bool = True):
+        config = EngineConfig(
+            model=model, dtype=dtype, device=device, attention_backend=attention_backend, seed=seed,
+            cache=CacheConfig(block_size, enable_prefix_caching, kv_cache_memory_bytes, kv_cache_memory_fraction),
+            scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold,
+                                      max_model_len))
+        self.engine = EngineCore(config, progress=progress)
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """One output per prompt, in order. All prompts are validated before any is queued."""
+        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        params = self._params_per_prompt(sampling_params, len(prompts))
+        encoded = [self._encode(p, i) for i, p in enumerate(prompts)]
+        return self._run([(text, ids) for text, ids in encoded], params, use_tqdm)
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = False) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"} dicts) or a list of them."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        params = self._params_per_prompt(sampling_params, len(conversations))
+        encoded = []
+        for conversation in conversations:
+            text = self.apply_chat_template(conversation)
+            encoded.append((text, self.tokenizer.encode(text, add_special_tokens=False)))
+        return self._run(encoded, params, use_tqdm)
+
+    def apply_chat_template(self, conversation: list[dict]) -> str:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidRequestError("messages", "this model has no chat template")
+        if not all(isinstance(m, dict) and "role" in m and "content" in m for m in conversation):
+            raise InvalidRequestError("messages", "each message needs 'role' and 'content'")
+        return self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+
+    def _params_per_prompt(self, sampling_params, n: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams() for _ in range(n)]
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * n
+        params = list(sampling_params)
+        if len(params) != n:
+            raise InvalidRequestError("sampling_params", f"got {len(params)} for {n} prompts")
+        return params
+
+    def _encode(self, prompt: PromptType, index: int) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt", f"prompt {index} is empty")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        if isinstance(prompt, dict) and "prompt" in prompt:
+            return self._encode(prompt["prompt"], index)
+        raise InvalidRequestError("prompt", f"prompt {index} must be a string or a dict with "
+                                            "'prompt' or 'prompt_token_ids'")
+
+    def _run(self, encoded: list[tuple[str | None, list[int]]], params: list[SamplingParams],
+             use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.engine
+        req_ids = [f"llm-{next(self._ids)}" for _ in encoded]
+        for (_, ids), p in zip(encoded, params):
+            engine.validate(ids, p)
+        for req_id, (text, ids), p in zip(req_ids, encoded, params):
+            engine.add_request(req_id, ids, p, prompt=text)
+        finished: dict[str, RequestOutput] = {}
+        wanted = set(req_ids)
+        with tqdm(total=len(req_ids), desc="Generating", disable=not use_tqdm) as bar:
+            while wanted - finished.keys():
+                for out in engine.step():
+                    if out.finished and out.req_id in wanted:
+                        finished[out.req_id] = out
+                        bar.update(1)
+        return [finished[r] for r in req_ids]

@@ -1,0 +1,34 @@
+"""What the engine hands back for a request: cumulative text/tokens plus this step's delta."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top_logprobs: dict[int, float]
+
+
+@dataclass
+class RequestOutput:
+    req_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    logprobs: list[TokenLogprob] | None = None
+    num_cached_tokens: int = 0
+    # this step's increment, for streaming
+    new_token_ids: list[int] = field(default_factory=list)
+    new_text: str = ""
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,116 @@
+"""Executes one scheduled step: keeps per-request token and block state, packs the flat
+batch, runs the model once and samples."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.backend import AttentionBackend, AttentionMetadata
+from engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from engine.model.llama import LlamaForCausalLM
+from engine.sample.sampler import sample
+from engine.sampling_params import SamplingParams
+
+
+@dataclass
+class CachedRequestState:
+    req_id: str
+    token_ids: list[int]
+    block_ids: list[int]
+    sampling_params: SamplingParams
+    generator: torch.Generator | None
+    num_computed_tokens: int = 0
+
+
+@dataclass
+class StepBatch:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    sampling_req_ids: list[str]
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], block_size: int,
+                 backend: AttentionBackend, device: torch.device, seed: int = 0):
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.backend = backend
+        self.device = device
+        self.requests: dict[str, CachedRequestState] = {}
+        self.default_generator = torch.Generator(device=device)
+        self.default_generator.manual_seed(seed)
+
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(sched)
+        if sched.is_empty:
+            return ModelRunnerOutput()
+        batch = self._prepare_inputs(sched)
+        logits = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta,
+                            self.backend, batch.logits_indices)
+        states = [self.requests[r] for r in batch.sampling_req_ids]
+        sampled = sample(logits, [s.sampling_params for s in states], [s.generator for s in states],
+                         self.default_generator)
+        out = ModelRunnerOutput()
+        for state, token_id, logprob in zip(states, sampled.token_ids, sampled.logprobs):
+            state.token_ids.append(token_id)
+            out.sampled_token_ids[state.req_id] = token_id
+            if logprob is not None:
+                out.logprobs[state.req_id] = logprob
+        return out
+
+    def _update_states(self, sched: SchedulerOutput) -> None:
+        for req_id in sched.finished_req_ids:
+            self.requests.pop(req_id, None)
+        for new in sched.scheduled_new_reqs:
+            self.requests[new.req_id] = CachedRequestState(
+                new.req_id, list(new.token_ids), list(new.block_ids), new.sampling_params,
+                self._generator(new.sampling_params), new.num_computed_tokens)
+        for cached in sched.scheduled_cached_reqs:
+            state = self.requests[cached.req_id]
+            state.block_ids.extend(cached.new_block_ids)
+            state.num_computed_tokens = cached.num_computed_tokens
+
+    def _generator(self, params: SamplingParams) -> torch.Generator | None:
+        if params.seed is None:
+            return None
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(params.seed)
+        return gen
+
+    def _prepare_inputs(self, sched: SchedulerOutput) -> StepBatch:
+        # decodes first: the attention backend batches them together
+        order = sorted(sched.num_scheduled_tokens, key=lambda r: sched.num_scheduled_tokens[r] != 1)
+        num_decodes = sum(1 for r in order if sched.num_scheduled_tokens[r] == 1)
+        input_ids, positions, slots, seq_lens, starts, tables = [], [], [], [], [0], []
+        logits_indices, sampling_req_ids = [], []
+        bs = self.block_size
+        for req_id in order:
+            state, n = self.requests[req_id], sched.num_scheduled_tokens[req_id]
+            start, end = state.num_computed_tokens, state.num_computed_tokens + n
+            input_ids.extend(state.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(state.block_ids[p // bs] * bs + p % bs for p in range(start, end))
+            seq_lens.append(end)
+            starts.append(starts[-1] + n)
+            tables.append(state.block_ids)
+            state.num_computed_tokens = end
+            if end == len(state.token_ids):
+                logits_indices.append(starts[-1] - 1)
+                sampling_req_ids.append(req_id)
+        max_blocks = max(len(t) for t in tables)
+        block_tables = [t + [0] * (max_blocks - len(t)) for t in tables]
+        dev = self.device
+        meta = AttentionMetadata(
+            num_decodes=num_decodes,
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.tensor(block_tables, dtype=torch.int32, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            max_query_len=max(sched.num_scheduled_tokens.values()), max_seq_len=max(seq_lens))
+        return StepBatch(torch.tensor(input_ids, dtype=torch.long, device=dev),
+                         torch.tensor(positions, dtype=torch.long, device=dev), meta,
+                         torch.tensor(logits_indices, dtype=torch.long, device=dev), sampling_req_ids)
