@@ -13,7 +13,7 @@ from engine.core.block_hash import model_fingerprint
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.scheduler import Scheduler
 from engine.detokenizer import IncrementalDetokenizer
-from engine.model.loader import load_model, parse_dtype
+from engine.model.loader import LoadedModel, load_model, parse_dtype
 from engine.model.source import resolve_model
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.request import Request, RequestStatus
@@ -26,14 +26,15 @@ logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, progress: bool = True):
+    def __init__(self, config: EngineConfig, progress: bool = True, loaded: LoadedModel | None = None):
+        """`loaded`: weights already in memory (several engines over one model, as in tests)."""
         self.config = config
         self.source = resolve_model(config.model)
         self.dtype = parse_dtype(config.dtype)
         device = torch.device(config.device)
         backend = get_attention_backend(config.attention_backend)
-        self.loaded = load_model(self.source, self.dtype, config.device,
-                                 config.scheduler.max_model_len, progress)
+        self.loaded = loaded or load_model(self.source, self.dtype, config.device,
+                                           config.scheduler.max_model_len, progress)
         self.tokenizer = self.loaded.tokenizer
         arch, cache = self.loaded.arch, config.cache
         num_blocks = num_kv_blocks(cache, arch, self.dtype, device)

@@ -55,8 +55,6 @@ class KVCacheManager:
             return [], 0
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         hits = self.find_longest_cache_hit(self.block_hashes(request, max_hit_blocks))
-        self.num_queried_tokens += request.num_tokens
-        self.num_hit_tokens += len(hits) * self.block_size
         return hits, len(hits) * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int,

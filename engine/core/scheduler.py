@@ -27,7 +27,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._finished_req_ids: set[str] = set()
-        self._resumed_req_ids: set[str] = set()
+        self.num_preemptions = 0
 
     # ---- queue management ------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -100,6 +100,7 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
+        self.num_preemptions += 1
         self.waiting.appendleft(request)
         out.preempted_req_ids.add(request.req_id)
         out.num_scheduled_tokens.pop(request.req_id, None)
@@ -109,15 +110,16 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             hits, num_hit_tokens = self.kv.get_computed_blocks(request)
-            request.num_computed_tokens = num_hit_tokens
-            num_new = self._num_new_tokens(request, budget)
+            num_new = min(request.num_tokens - num_hit_tokens, self.config.long_prefill_token_threshold, budget)
             new_blocks = self.kv.allocate_slots(request, num_new, hits)
             if new_blocks is None:
-                request.num_computed_tokens = 0
                 break
             self.waiting.popleft()
-            if request.num_cached_tokens < 0:
+            request.num_computed_tokens = num_hit_tokens
+            if request.num_cached_tokens < 0:  # first admission, not a resume
                 request.num_cached_tokens = num_hit_tokens
+                self.kv.num_queried_tokens += request.num_tokens
+                self.kv.num_hit_tokens += num_hit_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             out.scheduled_new_reqs.append(NewRequestData(
@@ -159,5 +161,5 @@ class Scheduler:
 
     def stats(self) -> dict[str, int]:
         return {"num_running": len(self.running), "num_waiting": len(self.waiting),
-                "num_free_blocks": self.kv.num_free_blocks,
+                "num_free_blocks": self.kv.num_free_blocks, "num_preemptions": self.num_preemptions,
                 "num_total_blocks": self.kv.pool.num_blocks}

@@ -1,0 +1,65 @@
+"""Greedy output of every engine path equals transformers on a tiny random Llama (GQA)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import EngineConfig, SchedulerConfig, CacheConfig
+from engine.engine_core import EngineCore
+from engine.model.loader import load_model
+from engine.model.source import resolve_model
+from tests.engine.correctness import MODES, run_added_mid_run, run_llm, varied_prompts
+from tests.engine.hf_reference import hf_greedy, load_hf_model
+
+MAX_TOKENS = 24
+LENGTHS = [1, 7, 16, 17, 33, 64, 130, 300]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_dir):
+    loaded = load_model(resolve_model(tiny_llama_dir), torch.float32, "cpu", progress=False)
+    prompts = varied_prompts(loaded.arch.vocab_size, LENGTHS)
+    expected = hf_greedy(load_hf_model(tiny_llama_dir), prompts, MAX_TOKENS, loaded.eos_token_ids)
+    return loaded, prompts, expected
+
+
+def _assert_all_blocks_free(llm_engine) -> None:
+    kv = llm_engine.kv_manager
+    assert kv.num_free_blocks == kv.pool.num_blocks
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_greedy_matches_hf(tiny, tiny_llama_dir, mode):
+    loaded, prompts, expected = tiny
+    got, llm = run_llm(loaded, tiny_llama_dir, prompts, MAX_TOKENS, **MODES[mode])
+    assert got == expected
+    _assert_all_blocks_free(llm.engine)
+
+
+def test_prefix_cache_hits_are_token_exact(tiny, tiny_llama_dir):
+    loaded, prompts, expected = tiny
+    _, llm = run_llm(loaded, tiny_llama_dir, prompts, MAX_TOKENS)
+    before = llm.engine.kv_manager.num_hit_tokens
+    again = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                         __import__("engine").SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+    assert [o.token_ids for o in again] == expected
+    assert llm.engine.kv_manager.num_hit_tokens - before >= sum(len(p) // 16 - 1 for p in prompts if len(p) > 16)
+    assert any(o.num_cached_tokens > 0 for o in again)
+
+
+def test_preemption_under_tiny_kv_budget(tiny, tiny_llama_dir):
+    loaded, prompts, expected = tiny
+    got, llm = run_llm(loaded, tiny_llama_dir, prompts, MAX_TOKENS, kv_cache_memory_bytes=24 * 8192)
+    assert llm.engine.kv_manager.pool.num_blocks == 24
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert got == expected
+    _assert_all_blocks_free(llm.engine)
+
+
+def test_requests_added_mid_run(tiny, tiny_llama_dir):
+    loaded, prompts, expected = tiny
+    config = EngineConfig(model=tiny_llama_dir, cache=CacheConfig(),
+                          scheduler=SchedulerConfig(max_num_batched_tokens=64, long_prefill_token_threshold=32))
+    engine = EngineCore(config, progress=False, loaded=loaded)
+    assert run_added_mid_run(engine, prompts, MAX_TOKENS) == expected
+    _assert_all_blocks_free(engine)
