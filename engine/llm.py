@@ -37,7 +37,11 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """One output per prompt, in order. All prompts are validated before any is queued."""
-        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        elif not isinstance(prompts, Sequence):
+            raise InvalidRequestError("prompt", f"must be a string, a dict or a list of them, got "
+                                                f"{type(prompts).__name__}")
         params = self._params_per_prompt(sampling_params, len(prompts))
         encoded = [self._encode(p, i) for i, p in enumerate(prompts)]
         return self._run([(text, ids) for text, ids in encoded], params, use_tqdm)
