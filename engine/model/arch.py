@@ -18,7 +18,7 @@ def arch_from_hf_config(cfg: dict, source: str) -> ModelArchConfig:
     try:
         num_heads = cfg["num_attention_heads"]
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        rope_theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+        rope_theta = cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0
         scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
         if scaling.get("rope_type", scaling.get("type", "default")) == "default":
             scaling = None

@@ -1,0 +1,1 @@
+"""The decode service (built with the disaggregated-serving issue)."""

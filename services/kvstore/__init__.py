@@ -1,0 +1,1 @@
+"""The kvstore service (built with the disaggregated-serving issue)."""

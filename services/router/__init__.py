@@ -1,0 +1,1 @@
+"""The router service (built with the disaggregated-serving issue)."""
