@@ -18,7 +18,8 @@ from engine.model.source import resolve_model
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.validation import validate_request
+from engine.kv_transfer import KVPayload
+from engine.validation import validate_request, validate_transfer
 from engine.worker.kv_cache import allocate_kv_caches, num_kv_blocks
 from engine.worker.model_runner import ModelRunner
 
@@ -61,17 +62,36 @@ class EngineCore:
 
     # ---- requests --------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None = None) -> None:
-        """Validate and queue a request; a bad one raises InvalidRequestError and changes nothing."""
+                    prompt: str | None = None, *, output_token_ids: list[int] = (),
+                    kv_import: KVPayload | None = None, export_kv: bool = False) -> None:
+        """Validate and queue a request; a bad one raises InvalidRequestError and changes nothing.
+
+        Disaggregated serving: a prefill worker sets `export_kv` (the final output carries
+        the prompt's KV) and may pass a cached prefix as `kv_import`; a decode worker passes
+        the first token as `output_token_ids` and the prompt's KV as `kv_import`.
+        """
         validate_request(req_id, prompt_token_ids, params, self.max_model_len,
                          self.loaded.arch.vocab_size, self._outputs)
-        request = Request(req_id, prompt_token_ids, params, self.loaded.eos_token_ids)
-        self._outputs[req_id] = RequestOutput(req_id, prompt, list(prompt_token_ids),
-                                              logprobs=[] if params.logprobs is not None else None,
-                                              arrival_time=time.monotonic())
-        self._detokenizers[req_id] = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
-                                                            params.stop, params.include_stop_str_in_output)
+        validate_transfer(prompt_token_ids, output_token_ids, kv_import, self.kv_block_shape,
+                          self.loaded.arch.vocab_size)
+        request = Request(req_id, prompt_token_ids, params, self.loaded.eos_token_ids,
+                          output_token_ids=output_token_ids, kv_import=kv_import, export_kv=export_kv)
+        # the output covers the whole completion, tokens produced elsewhere included
+        out = RequestOutput(req_id, prompt, list(prompt_token_ids), token_ids=list(output_token_ids),
+                            logprobs=[] if params.logprobs is not None else None, arrival_time=time.monotonic())
+        detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.stop,
+                                       params.include_stop_str_in_output)
+        for token_id in output_token_ids:  # already streamed by whoever produced them
+            detok.update(token_id)
+            detok.take_delta(finished=False)
+        self._outputs[req_id], self._detokenizers[req_id] = out, detok
         self.scheduler.add_request(request)
+
+    @property
+    def kv_block_shape(self) -> tuple[int, ...]:
+        """One block of a KVPayload: [num_layers, 2, block_size, num_kv_heads, head_dim]."""
+        arch = self.loaded.arch
+        return (arch.num_layers, 2, self.config.cache.block_size, arch.num_kv_heads, arch.head_dim)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """The checks of add_request, without queueing anything."""
@@ -120,6 +140,8 @@ class EngineCore:
             return out
         if matched_stop is None:
             detok.flush()
+        if request.export_kv:
+            out.kv_export = self._export_kv(request)
         self.scheduler.finish_requests([request.req_id], status)
         return self._finish_output(request)
 
@@ -135,6 +157,13 @@ class EngineCore:
         out.stop_reason = request.stop_reason
         out.finished_time = time.monotonic()
         return out
+
+    def _export_kv(self, request: Request) -> KVPayload:
+        """The KV of every computed token (the prompt; the token just sampled has none yet)."""
+        bs, num_tokens = self.config.cache.block_size, request.num_computed_tokens
+        block_ids = self.kv_manager.get_block_ids(request.req_id)[:-(-num_tokens // bs)]
+        return KVPayload(num_tokens, self.runner.export_blocks(block_ids),
+                         list(self.kv_manager.block_hashes(request, num_tokens // bs)))
 
     # ---- introspection ---------------------------------------------------------------
     def stats(self) -> dict[str, float]:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.kv_transfer import KVPayload
+
 
 @dataclass
 class TokenLogprob:
@@ -28,6 +30,7 @@ class RequestOutput:
     arrival_time: float = 0.0
     first_token_time: float | None = None
     finished_time: float | None = None
+    kv_export: KVPayload | None = None  # prefill mode: the prompt's KV, on the final output
 
     @property
     def finished(self) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 import time
 
+from engine.kv_transfer import KVPayload
 from engine.sampling_params import SamplingParams
 
 
@@ -23,14 +24,19 @@ class RequestStatus(enum.Enum):
 
 class Request:
     def __init__(self, req_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                 eos_token_ids: frozenset[int] = frozenset(), arrival_time: float | None = None):
+                 eos_token_ids: frozenset[int] = frozenset(), arrival_time: float | None = None,
+                 output_token_ids: list[int] = (), kv_import: KVPayload | None = None,
+                 export_kv: bool = False):
         self.req_id = req_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_ids = eos_token_ids
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.status = RequestStatus.WAITING
-        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.all_token_ids: list[int] = list(prompt_token_ids) + list(output_token_ids)
+        # KV computed elsewhere for the first kv_import.num_tokens tokens, loaded on admission
+        self.kv_import = kv_import
+        self.export_kv = export_kv
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit at first scheduling; -1 until then
         self.num_preemptions = 0

@@ -32,3 +32,21 @@ def _validate_prompt(token_ids, max_model_len: int, vocab_size: int) -> None:
     if len(token_ids) >= max_model_len:
         raise InvalidRequestError("prompt", f"has {len(token_ids)} tokens; the context (max_model_len) is "
                                             f"{max_model_len}, leaving no room to generate")
+
+
+def validate_transfer(prompt_token_ids, output_token_ids, kv_import, block_shape: tuple[int, ...],
+                      vocab_size: int) -> None:
+    """Checks on the disaggregation inputs of a request (see EngineCore.add_request)."""
+    if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size for t in output_token_ids):
+        raise InvalidRequestError("output_token_ids", f"every id must be an integer in [0, {vocab_size})")
+    if kv_import is None:
+        return
+    num_tokens = len(prompt_token_ids) + len(output_token_ids)
+    if not 0 < kv_import.num_tokens < num_tokens:
+        raise InvalidRequestError("kv_import", f"covers {kv_import.num_tokens} tokens; it must cover "
+                                               f"between 1 and {num_tokens - 1} of the request's {num_tokens}")
+    block_size = block_shape[2]
+    num_blocks = -(-kv_import.num_tokens // block_size)
+    if tuple(kv_import.blocks.shape) != (num_blocks, *block_shape):
+        raise InvalidRequestError("kv_import", f"blocks have shape {tuple(kv_import.blocks.shape)}, "
+                                               f"expected {(num_blocks, *block_shape)}")

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from engine.config import SchedulerConfig
 from engine.core.kv_cache_manager import KVCacheManager
+from engine.kv_transfer import KVLoad
 from engine.core.scheduler_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                           SchedulerOutput)
 from engine.request import Request, RequestStatus
@@ -110,12 +111,15 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             hits, num_hit_tokens = self.kv.get_computed_blocks(request)
-            num_new = min(request.num_tokens - num_hit_tokens, self.config.long_prefill_token_threshold, budget)
-            new_blocks = self.kv.allocate_slots(request, num_new, hits)
+            num_loaded = max(0, request.kv_import.num_tokens - num_hit_tokens) if request.kv_import else 0
+            num_computed = num_hit_tokens + num_loaded
+            num_new = min(request.num_tokens - num_computed, self.config.long_prefill_token_threshold, budget)
+            new_blocks = self.kv.allocate_slots(request, num_loaded + num_new, hits)
             if new_blocks is None:
                 break
             self.waiting.popleft()
-            request.num_computed_tokens = num_hit_tokens
+            kv_load = self._take_kv_load(request, num_hit_tokens, num_loaded)
+            request.num_computed_tokens = num_computed
             if request.num_cached_tokens < 0:  # first admission, not a resume
                 request.num_cached_tokens = num_hit_tokens
                 self.kv.num_queried_tokens += request.num_tokens
@@ -124,9 +128,25 @@ class Scheduler:
             self.running.append(request)
             out.scheduled_new_reqs.append(NewRequestData(
                 request.req_id, list(request.all_token_ids), request.sampling_params,
-                self.kv.get_block_ids(request.req_id), num_hit_tokens))
+                self.kv.get_block_ids(request.req_id), num_computed, kv_load))
             self._advance(request, num_new, out)
             budget -= num_new
+
+    def _take_kv_load(self, request: Request, num_hit_tokens: int, num_loaded: int) -> KVLoad | None:
+        """The imported blocks not already covered by local prefix hits; the payload is
+        dropped afterwards (a later preemption recomputes instead).
+
+            payload:  [b0][b1][b2][b3 tail]
+            local:    [b0][b1]                  <- prefix hits, kept
+            loaded:           [b2][b3 tail]     <- written into newly allocated blocks
+        """
+        payload, request.kv_import = request.kv_import, None
+        if not num_loaded:
+            return None
+        bs = self.kv.block_size
+        first, end = num_hit_tokens // bs, -(-(num_hit_tokens + num_loaded) // bs)
+        block_ids = self.kv.get_block_ids(request.req_id)[first:end]
+        return KVLoad(block_ids, payload.blocks[first:end])
 
     def _advance(self, request: Request, num_new: int, out: SchedulerOutput) -> None:
         out.num_scheduled_tokens[request.req_id] = num_new

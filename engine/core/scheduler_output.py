@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.kv_transfer import KVLoad
 from engine.sampling_params import SamplingParams
 
 
@@ -18,6 +19,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
+    kv_load: KVLoad | None = None  # imported KV to write before this step's forward
 
 
 @dataclass

@@ -41,3 +41,17 @@ def allocate_kv_caches(num_blocks: int, arch: ModelArchConfig, block_size: int, 
     """Per layer: [2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]."""
     shape = (2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(arch.num_layers)]
+
+
+def export_blocks(kv_caches: list[torch.Tensor], block_ids: list[int]) -> torch.Tensor:
+    """Copy blocks out of the per-layer caches to host memory, in the KVPayload layout."""
+    index = torch.tensor(block_ids, dtype=torch.long, device=kv_caches[0].device)
+    per_layer = [cache.index_select(1, index) for cache in kv_caches]  # [2, n, bs, h, d] each
+    return torch.stack(per_layer).permute(2, 0, 1, 3, 4, 5).contiguous().cpu()
+
+
+def import_blocks(kv_caches: list[torch.Tensor], block_ids: list[int], blocks: torch.Tensor) -> None:
+    index = torch.tensor(block_ids, dtype=torch.long, device=kv_caches[0].device)
+    data = blocks.to(device=kv_caches[0].device, dtype=kv_caches[0].dtype)
+    for layer, cache in enumerate(kv_caches):
+        cache.index_copy_(1, index, data[:, layer].transpose(0, 1))

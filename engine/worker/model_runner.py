@@ -11,6 +11,7 @@ from engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from engine.model.llama import LlamaForCausalLM
 from engine.sample.sampler import sample
 from engine.sampling_params import SamplingParams
+from engine.worker.kv_cache import export_blocks, import_blocks
 
 
 @dataclass
@@ -62,6 +63,9 @@ class ModelRunner:
                 out.logprobs[state.req_id] = logprob
         return out
 
+    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        return export_blocks(self.kv_caches, block_ids)
+
     def _update_states(self, sched: SchedulerOutput) -> None:
         for req_id in sched.finished_req_ids:
             self.requests.pop(req_id, None)
@@ -69,6 +73,8 @@ class ModelRunner:
             self.requests[new.req_id] = CachedRequestState(
                 new.req_id, list(new.token_ids), list(new.block_ids), new.sampling_params,
                 self._generator(new.sampling_params), new.num_computed_tokens)
+            if new.kv_load is not None:
+                import_blocks(self.kv_caches, new.kv_load.block_ids, new.kv_load.blocks)
         for cached in sched.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
             state.block_ids.extend(cached.new_block_ids)

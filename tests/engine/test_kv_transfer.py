@@ -1,0 +1,112 @@
+"""Prefill in one engine, export its KV, import it into another and decode: same tokens."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import InvalidRequestError, LLM, SamplingParams
+from engine.kv_transfer import KVPayload
+from engine.model.loader import load_model
+from engine.model.source import resolve_model
+
+PROMPTS = [list(range(200, 237)), list(range(900, 948)), [7, 8, 9], list(range(200, 230)) + [5] * 20]
+MAX_TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_llama_dir):
+    loaded = load_model(resolve_model(tiny_llama_dir), torch.float32, "cpu", progress=False)
+    make = lambda: LLM(tiny_llama_dir, loaded_model=loaded, progress=False).engine  # noqa: E731
+    reference = LLM(tiny_llama_dir, loaded_model=loaded, progress=False)
+    expected = [o.token_ids for o in reference.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                                                        SamplingParams(temperature=0, max_tokens=MAX_TOKENS))]
+    return make, expected
+
+
+def _run(engine, add) -> dict:
+    add()
+    outs = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                outs[o.req_id] = o
+    return outs
+
+
+def _prefill(engine) -> dict:
+    params = SamplingParams(temperature=0, max_tokens=1)
+    return _run(engine, lambda: [engine.add_request(f"p{i}", p, params, export_kv=True)
+                                 for i, p in enumerate(PROMPTS)])
+
+
+def _decode(engine, prefilled: dict, trim=lambda payload: payload) -> dict:
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+
+    def add():
+        for i, p in enumerate(PROMPTS):
+            out = prefilled[f"p{i}"]
+            engine.add_request(f"d{i}", p, params, output_token_ids=out.token_ids, kv_import=trim(out.kv_export))
+    return _run(engine, add)
+
+
+def test_exported_kv_decodes_to_the_same_tokens(engines):
+    make, expected = engines
+    prefill, decode = make(), make()
+    prefilled = _prefill(prefill)
+    for i, p in enumerate(PROMPTS):
+        payload = prefilled[f"p{i}"].kv_export
+        assert payload.num_tokens == len(p) and payload.num_blocks == -(-len(p) // 16)
+        assert len(payload.block_hashes) == len(p) // 16
+    assert prefill.kv_manager.num_free_blocks == prefill.kv_manager.pool.num_blocks
+    outs = _decode(decode, prefilled)
+    assert [outs[f"d{i}"].token_ids for i in range(len(PROMPTS))] == expected
+    assert all(prefilled[f"p{i}"].token_ids == expected[i][:1] for i in range(len(PROMPTS)))
+    # imported full blocks became local prefix-cache entries under the same names
+    pool = decode.kv_manager.pool
+    assert all(pool.get_cached_block(h) is not None for h in prefilled["p1"].kv_export.block_hashes)
+    assert decode.kv_manager.num_free_blocks == pool.num_blocks
+
+
+def test_missing_blocks_are_recomputed(engines):
+    make, expected = engines
+
+    def first_block_only(payload: KVPayload) -> KVPayload | None:
+        if payload.num_tokens <= 16:
+            return None
+        return KVPayload(16, payload.blocks[:1], payload.block_hashes[:1])
+    outs = _decode(make(), _prefill(make()), first_block_only)
+    assert [outs[f"d{i}"].token_ids for i in range(len(PROMPTS))] == expected
+
+
+def test_text_continues_across_the_handoff(engines):
+    make, _ = engines
+    engine = make()
+    tokenizer = engine.tokenizer
+    offline = LLM(engine.config.model, loaded_model=engine.loaded, progress=False)
+    full = offline.generate({"prompt_token_ids": PROMPTS[0]}, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))[0]
+    prefilled = _prefill(make())
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    engine.add_request("d", PROMPTS[0], params, output_token_ids=prefilled["p0"].token_ids,
+                       kv_import=prefilled["p0"].kv_export)
+    deltas, final = [], None
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            deltas.append(o.new_text)
+            final = o
+    assert prefilled["p0"].text + "".join(deltas) == final.text == full.text
+    assert full.text == tokenizer.decode(full.token_ids, skip_special_tokens=True)
+
+
+def test_bad_imports_are_rejected(engines):
+    make, _ = engines
+    engine = make()
+    good = _prefill(make())["p0"].kv_export
+    params = SamplingParams(max_tokens=2)
+    with pytest.raises(InvalidRequestError, match="kv_import"):
+        engine.add_request("x", PROMPTS[0], params, kv_import=good)  # covers every token: nothing to sample from
+    with pytest.raises(InvalidRequestError, match="kv_import"):
+        engine.add_request("y", PROMPTS[0], params, output_token_ids=[5],
+                           kv_import=KVPayload(good.num_tokens, good.blocks[:, :1]))
+    with pytest.raises(InvalidRequestError, match="output_token_ids"):
+        engine.add_request("z", PROMPTS[0], params, output_token_ids=[-1])
+    assert not engine.has_unfinished_requests()
