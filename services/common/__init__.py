@@ -1,0 +1,1 @@
+"""Pieces every pdserve service uses: gRPC server setup, metrics, message conversion."""

@@ -1,0 +1,34 @@
+"""Between protobuf messages and the engine's dataclasses."""
+from __future__ import annotations
+
+from engine.outputs import TokenLogprob
+from engine.sampling_params import SamplingParams
+from services.pb import common_pb2
+
+_OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "logprobs")
+
+
+def sampling_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int = 16) -> SamplingParams:
+    """Unset fields take the engine's defaults; raises InvalidRequestError naming a bad field."""
+    kwargs = {name: getattr(msg, name) for name in _OPTIONAL if msg.HasField(name)}
+    kwargs.setdefault("max_tokens", default_max_tokens)
+    return SamplingParams(stop=list(msg.stop), stop_token_ids=list(msg.stop_token_ids),
+                          ignore_eos=msg.ignore_eos, **kwargs)
+
+
+def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
+    msg = common_pb2.SamplingParams(stop=params.stop, stop_token_ids=params.stop_token_ids,
+                                    ignore_eos=params.ignore_eos)
+    for name in _OPTIONAL:
+        value = getattr(params, name)
+        if value is not None:
+            setattr(msg, name, value)
+    return msg
+
+
+def logprob_to_proto(lp: TokenLogprob) -> common_pb2.TokenLogprob:
+    return common_pb2.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, top_logprobs=lp.top_logprobs)
+
+
+def logprob_from_proto(msg: common_pb2.TokenLogprob) -> TokenLogprob:
+    return TokenLogprob(msg.token_id, msg.logprob, dict(msg.top_logprobs))
