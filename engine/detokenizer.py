@@ -59,6 +59,10 @@ class IncrementalDetokenizer:
                 return s
         return None
 
+    @property
+    def emitted_text(self) -> str:
+        return self.output_text[:self._num_emitted]
+
     def take_delta(self, finished: bool) -> str:
         """Text not yet emitted; while running, the last characters that could begin a stop
         string are held back, so a stream never shows a stop string it later removes."""

@@ -9,7 +9,7 @@ import torch
 
 from engine.attention.backend import get_attention_backend
 from engine.config import EngineConfig
-from engine.core.block_hash import model_fingerprint
+from engine.core.block_hash import hash_full_blocks, model_fingerprint
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.scheduler import Scheduler
 from engine.detokenizer import IncrementalDetokenizer
@@ -63,7 +63,7 @@ class EngineCore:
     # ---- requests --------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None = None, *, output_token_ids: list[int] = (),
-                    kv_import: KVPayload | None = None, export_kv: bool = False) -> None:
+                    kv_import: KVPayload | None = None, export_kv: bool = False, priority: int = 0) -> None:
         """Validate and queue a request; a bad one raises InvalidRequestError and changes nothing.
 
         Disaggregated serving: a prefill worker sets `export_kv` (the final output carries
@@ -75,7 +75,8 @@ class EngineCore:
         validate_transfer(prompt_token_ids, output_token_ids, kv_import, self.kv_block_shape,
                           self.loaded.arch.vocab_size)
         request = Request(req_id, prompt_token_ids, params, self.loaded.eos_token_ids,
-                          output_token_ids=output_token_ids, kv_import=kv_import, export_kv=export_kv)
+                          output_token_ids=output_token_ids, kv_import=kv_import, export_kv=export_kv,
+                          priority=priority)
         # the output covers the whole completion, tokens produced elsewhere included
         out = RequestOutput(req_id, prompt, list(prompt_token_ids), token_ids=list(output_token_ids),
                             logprobs=[] if params.logprobs is not None else None, arrival_time=time.monotonic())
@@ -124,6 +125,7 @@ class EngineCore:
         now = time.monotonic()
         if out.first_token_time is None:
             out.first_token_time = now
+            out.first_scheduled_time = request.first_scheduled_time
             out.num_cached_tokens = max(request.num_cached_tokens, 0)
         out.token_ids.append(token_id)
         out.new_token_ids = [token_id]
@@ -138,21 +140,24 @@ class EngineCore:
             out.text = detok.output_text
             out.new_text = detok.take_delta(finished=False)
             return out
-        if matched_stop is None:
+        # A prefill-mode request that ran out of tokens is handed to a decode worker, whose
+        # detokenizer replays its tokens: nothing may be flushed that a stream holds back.
+        handoff = request.export_kv and status == RequestStatus.FINISHED_LENGTH
+        if matched_stop is None and not handoff:
             detok.flush()
         if request.export_kv:
             out.kv_export = self._export_kv(request)
         self.scheduler.finish_requests([request.req_id], status)
-        return self._finish_output(request)
+        return self._finish_output(request, handoff)
 
-    def _finish_output(self, request: Request) -> RequestOutput:
+    def _finish_output(self, request: Request, handoff: bool = False) -> RequestOutput:
         out = self._outputs.pop(request.req_id)
         detok = self._detokenizers.pop(request.req_id)
         if request.status != RequestStatus.FINISHED_ABORTED:
-            out.new_text = detok.take_delta(finished=True)
+            out.new_text = detok.take_delta(finished=not handoff)
         else:
             out.new_token_ids, out.new_text = [], ""
-        out.text = detok.output_text
+        out.text = detok.emitted_text if handoff else detok.output_text
         out.finish_reason = request.finish_reason
         out.stop_reason = request.stop_reason
         out.finished_time = time.monotonic()
@@ -166,9 +171,17 @@ class EngineCore:
                          list(self.kv_manager.block_hashes(request, num_tokens // bs)))
 
     # ---- introspection ---------------------------------------------------------------
+    def prompt_block_hashes(self, token_ids: list[int]) -> list[bytes]:
+        """The names of a prompt's full blocks, as the kvstore and every engine know them."""
+        return hash_full_blocks(self.root_hash, token_ids, self.config.cache.block_size)
+
+    def num_local_prefix_blocks(self, block_hashes: list[bytes]) -> int:
+        return len(self.kv_manager.find_longest_cache_hit(block_hashes))
+
     def stats(self) -> dict[str, float]:
         kv = self.kv_manager
         stats = dict(self.scheduler.stats())
         stats["prefix_cache_queried_tokens"] = kv.num_queried_tokens
         stats["prefix_cache_hit_tokens"] = kv.num_hit_tokens
+        stats["num_queued_prefill_tokens"] = self.scheduler.num_queued_prefill_tokens()
         return stats

@@ -28,6 +28,7 @@ class RequestOutput:
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
     arrival_time: float = 0.0
+    first_scheduled_time: float | None = None  # admitted into a step; minus arrival = queue time
     first_token_time: float | None = None
     finished_time: float | None = None
     kv_export: KVPayload | None = None  # prefill mode: the prompt's KV, on the final output

@@ -26,7 +26,7 @@ class Request:
     def __init__(self, req_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_ids: frozenset[int] = frozenset(), arrival_time: float | None = None,
                  output_token_ids: list[int] = (), kv_import: KVPayload | None = None,
-                 export_kv: bool = False):
+                 export_kv: bool = False, priority: int = 0):
         self.req_id = req_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -37,6 +37,8 @@ class Request:
         # KV computed elsewhere for the first kv_import.num_tokens tokens, loaded on admission
         self.kv_import = kv_import
         self.export_kv = export_kv
+        self.priority = priority  # lower is more urgent; FCFS within a priority
+        self.first_scheduled_time: float | None = None
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit at first scheduling; -1 until then
         self.num_preemptions = 0

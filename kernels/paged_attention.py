@@ -31,10 +31,10 @@ def paged_decode_attention_ref(query: torch.Tensor, key_cache: torch.Tensor, val
     values = value_cache[table].flatten(1, 2).transpose(1, 2)
     positions = torch.arange(keys.shape[2], device=query.device)
     mask = (positions[None, :] < seq_lens[:, None].to(positions.device))[:, None, None, :]
-    out = F.scaled_dot_product_attention(
-        query.unsqueeze(2).to(keys.dtype), keys, values, attn_mask=mask, scale=scale,
-        enable_gqa=num_heads != num_kv_heads)
-    return out.squeeze(2).to(query.dtype)
+    # GQA without copying KV: the query heads of one KV head act as that head's query rows
+    grouped = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim).to(keys.dtype)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)
+    return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
 
 
 def paged_prefill_attention_ref(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

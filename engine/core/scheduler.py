@@ -9,6 +9,7 @@ a prefill chunk and a resumed preempted request are all the same thing.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 
@@ -32,8 +33,15 @@ class Scheduler:
 
     # ---- queue management ------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        """Queue behind every waiting request of the same or a more urgent priority."""
         self.requests[request.req_id] = request
-        self.waiting.append(request)
+        if not self.waiting or self.waiting[-1].priority <= request.priority:
+            self.waiting.append(request)
+            return
+        index = next((i for i, r in enumerate(self.waiting)
+                      if r.priority > request.priority and r.status != RequestStatus.PREEMPTED),
+                     len(self.waiting))
+        self.waiting.insert(index, request)
 
     def finish_requests(self, req_ids: Iterable[str], status: RequestStatus) -> list[Request]:
         finished = []
@@ -120,6 +128,8 @@ class Scheduler:
             self.waiting.popleft()
             kv_load = self._take_kv_load(request, num_hit_tokens, num_loaded)
             request.num_computed_tokens = num_computed
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.monotonic()
             if request.num_cached_tokens < 0:  # first admission, not a resume
                 request.num_cached_tokens = num_hit_tokens
                 self.kv.num_queried_tokens += request.num_tokens
@@ -178,6 +188,11 @@ class Scheduler:
         if request.num_tokens >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
+
+    def num_queued_prefill_tokens(self) -> int:
+        """Prompt tokens still to compute: the prefill work ahead of a new request."""
+        return sum(r.num_tokens - r.num_computed_tokens for r in self.waiting) + sum(
+            r.num_tokens - r.num_computed_tokens for r in self.running if r.num_tokens - r.num_computed_tokens > 1)
 
     def stats(self) -> dict[str, int]:
         return {"num_running": len(self.running), "num_waiting": len(self.waiting),

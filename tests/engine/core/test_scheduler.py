@@ -85,3 +85,16 @@ def test_abort_frees_blocks_of_running_and_waiting():
     assert [r.req_id for r in finished] == ["a", "b"]
     assert s.kv.num_free_blocks == 8 and not s.has_unfinished_requests()
     assert "a" in s.schedule().finished_req_ids  # the runner drops its state
+
+
+def test_urgent_priority_jumps_the_waiting_queue_but_not_preempted():
+    s = _scheduler(max_num_seqs=1)
+    _add(s, "running", 2)
+    _step(s)
+    batch = [Request(f"b{i}", [1, 2], SamplingParams(), priority=1) for i in range(2)]
+    for r in batch:
+        s.add_request(r)
+    s.add_request(Request("i0", [3, 4], SamplingParams(), priority=0))
+    s.add_request(Request("b2", [5, 6], SamplingParams(), priority=1))
+    s.add_request(Request("i1", [7, 8], SamplingParams(), priority=0))
+    assert [r.req_id for r in s.waiting] == ["i0", "i1", "b0", "b1", "b2"]
