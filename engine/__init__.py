@@ -7,6 +7,9 @@ from engine.outputs import RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
 
 
+from engine.model.describe import ModelDescription, describe_model  # noqa: E402
+
+
 def load_tokenizer(model: str):
     """The tokenizer (with chat template) of a model path or alias, without its weights."""
     from engine.model.loader import load_tokenizer as _load
@@ -14,4 +17,5 @@ def load_tokenizer(model: str):
     return _load(resolve_model(model))
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "TokenLogprob", "EngineCore", "EngineConfig",
-           "CacheConfig", "SchedulerConfig", "InvalidRequestError", "ModelLoadError", "load_tokenizer"]
+           "CacheConfig", "SchedulerConfig", "InvalidRequestError", "ModelLoadError", "load_tokenizer",
+           "describe_model", "ModelDescription"]

@@ -24,6 +24,8 @@ def _generate_parser(sub) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
     p.add_argument("--json", action="store_true", help="print the full output as JSON")
+    p.add_argument("--url", default=None, help="a router's gRPC address (host:port): stream through the platform")
+    p.add_argument("--slo-class", default="interactive", help="with --url: the request's SLO class")
     p.set_defaults(func=_run_generate)
 
 
@@ -34,6 +36,9 @@ def _run_generate(args) -> int:
                             logprobs=args.logprobs)
     if not args.prompt:
         raise InvalidRequestError("prompt", "is empty")
+    if args.url:
+        from services.remote_generate import generate_remote
+        return generate_remote(args, params)
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, attention_backend=args.attention_backend)
     if args.chat:
         out = llm.chat([{"role": "user", "content": args.prompt}], params)[0]
@@ -49,10 +54,50 @@ def _run_generate(args) -> int:
     return 0
 
 
+def _service_parser(sub, name: str, help_text: str, module: str) -> None:
+    import importlib
+    mod = importlib.import_module(module)
+    p = sub.add_parser(name, help=help_text)
+    mod.add_arguments(p)
+    p.set_defaults(func=mod.run)
+
+
+def _up_parser(sub) -> None:
+    p = sub.add_parser("up", help="start kvstore, prefill and decode workers and the router locally")
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
+    p.add_argument("--decode", type=int, default=1, help="number of decode workers")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=50051, help="the router's gRPC port")
+    p.add_argument("--kvstore-port", type=int, default=50060)
+    p.add_argument("--worker-base-port", type=int, default=50070)
+    p.add_argument("--metrics-base-port", type=int, default=9400)
+    p.add_argument("--cpus-per-worker", type=int, default=None)
+    p.add_argument("--short-prompt-tokens", type=int, default=256)
+    p.set_defaults(func=_run_up)
+
+
+def _run_up(args) -> int:
+    from services.launcher import PlatformConfig, run_platform
+    for flag in ("prefill", "decode"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag}: needs at least one worker")
+    return run_platform(PlatformConfig(
+        model=args.model, num_prefill=args.prefill, num_decode=args.decode, host=args.host, router_port=args.port,
+        kvstore_port=args.kvstore_port, worker_base_port=args.worker_base_port,
+        metrics_base_port=args.metrics_base_port, cpus_per_worker=args.cpus_per_worker,
+        short_prompt_tokens=args.short_prompt_tokens))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdserve", description="Disaggregated prefill/decode LLM serving")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
+    _up_parser(sub)
+    _service_parser(sub, "kvstore", "run the KV cache service", "services.kvstore.main")
+    _service_parser(sub, "prefill", "run a prefill worker", "services.prefill.main")
+    _service_parser(sub, "decode", "run a decode worker", "services.decode.main")
+    _service_parser(sub, "router", "run the router", "services.router.main")
     return parser
 
 

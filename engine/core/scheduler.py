@@ -131,7 +131,7 @@ class Scheduler:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = time.monotonic()
             if request.num_cached_tokens < 0:  # first admission, not a resume
-                request.num_cached_tokens = num_hit_tokens
+                request.num_cached_tokens = num_computed  # reused, locally or imported
                 self.kv.num_queried_tokens += request.num_tokens
                 self.kv.num_hit_tokens += num_hit_tokens
             request.status = RequestStatus.RUNNING

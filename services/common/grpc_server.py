@@ -64,8 +64,8 @@ def start_server(specs: list[ServiceSpec], host: str = "127.0.0.1", port: int = 
     return running
 
 
-def channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=grpc_options())
+def channel(address: str, extra_options: tuple[tuple[str, int], ...] = ()) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=[*grpc_options(), *extra_options])
 
 
 def is_serving(address: str, timeout: float = 1.0) -> bool:

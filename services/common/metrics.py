@@ -14,6 +14,7 @@ class Metrics:
     def __init__(self, prefix: str = "pdserve"):
         self.registry = CollectorRegistry()
         self.prefix = prefix
+        self._http_server = None
 
     def counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
         return Counter(f"{self.prefix}_{name}", doc, labels, registry=self.registry)
@@ -27,8 +28,15 @@ class Metrics:
 
     def serve(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Serve /metrics over HTTP; returns the bound port."""
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
-        return server.server_port
+        self._http_server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return self._http_server.server_port
+
+    def close(self) -> None:
+        """Stop serving /metrics and free the port."""
+        if self._http_server is not None:
+            self._http_server.shutdown()
+            self._http_server.server_close()
+            self._http_server = None
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """A sample's current value (tests and load reports read metrics through this)."""

@@ -1,0 +1,125 @@
+"""Runs an EngineCore on its own thread: RPC threads submit and abort, the loop steps.
+
+The engine is not thread-safe, so every change to it (add, abort, a query) is a command
+the loop thread runs between two steps. Each request's outputs go to its own queue; the
+RPC thread that submitted it reads them. Steps continue while RPC threads do slow I/O
+(fetching KV from the kvstore, writing it back), so no transfer stalls the running batch.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from engine import EngineCore, RequestOutput
+
+logger = logging.getLogger(__name__)
+
+_FINISHED = object()
+
+
+@dataclass
+class LoopStats:
+    num_running: int
+    num_waiting: int
+    num_queued_prefill_tokens: int
+    num_free_kv_blocks: int
+    num_total_kv_blocks: int
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
+
+
+class EngineLoop:
+    def __init__(self, engine: EngineCore, on_step: Callable[[LoopStats], None] | None = None):
+        self.engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, queue.SimpleQueue] = {}
+        self._wakeup = threading.Event()
+        self._stopping = False
+        self._on_step = on_step
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self.stats = self._read_stats()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wakeup.set()
+        self._thread.join(timeout=30)
+
+    def call(self, fn: Callable[[EngineCore], object]) -> Future:
+        """Run fn(engine) on the loop thread; the future holds its result or exception."""
+        future: Future = Future()
+        self._commands.put((fn, future))
+        self._wakeup.set()
+        return future
+
+    def submit(self, req_id: str, prompt_token_ids: list[int], params, **kwargs) -> queue.SimpleQueue:
+        """Queue a request; returns the queue its outputs arrive on (ends with None).
+        Raises the engine's InvalidRequestError for a bad request."""
+        stream: queue.SimpleQueue = queue.SimpleQueue()
+
+        def add(engine: EngineCore) -> None:
+            engine.add_request(req_id, prompt_token_ids, params, **kwargs)
+            self._streams[req_id] = stream
+        self.call(add).result()
+        return stream
+
+    def abort(self, req_id: str) -> None:
+        self.call(lambda engine: engine.abort_request(req_id))
+
+    # ---- the loop thread -------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping:
+            self._run_commands()
+            if not self.engine.has_unfinished_requests():
+                self._wakeup.wait(timeout=0.5)
+                self._wakeup.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception:  # a failed step must not leave RPC threads waiting forever
+                logger.exception("engine step failed; aborting its requests")
+                self._fail_all()
+                continue
+            for out in outputs:
+                self._deliver(out)
+            self.stats = self._read_stats()
+            if self._on_step is not None:
+                self._on_step(self.stats)
+        self._fail_all()
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                fn, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                future.set_result(fn(self.engine))
+            except Exception as e:  # handed to the caller, who raises it in its own thread
+                future.set_exception(e)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        stream = self._streams.get(out.req_id)
+        if stream is None:
+            return
+        stream.put(out)
+        if out.finished:
+            stream.put(None)
+            del self._streams[out.req_id]
+
+    def _fail_all(self) -> None:
+        for req_id in list(self._streams):
+            self.engine.abort_request(req_id)
+            self._streams.pop(req_id).put(None)
+
+    def _read_stats(self) -> LoopStats:
+        s = self.engine.stats()
+        return LoopStats(s["num_running"], s["num_waiting"], s["num_queued_prefill_tokens"],
+                         s["num_free_blocks"], s["num_total_blocks"], s["prefix_cache_queried_tokens"],
+                         s["prefix_cache_hit_tokens"])

@@ -1,0 +1,103 @@
+"""The Python client of the KV cache service, used by prefill and decode workers.
+
+Blocks travel over the chosen transport (gRPC streams by default, or UCX); lookups,
+leases and stats always over gRPC. Every failure is a grpc.RpcError with its status code
+(from either transport); a Put that does not fit raises KVStoreFullError. One client may
+be shared by many threads.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import grpc
+
+from services.common.grpc_server import channel
+from services.kvstore.errors import KVStoreError, KVStoreFullError  # noqa: F401  (part of this API)
+from services.kvstore.grpc_servicer import UCX_PORT_METADATA
+from services.kvstore.transport import BlockTransport, GrpcTransport
+from services.pb import kvstore_pb2, kvstore_pb2_grpc
+
+TRANSPORTS = ("grpc", "ucx")
+
+
+class KVStoreClient:
+    def __init__(self, address: str, transport: str = "grpc", ucx_address: str | None = None,
+                 timeout_s: float = 30.0):
+        """`ucx_address` ("host:port") is only for transport="ucx"; without it, the port is
+        asked from the server at the first Put or Get, on the host of `address`."""
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport: {transport!r} is not one of {TRANSPORTS}")
+        if ucx_address is not None:
+            _split(ucx_address, "ucx_address")
+        self.address, self.transport = address, transport
+        self._ucx_address = ucx_address
+        self._timeout_s = timeout_s
+        self._channel = channel(address)
+        self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
+        self._lock = threading.Lock()
+        self._blocks: BlockTransport | None = None
+
+    def lookup(self, block_hashes: list[bytes]) -> int:
+        """How many leading hashes the store holds."""
+        request = kvstore_pb2.LookupRequest(block_hashes=block_hashes)
+        return self._stub.Lookup(request, timeout=self._timeout_s).num_prefix_found
+
+    def create_lease(self, ttl_ms: int, request_id: str = "") -> str:
+        request = kvstore_pb2.CreateLeaseRequest(ttl_ms=ttl_ms, request_id=request_id)
+        return self._stub.CreateLease(request, timeout=self._timeout_s).lease_id
+
+    def put(self, blocks: list[kvstore_pb2.KVBlock], lease_id: str = "") -> int:
+        """Stores `blocks` (pinned by the lease, if any), all or none; returns how many."""
+        requests = [kvstore_pb2.PutRequest(lease_id=lease_id, block=block) for block in blocks]
+        return self._block_transport().put(requests).num_stored
+
+    def get(self, block_hashes: list[bytes], tail_keys: Sequence[str] = ()) -> list[kvstore_pb2.KVBlock]:
+        """The blocks in order, hashes then tails; found=False for one the store lacks."""
+        request = kvstore_pb2.GetRequest(block_hashes=block_hashes, tail_keys=list(tail_keys))
+        return self._block_transport().get(request)
+
+    def release_lease(self, lease_id: str, drop_tail: bool = True) -> bool:
+        """True the first time; False when already released or expired."""
+        request = kvstore_pb2.ReleaseLeaseRequest(lease_id=lease_id, drop_tail=drop_tail)
+        return self._stub.ReleaseLease(request, timeout=self._timeout_s).released
+
+    def stats(self) -> kvstore_pb2.KVStoreStats:
+        return self._stub.Stats(kvstore_pb2.StatsRequest(), timeout=self._timeout_s)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._blocks is not None:
+                self._blocks.close()
+                self._blocks = None
+        self._channel.close()
+
+    def _block_transport(self) -> BlockTransport:
+        with self._lock:
+            if self._blocks is None:
+                self._blocks = self._connect()
+            return self._blocks
+
+    def _connect(self) -> BlockTransport:
+        if self.transport == "grpc":
+            return GrpcTransport(self._stub, self._timeout_s)
+        # Imported only here: a gRPC-only process never loads UCX.
+        from services.kvstore.ucx_client import UcxTransport
+        host, port = _split(self._ucx_address or self._discover_ucx_address(), "ucx_address")
+        return UcxTransport(host, port, self._timeout_s)
+
+    def _discover_ucx_address(self) -> str:
+        _, call = self._stub.Stats.with_call(kvstore_pb2.StatsRequest(), timeout=self._timeout_s)
+        ports = [value for key, value in call.initial_metadata() if key == UCX_PORT_METADATA]
+        if not ports:
+            raise KVStoreError(grpc.StatusCode.UNAVAILABLE, f"the kvstore at {self.address} serves no UCX "
+                                                                "(start it with --ucx-port)")
+        return f"{_split(self.address, 'address')[0]}:{ports[0]}"
+
+
+def _split(address: str, field: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{field}: {address!r} is not host:port")
+    return host.strip("[]"), int(port)
+

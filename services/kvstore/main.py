@@ -1,0 +1,115 @@
+"""`pdserve kvstore`: run the KV cache service until SIGINT or SIGTERM.
+
+    pdserve kvstore --port 50060 --capacity-bytes 8GiB --metrics-port 9060
+    pdserve kvstore --backend redis://127.0.0.1:6379/0 --ucx-port 50061
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+import sys
+import threading
+
+from services.kvstore.errors import KVStoreError
+from services.kvstore.server import KVStoreConfig, check_backend, serve
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """"2GiB", "512MiB", "1.5GB", "4096" -> a positive number of bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 4096, 512MiB or 2GiB")
+    value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be above 0 bytes")
+    return value
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 picks a free one)")
+    return int(text)
+
+
+def _positive_ms(text: str) -> int:
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of milliseconds")
+    return int(text)
+
+
+def _backend(text: str) -> str:
+    try:
+        check_backend(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("backend: ")) from None
+    return text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=50060, help="gRPC port (default: 50060; 0: a free one)")
+    parser.add_argument("--metrics-port", type=_port, default=None,
+                        help="serve Prometheus /metrics on this port (default: off; 0: a free one)")
+    parser.add_argument("--capacity-bytes", type=parse_bytes, default=parse_bytes("1GiB"),
+                        help="block bytes to hold before evicting, e.g. 512MiB, 8GiB (default: 1GiB)")
+    parser.add_argument("--backend", type=_backend, default="memory",
+                        help="'memory' (default) or a Redis URL, redis://host:port/db")
+    parser.add_argument("--lease-ttl-ms", type=_positive_ms, default=30_000,
+                        help="TTL of a lease created with ttl_ms = 0 (default: 30000)")
+    parser.add_argument("--ucx-port", type=_port, default=None,
+                        help="also serve Put/Get over UCX on this port (default: off; 0: a free one)")
+
+
+def config_from_args(args: argparse.Namespace) -> KVStoreConfig:
+    return KVStoreConfig(host=args.host, port=args.port, metrics_port=args.metrics_port,
+                         capacity_bytes=args.capacity_bytes, backend=args.backend,
+                         default_lease_ttl_ms=args.lease_ttl_ms,
+                         max_lease_ttl_ms=max(args.lease_ttl_ms, KVStoreConfig.max_lease_ttl_ms),
+                         ucx_port=args.ucx_port)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serves until SIGINT/SIGTERM (call from the main thread), then stops cleanly."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        running = serve(config_from_args(args))
+    except (KVStoreError, OSError, RuntimeError) as e:  # Redis unreachable, port taken (grpc raises
+        # RuntimeError for that): say so, without a traceback
+        _restore(previous)
+        print(f"pdserve kvstore: error: cannot start: {e}", file=sys.stderr)
+        return 1
+    except BaseException:
+        _restore(previous)
+        raise
+    backend = re.sub(r"//[^@/]*@", "//***@", args.backend)  # no Redis password in logs
+    parts = [f"kvstore serving on {running.address}", f"backend {backend}", f"capacity {args.capacity_bytes}"]
+    parts += [f"ucx {running.ucx_address}"] if running.ucx_address else []
+    parts += [f"metrics :{running.metrics_port}"] if running.metrics_port is not None else []
+    print(", ".join(parts), flush=True)
+    try:
+        stop.wait()
+    finally:
+        running.stop()
+        _restore(previous)
+    print("kvstore stopped", flush=True)
+    return 0
+
+
+def _restore(previous: dict) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pdserve kvstore", description="The KV cache service")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

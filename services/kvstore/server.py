@@ -1,0 +1,137 @@
+"""The KV cache service process: a BlockStore behind gRPC (with health and reflection),
+optionally UCX, Prometheus metrics, and a sweeper that ends expired leases."""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import start_http_server
+
+from services.common.grpc_server import RunningServer, ServiceSpec, start_server
+from services.kvstore.grpc_servicer import SERVICE_NAME, KVStoreServicer
+from services.kvstore.handlers import KVStoreHandlers, LeasePolicy
+from services.kvstore.kv_metrics import KVStoreMetrics
+from services.kvstore.memory_store import MemoryBlockStore
+from services.kvstore.store import BlockStore, StoreEvents
+from services.pb import kvstore_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KVStoreConfig:
+    host: str = "127.0.0.1"
+    port: int = 0                      # 0: a free port
+    metrics_port: int | None = 0       # None: no /metrics endpoint
+    capacity_bytes: int = 1 << 30
+    backend: str = "memory"            # or redis://host:port/db
+    default_lease_ttl_ms: int = 30_000
+    max_lease_ttl_ms: int = 600_000
+    sweep_interval_ms: int = 1_000     # how often expired leases are ended in the background
+    ucx_port: int | None = None        # None: no UCX listener; 0: a free port
+
+    def __post_init__(self):
+        for name in ("capacity_bytes", "default_lease_ttl_ms", "max_lease_ttl_ms", "sweep_interval_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}: {getattr(self, name)} must be positive")
+        if self.default_lease_ttl_ms > self.max_lease_ttl_ms:
+            raise ValueError(f"default_lease_ttl_ms: {self.default_lease_ttl_ms} is above max_lease_ttl_ms")
+        for name in ("port", "metrics_port", "ucx_port"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < 65536:
+                raise ValueError(f"{name}: {value} is not a port number")
+        check_backend(self.backend)
+
+
+def check_backend(backend: str) -> None:
+    if backend != "memory" and not backend.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"backend: {backend!r} is neither 'memory' nor a redis://host:port/db URL")
+
+
+def make_store(config: KVStoreConfig, events: StoreEvents, clock: Callable[[], float] | None = None) -> BlockStore:
+    """The backend config.backend names; `clock` (seconds) replaces its default clock."""
+    clock_arg = {"clock": clock} if clock else {}
+    if config.backend == "memory":
+        return MemoryBlockStore(config.capacity_bytes, events, **clock_arg)
+    from services.kvstore.redis_store import RedisBlockStore  # only Redis deployments connect to one
+    return RedisBlockStore(config.backend, config.capacity_bytes, events, **clock_arg)
+
+
+class LeaseSweeper:
+    """Ends expired leases every interval, so their pins go and the expiry metric counts
+    them even when no request arrives (every store call also ends due leases itself)."""
+
+    def __init__(self, store: BlockStore, interval_s: float):
+        self._store, self._interval_s = store, interval_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvstore-lease-sweeper", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval_s):
+            try:
+                self._store.expire_leases()
+            except Exception as e:  # a backend outage must not end the sweeping for good
+                logger.warning("lease sweep failed: %s", e)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+
+@dataclass
+class RunningKVStore:
+    address: str                 # "127.0.0.1:PORT"
+    metrics_port: int | None
+    ucx_address: str | None      # "host:PORT" when UCX is on
+    store: BlockStore
+    metrics: KVStoreMetrics
+    servicer: KVStoreServicer
+    _grpc: RunningServer
+    _ucx: object | None
+    _http: object | None
+    _sweeper: LeaseSweeper
+
+    def stop(self, grace: float | None = 2.0) -> None:
+        self._grpc.stop(grace)
+        if self._ucx is not None:
+            self._ucx.stop()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+        self._sweeper.stop()
+        self.store.close()
+
+
+def serve(config: KVStoreConfig, clock: Callable[[], float] | None = None) -> RunningKVStore:
+    """Starts the service; `clock` replaces the store's clock (tests expire leases with it)."""
+    metrics = KVStoreMetrics()
+    store = make_store(config, metrics, clock)
+    metrics.watch(store.stats)
+    handlers = KVStoreHandlers(store, metrics, LeasePolicy(config.default_lease_ttl_ms, config.max_lease_ttl_ms))
+    ucx = grpc_server = None
+    try:
+        if config.ucx_port is not None:
+            from services.kvstore.ucx_server import UcxKVStoreServer  # only a UCX-enabled server loads UCX
+            ucx = UcxKVStoreServer(handlers, config.ucx_port)
+        servicer = KVStoreServicer(handlers, ucx.port if ucx else None)
+        spec = ServiceSpec(SERVICE_NAME, kvstore_pb2_grpc.add_KVStoreServicer_to_server, servicer)
+        grpc_server = start_server([spec], host=config.host, port=config.port)
+        http = None
+        if config.metrics_port is not None:
+            # Not Metrics.serve(): it drops the HTTP server, and stop() must close the port.
+            http, _ = start_http_server(config.metrics_port, addr=config.host, registry=metrics.metrics.registry)
+    except BaseException:  # a port already taken: free what started before re-raising
+        if grpc_server is not None:
+            grpc_server.stop(0)
+        if ucx is not None:
+            ucx.stop()
+        store.close()
+        raise
+    sweeper = LeaseSweeper(store, config.sweep_interval_ms / 1000)
+    return RunningKVStore(
+        address=f"{config.host}:{grpc_server.port}", metrics_port=http.server_port if http else None,
+        ucx_address=f"{config.host}:{ucx.port}" if ucx else None, store=store, metrics=metrics,
+        servicer=servicer, _grpc=grpc_server, _ucx=ucx, _http=http, _sweeper=sweeper)

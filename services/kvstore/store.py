@@ -1,0 +1,130 @@
+"""The storage contract of the kvstore: blocks by key, LRU eviction, leases that pin.
+
+Keys are bytes: b"h:" + block hash for a full block (content-addressed, shared by every
+request with that prefix), b"t:" + tail key for a request's partial last block. A block
+is stored as its serialized KVBlockHeader plus its raw bytes; the store never looks
+inside either (validation happens before, in validate.py).
+
+    prefill P                         kvstore                        decode D
+    create_lease(ttl) ───────────────▶ lease L (expires at now+ttl)
+    put([h1, h2, t:req], L) ─────────▶ h1 h2 t:req stored, pinned by L
+    handle{h1, h2, t:req, L} ───────────────────────────────────────▶ get([h1, h2], [t:req])
+                                       L released (drop_tail): h1 h2 ◀── release_lease(L)
+                                       unpinned, t:req deleted
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+HASH_PREFIX = b"h:"
+TAIL_PREFIX = b"t:"
+
+
+def hash_key(block_hash: bytes) -> bytes:
+    return HASH_PREFIX + block_hash
+
+
+def tail_key(key: str) -> bytes:
+    return TAIL_PREFIX + key.encode()
+
+
+def is_tail(key: bytes) -> bool:
+    return key.startswith(TAIL_PREFIX)
+
+
+@dataclass(frozen=True)
+class StoredBlock:
+    key: bytes
+    header: bytes  # a serialized KVBlockHeader
+    data: bytes
+
+    @property
+    def num_bytes(self) -> int:
+        # Capacity counts KV bytes only: headers are tens of bytes beside kilobytes of data.
+        return len(self.data)
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    capacity_bytes: int
+    used_bytes: int
+    num_blocks: int
+    num_pinned_blocks: int
+    num_active_leases: int
+    num_hits: int
+    num_misses: int
+    num_evictions: int
+
+
+class StoreEvents:
+    """Where a store reports what happened, for metrics. This base ignores everything,
+    so a store used without metrics (tests, tools) needs no flag."""
+
+    def hits(self, n: int) -> None: ...
+    def misses(self, n: int) -> None: ...
+    def evictions(self, n: int) -> None: ...
+    def put_rejected(self) -> None: ...
+    def lease_created(self) -> None: ...
+    def lease_released(self) -> None: ...
+    def leases_expired(self, n: int) -> None: ...
+
+
+NULL_EVENTS = StoreEvents()
+
+
+class BlockStore(abc.ABC):
+    """Blocks by key within `capacity_bytes`, with least-recently-used eviction.
+
+    - put(blocks, lease_id): all or nothing. A key already stored is not stored twice:
+      a full block keeps its bytes (its hash fixes its content), a tail is overwritten.
+      Every block put is made most recent, in the order given. When the new bytes do not
+      fit, unpinned blocks not in this put are evicted, least recent first; when even
+      evicting all of them would not make room, nothing is evicted, nothing stored, and
+      put returns None. Under a lease, each block is pinned by it (once per lease).
+      An unknown, released or expired lease raises LeaseNotFound.
+    - get(keys): the blocks, None for a missing one; each hit becomes most recent.
+    - lookup(keys): how many leading keys are stored; those become most recent (the
+      caller is about to rely on them).
+    - create_lease(ttl_ms) -> lease id. release_lease(id, drop_tail) unpins the lease's
+      blocks and, with drop_tail, deletes its tail blocks that no other lease pins;
+      True exactly once per lease, False once released or expired.
+    - expire_leases(): ends every lease past its expiry (unpins; its tails stay, as
+      ordinary evictable blocks) and returns how many. Every other method also ends due
+      leases first, so expiry never waits for a sweeper to be observed.
+    A pinned block is never evicted or dropped. Methods are safe to call from many threads.
+    """
+
+    capacity_bytes: int
+
+    @abc.abstractmethod
+    def put(self, blocks: list[StoredBlock], lease_id: str = "") -> int | None: ...
+
+    @abc.abstractmethod
+    def get(self, keys: list[bytes]) -> list[StoredBlock | None]: ...
+
+    @abc.abstractmethod
+    def lookup(self, keys: list[bytes]) -> int: ...
+
+    @abc.abstractmethod
+    def create_lease(self, ttl_ms: int) -> str: ...
+
+    @abc.abstractmethod
+    def release_lease(self, lease_id: str, drop_tail: bool) -> bool: ...
+
+    @abc.abstractmethod
+    def expire_leases(self) -> int: ...
+
+    @abc.abstractmethod
+    def stats(self) -> StoreStats: ...
+
+    def close(self) -> None:
+        """Releases connections; the default holds none."""
+
+
+def last_wins(blocks: list[StoredBlock]) -> list[StoredBlock]:
+    """One block per key, the last one given, in order of first appearance."""
+    by_key: dict[bytes, StoredBlock] = {}
+    for block in blocks:
+        by_key[block.key] = block
+    return list(by_key.values())

@@ -1,0 +1,97 @@
+"""The kvstore's UCX listener: Put and Get framed as in ucx_frames.py, answered by the
+same handlers as gRPC. Store calls block (a lock, a Redis round trip), so they run in the
+UCX loop's thread pool and the loop keeps moving bytes for other connections.
+
+The listener binds every interface: ucxx's Python API takes only a port (the C++
+ListenerBuilder has a host, not exposed). Clients are told the port, not the host.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from services.kvstore import ucx_frames as frames
+from services.kvstore import ucx_runtime
+from services.kvstore.errors import InvalidArgument, KVStoreError
+from services.kvstore.handlers import KVStoreHandlers
+from services.kvstore.ucx_runtime import ucxx  # imported there, after the environment it reads
+from services.pb import kvstore_pb2
+
+logger = logging.getLogger(__name__)
+
+
+class UcxKVStoreServer:
+    def __init__(self, handlers: KVStoreHandlers, port: int = 0):
+        self.handlers = handlers
+        self._endpoints: set = set()
+        self._listener = ucx_runtime.run(self._listen(port), timeout=30)
+        self.port: int = self._listener.port
+
+    async def _listen(self, port: int):
+        return ucxx.create_listener(self._serve, port)
+
+    def stop(self) -> None:
+        ucx_runtime.run(self._close(), timeout=30)
+
+    async def _close(self) -> None:
+        self._listener.close()
+        for endpoint in list(self._endpoints):
+            endpoint.abort()
+
+    async def _serve(self, endpoint) -> None:
+        """One connection: requests one after another until the client goes away."""
+        self._endpoints.add(endpoint)
+        try:
+            while True:
+                data = await endpoint.recv_obj()
+                await self._answer(endpoint, data)
+        except (ucxx.exceptions.UCXError, asyncio.CancelledError) as e:
+            logger.debug("UCX connection ended: %s", e)
+        finally:
+            self._endpoints.discard(endpoint)
+
+    async def _answer(self, endpoint, data) -> None:
+        kind = frames.kind_of(data)
+        try:
+            if kind == frames.PUT or kind == frames.PUT_END:
+                await self._put(endpoint, data)
+            elif kind == frames.GET:
+                await self._get(endpoint, data)
+            else:
+                raise InvalidArgument("frame", f"kind {kind!r} is not a request")
+        except KVStoreError as e:
+            await endpoint.send_obj(frames.error_frame(e))
+        except ucxx.exceptions.UCXError:
+            raise
+        except Exception as e:  # a bug or a backend error: answer, as gRPC would, not hang the client
+            logger.exception("UCX %r request failed", kind)
+            await endpoint.send_obj(frames.error_frame(KVStoreError(grpc.StatusCode.UNKNOWN, repr(e))))
+
+    async def _put(self, endpoint, data) -> None:
+        requests, error = [], None
+        while frames.kind_of(data) != frames.PUT_END:
+            try:  # keep reading to the end of the stream, so the next request starts in step
+                if frames.kind_of(data) != frames.PUT:
+                    raise InvalidArgument(f"put[{len(requests)}]", "a Put stream holds only Put frames")
+                requests.append(frames.parse(data, kvstore_pb2.PutRequest))
+            except InvalidArgument as e:
+                error = error or e
+            data = await endpoint.recv_obj()
+        if error is not None:
+            self.handlers.metrics.puts_rejected_total.labels("invalid").inc()
+            raise error
+        reply = await _in_thread(self.handlers.put, requests, "ucx")
+        await endpoint.send_obj(frames.frame(frames.PUT_REPLY, reply))
+
+    async def _get(self, endpoint, data) -> None:
+        request = frames.parse(data, kvstore_pb2.GetRequest)
+        blocks = await _in_thread(self.handlers.get, request, "ucx")
+        for block in blocks:
+            await endpoint.send_obj(frames.frame(frames.BLOCK, block))
+        await endpoint.send_obj(frames.frame(frames.GET_END))
+
+
+async def _in_thread(fn, *args):
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)

@@ -1,0 +1,42 @@
+"""`pdserve generate --url`: the offline command's output, streamed through a router."""
+from __future__ import annotations
+
+import json
+import sys
+
+import grpc
+
+from services.router.client import RouterClient
+
+
+def generate_remote(args, params) -> int:
+    client = RouterClient(args.url)
+    prompt = args.prompt
+    if args.chat:
+        from engine import load_tokenizer
+        tokenizer = load_tokenizer(args.model)
+        prompt = tokenizer.encode(tokenizer.apply_chat_template(
+            [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False)
+    text, token_ids, record = [], [], {}
+    try:
+        for msg in client.generate(prompt, params, slo_class=args.slo_class):
+            text.append(msg.text)
+            token_ids.extend(msg.token_ids)
+            if not args.json:
+                print(msg.text, end="", flush=True)
+            if msg.finish_reason:
+                record = {"request_id": msg.request_id, "finish_reason": msg.finish_reason,
+                          "usage": {"prompt_tokens": msg.usage.prompt_tokens,
+                                    "completion_tokens": msg.usage.completion_tokens,
+                                    "cached_prompt_tokens": msg.usage.cached_prompt_tokens}}
+    except grpc.RpcError as e:
+        print(f"pdserve: error: {e.code().name}: {e.details()}", file=sys.stderr)
+        return 2
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps({"text": "".join(text), "token_ids": token_ids, **record}, ensure_ascii=False, indent=2))
+    else:
+        print()
+    return 0

@@ -1,0 +1,89 @@
+"""The router's calls to workers and to the kvstore, each tied to the request's
+cancellation: cancelling the request cancels the gRPC call, which aborts the request on
+the worker (it frees its blocks, and a decode releases its lease)."""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+
+import grpc
+
+from services.common.grpc_server import channel
+from services.pb import decode_pb2, kvstore_pb2, kvstore_pb2_grpc, prefill_pb2, router_pb2
+from services.router.cancel import Cancellation, Cancelled
+from services.router.discovery import DECODE, PREFILL
+from services.router.workers import WorkerRegistry
+
+logger = logging.getLogger(__name__)
+
+# A failed worker call worth one more try on another worker. CANCELLED here means the
+# worker aborted the request (e.g. it is shutting down), not our client: that case is
+# told apart by the request's own Cancellation.
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.DEADLINE_EXCEEDED,
+                       grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                       grpc.StatusCode.ABORTED})
+# ...and those that say the worker itself is gone: it is not chosen again until it answers a poll
+WORKER_DOWN = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL})
+
+
+class WorkerCalls:
+    def __init__(self, registry: WorkerRegistry, release_timeout_s: float = 5.0):
+        self._registry = registry
+        self._kvstores: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+        self._release_timeout_s = release_timeout_s
+
+    def prefill(self, address: str, request: prefill_pb2.PrefillRequest, timeout_s: float | None,
+                cancel: Cancellation) -> prefill_pb2.PrefillResponse:
+        """Raises grpc.RpcError for a failed call, Cancelled when the request was cancelled."""
+        future = self._registry.stub(PREFILL, address).Prefill.future(request, timeout=timeout_s)
+        unregister = cancel.on_cancel(future.cancel)
+        try:
+            return future.result()
+        except grpc.FutureCancelledError:
+            raise Cancelled() from None
+        except grpc.RpcError:
+            cancel.raise_if_cancelled()
+            raise
+        finally:
+            unregister()
+
+    def decode(self, address: str, request: decode_pb2.DecodeRequest, timeout_s: float | None,
+               cancel: Cancellation) -> Iterator[router_pb2.GenerateResponse]:
+        """The decode's messages; raises as `prefill` does. Closing the iterator early
+        cancels the call."""
+        call = self._registry.stub(DECODE, address).Decode(request, timeout=timeout_s)
+        unregister = cancel.on_cancel(call.cancel)
+        try:
+            for msg in call:
+                yield msg
+        except grpc.RpcError:
+            cancel.raise_if_cancelled()
+            raise
+        finally:
+            unregister()
+            call.cancel()  # a no-op when the stream already ended
+
+    def release_lease(self, kvstore_address: str, lease_id: str) -> None:
+        """Unpin the KV a prefill left for a decode that never took it. Failing here only
+        delays the release: the lease expires by itself."""
+        try:
+            stub = kvstore_pb2_grpc.KVStoreStub(self._kvstore(kvstore_address))
+            stub.ReleaseLease(kvstore_pb2.ReleaseLeaseRequest(lease_id=lease_id, drop_tail=True),
+                              timeout=self._release_timeout_s)
+        except grpc.RpcError as e:
+            logger.warning("releasing lease %s at %s failed (%s); it expires by itself",
+                           lease_id, kvstore_address, e.code())
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._kvstores = list(self._kvstores.values()), {}
+        for ch in channels:
+            ch.close()
+
+    def _kvstore(self, address: str) -> grpc.Channel:
+        with self._lock:
+            if address not in self._kvstores:
+                self._kvstores[address] = channel(address)
+            return self._kvstores[address]

@@ -1,0 +1,63 @@
+"""A Python client for the router: stream a generation, or collect it whole."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from engine import SamplingParams
+from services.common.convert import sampling_to_proto
+from services.common.grpc_server import channel
+from services.pb import common_pb2, router_pb2, router_pb2_grpc
+
+
+class Generation(NamedTuple):
+    """Unpacks as (text, token_ids, finish_reason, usage)."""
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    usage: common_pb2.Usage
+
+
+class RouterClient:
+    def __init__(self, address: str):
+        self.address = address
+        self._channel = channel(address)
+        self._stub = router_pb2_grpc.RouterStub(self._channel)
+
+    def generate(self, prompt: str | list[int], sampling: SamplingParams | None = None,
+                 slo_class: str = "interactive", request_id: str = "", model: str = "",
+                 timeout_s: float | None = None) -> Iterator[router_pb2.GenerateResponse]:
+        """The router's stream: iterate it for messages; `.cancel()` it to abort the request.
+        Raises grpc.RpcError (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE, ...)."""
+        request = router_pb2.GenerateRequest(request_id=request_id, slo_class=slo_class, model=model)
+        if isinstance(prompt, str):
+            request.text = prompt
+        else:
+            request.token_ids.CopyFrom(common_pb2.TokenIds(ids=list(prompt)))
+        if sampling is not None:
+            request.sampling.CopyFrom(sampling_to_proto(sampling))
+        return self._stub.Generate(request, timeout=timeout_s)
+
+    def generate_text(self, prompt: str | list[int], sampling: SamplingParams | None = None,
+                      slo_class: str = "interactive", request_id: str = "",
+                      timeout_s: float | None = None) -> Generation:
+        """The whole generation: (text, token_ids, finish_reason, usage)."""
+        text, token_ids, final = [], [], router_pb2.GenerateResponse()
+        for msg in self.generate(prompt, sampling, slo_class, request_id, timeout_s=timeout_s):
+            text.append(msg.text)
+            token_ids.extend(msg.token_ids)
+            if msg.finish_reason:
+                final = msg
+        return Generation("".join(text), token_ids, final.finish_reason, final.usage)
+
+    def list_models(self, timeout_s: float | None = 10.0) -> list[router_pb2.ModelInfo]:
+        return list(self._stub.ListModels(router_pb2.ListModelsRequest(), timeout=timeout_s).models)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> RouterClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,96 @@
+"""The router's configuration: one frozen dataclass the CLI builds, plus the SLO classes.
+
+An SLO class names a latency contract (TTFT and ITL targets) and how the router treats
+its requests while they wait: `priority` orders the admission queues (lower is served
+first; it travels with the request and is the engine's priority on the workers too) and `max_queue_ms` bounds how
+long a request may wait for a free worker before it is refused with a retry hint; a
+class may also set its own direct-path threshold (`short_prompt_tokens`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SLOClass:
+    ttft_ms: float          # target time to first token (exported; the HPA scales on it)
+    itl_ms: float           # target inter-token latency
+    priority: int = 0       # lower is served first
+    max_queue_ms: float = 1000.0  # the longest a request waits in the router for a worker
+    short_prompt_tokens: int | None = None  # this class's direct-path threshold (None: the router's)
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "itl_ms", "max_queue_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+
+
+def default_slo_classes() -> dict[str, SLOClass]:
+    return {"interactive": SLOClass(ttft_ms=1000.0, itl_ms=100.0, priority=0, max_queue_ms=1000.0),
+            "batch": SLOClass(ttft_ms=30000.0, itl_ms=1000.0, priority=1, max_queue_ms=30000.0)}
+
+
+DEFAULT_SLO_CLASS = "interactive"
+
+
+@dataclass(frozen=True)
+class SaturationConfig:
+    """When a worker takes no more work from this router (see policy.SaturationPolicy)."""
+    max_waiting: int = 32                      # the worker's own queue (WorkerLoad.num_waiting)
+    max_queued_prefill_tokens: int = 65536     # a prefill worker's backlog
+    min_free_kv_blocks: int = 1                # a decode worker needs room for one more sequence
+    max_in_flight_per_worker: int = 64         # requests this router has outstanding on one worker
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    model: str = "smollm2"
+    prefill_addresses: tuple[str, ...] = ()
+    decode_addresses: tuple[str, ...] = ()
+    kvstore_address: str = ""       # where leases live when a KVHandle does not say
+    short_prompt_tokens: int = 256  # at most this many prompt tokens: straight to a decode worker
+    slo_classes: dict[str, SLOClass] = field(default_factory=default_slo_classes)
+    default_slo_class: str = DEFAULT_SLO_CLASS
+    max_model_len: int | None = None  # None: the model's context (config.json / GGUF metadata)
+    host: str = "127.0.0.1"
+    port: int = 50051
+    metrics_port: int | None = None  # None: no /metrics server (the Metrics object still counts)
+    poll_interval_s: float = 0.2
+    poll_timeout_s: float = 1.0
+    saturation: SaturationConfig = field(default_factory=SaturationConfig)
+    affinity_max_extra_tokens: int = 4096  # prefix affinity yields when it costs more queued tokens
+    affinity_prefix_tokens: int = 16       # the leading block that names a prompt's prefix
+    max_queued_requests: int = 1024        # admission queue bound, all classes together
+    retry_after_ms: int = 500              # the hint sent with RESOURCE_EXHAUSTED
+    worker_timeout_s: float | None = None  # per worker call; None: the client's deadline, if any
+    max_concurrent_streams: int = 256      # server threads: each open Generate stream holds one
+
+    def __post_init__(self) -> None:
+        if self.default_slo_class not in self.slo_classes:
+            raise ValueError(f"default_slo_class: {self.default_slo_class!r} is not among the SLO classes "
+                             f"{sorted(self.slo_classes)}")
+        if self.short_prompt_tokens < 0:
+            raise ValueError(f"short_prompt_tokens: must be >= 0, got {self.short_prompt_tokens}")
+        if self.poll_interval_s <= 0:
+            raise ValueError(f"poll_interval_s: must be > 0, got {self.poll_interval_s}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len: must be >= 2, got {self.max_model_len}")
+
+
+def load_slo_classes(path: str) -> dict[str, SLOClass]:
+    """A JSON object of classes: {"interactive": {"ttft_ms": 500, "itl_ms": 50, "priority": 0}, ...}."""
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--slo-config: cannot read {path} ({e})") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"--slo-config: {path} must hold a non-empty JSON object of classes")
+    classes = {}
+    for name, spec in raw.items():
+        try:
+            classes[name] = SLOClass(**spec)
+        except TypeError as e:
+            raise ValueError(f"--slo-config: class {name!r}: {e}") from None
+    return classes

@@ -1,0 +1,145 @@
+"""One request's way through the pools, with retries and cancellation.
+
+    direct:        decode(prompt) ──────────────────────────────▶ stream
+    disaggregated: prefill(prompt) ─▶ first token ─▶ decode(first, KVHandle) ─▶ stream
+                   │                  (sent at once)  ▲
+                   └ lease pinned in the kvstore ─────┘ released by the decode when it
+                     takes over; by the router if the request ends before that
+
+Retries: a failed prefill is retried once on another prefill worker; a failed decode is
+retried once on another decode worker if it had not streamed anything yet (the KV is
+still leased in the kvstore). Once tokens are out, a failure ends the stream with an error.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from services.pb import decode_pb2, prefill_pb2, router_pb2
+from services.router.calls import RETRYABLE, WORKER_DOWN, WorkerCalls
+from services.router.cancel import Cancellation
+from services.router.discovery import DECODE, PREFILL
+from services.router.errors import RouterError, retry_after_from
+from services.router.metrics import RouterMetrics
+from services.router.policy import DIRECT
+from services.router.pools import Need, Pool
+from services.router.request import RoutedRequest
+from services.router.stream import ResponseStream
+
+MAX_ATTEMPTS = 2  # the first call and one retry
+
+
+class GenerateFlow:
+    def __init__(self, pools: dict[str, Pool], calls: WorkerCalls, metrics: RouterMetrics,
+                 kvstore_address: str, retry_after_ms: int):
+        self.pools = pools
+        self.calls = calls
+        self.metrics = metrics
+        self.kvstore_address = kvstore_address
+        self.retry_after_ms = retry_after_ms
+
+    def run(self, req: RoutedRequest, arrival: float, cancel: Cancellation,
+            time_left: Callable[[], float | None]) -> Iterator[router_pb2.GenerateResponse]:
+        """Raises RouterError (the client's error) or Cancelled."""
+        out = ResponseStream(req, arrival, self.metrics)
+        if req.path == DIRECT:
+            decode_req = decode_pb2.DecodeRequest(request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
+                                                  sampling=req.sampling, slo_class=req.slo_class,
+                                                  priority=req.slo.priority)
+            yield from self._decode(req, decode_req, len(req.prompt_token_ids), out, cancel, time_left)
+        else:
+            yield from self._disaggregated(req, out, cancel, time_left)
+
+    def _disaggregated(self, req, out: ResponseStream, cancel, time_left):
+        self.pools[DECODE].require_reachable()  # no prefill for a request no decode could finish
+        reply = self._prefill(req, out, cancel, time_left)
+        lease_id = reply.kv_handle.lease_id if not reply.finish_reason else ""
+        taken = False  # whether a decode has taken the KV (and with it the lease) over
+        try:
+            yield out.first_from_prefill(reply)
+            if reply.finish_reason:
+                return
+            decode_req = decode_pb2.DecodeRequest(
+                request_id=req.request_id, prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
+                slo_class=req.slo_class, priority=req.slo.priority, first_token_id=reply.first_token_id,
+                kv_handle=reply.kv_handle)
+            if reply.HasField("logprob"):
+                decode_req.first_logprob.CopyFrom(reply.logprob)
+            for msg in self._decode(req, decode_req, 0, out, cancel, time_left):
+                taken = True
+                yield msg
+        finally:  # also when the client went away (an exception or the generator closed)
+            if lease_id and not taken:
+                self.calls.release_lease(reply.kv_handle.kvstore_address or self.kvstore_address, lease_id)
+
+    def _prefill(self, req: RoutedRequest, out: ResponseStream, cancel, time_left) -> prefill_pb2.PrefillResponse:
+        request = prefill_pb2.PrefillRequest(request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
+                                             sampling=req.sampling, slo_class=req.slo_class,
+                                             priority=req.slo.priority)
+        failed: list[str] = []
+        last_error: RouterError | None = None
+        for attempt in range(MAX_ATTEMPTS):
+            slot = self._acquire(PREFILL, req, len(req.prompt_token_ids), failed, cancel, last_error)
+            out.dispatched()
+            try:
+                return self.calls.prefill(slot.address, request, time_left(), cancel)
+            except grpc.RpcError as e:
+                last_error = self._failure(PREFILL, slot.address, e, can_retry=attempt + 1 < MAX_ATTEMPTS)
+                failed.append(slot.address)
+            finally:
+                slot.release()
+        raise AssertionError("unreachable: the last failure raises")
+
+    def _decode(self, req, decode_req, num_prefill_tokens: int, out: ResponseStream, cancel, time_left):
+        failed: list[str] = []
+        last_error: RouterError | None = None
+        for attempt in range(MAX_ATTEMPTS):
+            slot = self._acquire(DECODE, req, num_prefill_tokens, failed, cancel, last_error)
+            out.dispatched()
+            stream = self.calls.decode(slot.address, decode_req, time_left(), cancel)
+            started = False
+            try:
+                for msg in stream:
+                    started = True
+                    yield out.forward(msg)
+                if not out.finished:  # the client must learn that its answer is incomplete
+                    raise RouterError(grpc.StatusCode.INTERNAL,
+                                      f"decode worker {slot.address} ended the stream without finishing")
+                return
+            except grpc.RpcError as e:
+                # once tokens are out a retry would repeat them: the stream ends with the error
+                last_error = self._failure(DECODE, slot.address, e,
+                                           can_retry=not started and attempt + 1 < MAX_ATTEMPTS)
+                failed.append(slot.address)
+            finally:
+                stream.close()  # cancels the call when the client went away mid-stream
+                slot.release()
+
+    def _acquire(self, pool: str, req: RoutedRequest, num_prefill_tokens: int, failed: list[str],
+                 cancel: Cancellation, last_error: RouterError | None):
+        cancel.raise_if_cancelled()
+        need = Need(req.slo_class, req.slo.priority, req.slo.max_queue_ms / 1000, req.prompt_token_ids,
+                    num_prefill_tokens, tuple(failed))
+        try:
+            return self.pools[pool].acquire(need, cancel)
+        except RouterError as e:
+            if last_error is not None and e.code == grpc.StatusCode.UNAVAILABLE:
+                raise last_error from None  # no other worker to retry on: report why the first failed
+            raise
+
+    def _failure(self, pool: str, address: str, error: grpc.RpcError, can_retry: bool) -> RouterError:
+        """The error a failed call means for the client: raised when it is final, returned
+        (and counted as a retry) when the request goes on to another worker."""
+        code = error.code()
+        if code in WORKER_DOWN:
+            self.pools[pool].registry.mark_down(pool, address)
+        retry_after = (retry_after_from(error, self.retry_after_ms)
+                       if code == grpc.StatusCode.RESOURCE_EXHAUSTED else None)
+        # a worker that aborted the request itself (not our client: see calls.py) is unavailable to it
+        client_code = grpc.StatusCode.UNAVAILABLE if code == grpc.StatusCode.CANCELLED else code
+        failure = RouterError(client_code, f"{pool} worker {address} failed: {error.details()}", retry_after)
+        if not can_retry or code not in RETRYABLE:
+            raise failure
+        self.metrics.retries.labels(pool).inc()
+        return failure

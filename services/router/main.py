@@ -1,0 +1,64 @@
+"""`pdserve router`: run the router in front of static lists of prefill and decode workers."""
+from __future__ import annotations
+
+import argparse
+import logging
+
+from services.common.process import configure_logging, wait_for_shutdown
+from services.router.config import RouterConfig, SaturationConfig, default_slo_classes, load_slo_classes
+from services.router.discovery import parse_addresses
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2", help="the served model: HF folder, .gguf file or alias")
+    parser.add_argument("--prefill", action="append", default=[], metavar="HOST:PORT",
+                        help="prefill worker address (repeatable, or a comma-separated list)")
+    parser.add_argument("--decode", action="append", default=[], metavar="HOST:PORT",
+                        help="decode worker address (repeatable, or a comma-separated list)")
+    parser.add_argument("--kvstore", default="127.0.0.1:50060", help="KV cache service address (lease releases)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=50051)
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve /metrics on this port")
+    parser.add_argument("--short-prompt-tokens", type=int, default=256,
+                        help="prompts of at most this many tokens go straight to a decode worker")
+    parser.add_argument("--slo-config", default=None,
+                        help='JSON file of SLO classes: {"interactive": {"ttft_ms": .., "itl_ms": .., '
+                             '"priority": 0, "max_queue_ms": ..}, ...} (default: interactive and batch)')
+    parser.add_argument("--max-model-len", type=int, default=None, help="default: the model's context")
+    parser.add_argument("--poll-interval-s", type=float, default=0.2, help="worker load poll period")
+    parser.add_argument("--max-worker-waiting", type=int, default=SaturationConfig.max_waiting,
+                        help="a worker with this many requests waiting is saturated")
+    parser.add_argument("--max-in-flight-per-worker", type=int, default=SaturationConfig.max_in_flight_per_worker,
+                        help="requests this router keeps outstanding on one worker at most")
+    parser.add_argument("--retry-after-ms", type=int, default=500, help="the hint sent with RESOURCE_EXHAUSTED")
+
+
+def config_from_args(args) -> RouterConfig:
+    prefill, decode = parse_addresses(args.prefill), parse_addresses(args.decode)
+    if not prefill or not decode:
+        raise ValueError("--prefill and --decode: the router needs at least one worker of each pool")
+    slo_classes = load_slo_classes(args.slo_config) if args.slo_config else default_slo_classes()
+    default_class = "interactive" if "interactive" in slo_classes else min(
+        slo_classes, key=lambda name: slo_classes[name].priority)
+    return RouterConfig(
+        model=args.model, prefill_addresses=prefill, decode_addresses=decode, kvstore_address=args.kvstore,
+        short_prompt_tokens=args.short_prompt_tokens, slo_classes=slo_classes, default_slo_class=default_class,
+        max_model_len=args.max_model_len, host=args.host, port=args.port, metrics_port=args.metrics_port,
+        poll_interval_s=args.poll_interval_s, retry_after_ms=args.retry_after_ms,
+        saturation=SaturationConfig(max_waiting=args.max_worker_waiting,
+                                    max_in_flight_per_worker=args.max_in_flight_per_worker))
+
+
+def run(args) -> int:
+    configure_logging("router")
+    cfg = config_from_args(args)
+    from services.router.server import serve  # after the arguments are known good: loads the tokenizer
+    running = serve(cfg)
+    metrics = f", metrics on :{running.metrics_port}" if running.metrics_port is not None else ""
+    print(f"router serving on {cfg.host}:{running.server.port}{metrics}", flush=True)
+    wait_for_shutdown()
+    logger.info("stopping")
+    running.stop()
+    return 0

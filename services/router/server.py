@@ -1,0 +1,157 @@
+"""The router service: Router.Generate and Router.ListModels over gRPC, with health,
+reflection and /metrics. `serve(config)` wires the parts (see docs/router.md):
+
+    RequestValidator ─▶ GenerateFlow ─▶ Pool(prefill) / Pool(decode) ─▶ WorkerCalls
+                                          │ policies, admission gate
+                        LoadPoller ─▶ WorkerRegistry ◀─ Discovery
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from engine import InvalidRequestError
+from services.common.grpc_server import RunningServer, ServiceSpec, start_server
+from services.pb import router_pb2, router_pb2_grpc
+from services.router.admission import AdmissionGate
+from services.router.calls import WorkerCalls
+from services.router.cancel import Cancellation, Cancelled
+from services.router.config import RouterConfig
+from services.router.discovery import DECODE, PREFILL, Discovery, StaticDiscovery
+from services.router.errors import RouterError
+from services.router.flow import GenerateFlow
+from services.router.metrics import NO_CLASS, RouterMetrics
+from services.router.model_info import ModelInfo, describe_model, tokenizer_for
+from services.router.policy import MostRoomDecode, PathPolicy, PrefixAffinityPrefill, SaturationPolicy
+from services.router.poller import LoadPoller
+from services.router.pools import Pool
+from services.router.request import RequestValidator
+from services.router.workers import WorkerRegistry
+
+logger = logging.getLogger(__name__)
+
+_NO_DEADLINE_S = 365 * 24 * 3600.0
+_OUTCOMES = {grpc.StatusCode.RESOURCE_EXHAUSTED: "rejected", grpc.StatusCode.UNAVAILABLE: "unavailable",
+             grpc.StatusCode.INVALID_ARGUMENT: "invalid"}
+
+
+class RouterServicer(router_pb2_grpc.RouterServicer):
+    def __init__(self, cfg: RouterConfig, model: ModelInfo, validator: RequestValidator, flow: GenerateFlow,
+                 metrics: RouterMetrics):
+        self.cfg, self.model, self.validator, self.flow, self.metrics = cfg, model, validator, flow, metrics
+
+    def ListModels(self, request, context) -> router_pb2.ListModelsResponse:
+        return router_pb2.ListModelsResponse(models=[router_pb2.ModelInfo(
+            id=self.model.name, max_model_len=self.model.max_model_len, vocab_size=self.model.vocab_size)])
+
+    def Generate(self, request, context):
+        arrival = time.monotonic()
+        try:
+            req = self.validator.validate(request)
+        except InvalidRequestError as e:
+            self.metrics.requests.labels(NO_CLASS, "invalid").inc()
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        cancel = Cancellation()
+        # runs when the RPC ends (a no-op on calls already done); False: it has ended already
+        if not context.add_callback(cancel.cancel):
+            cancel.cancel()
+        outcome = "cancelled"  # unless it ends otherwise: a closed generator means the client left
+        try:
+            yield from self.flow.run(req, arrival, cancel, lambda: self._time_left(context))
+            outcome = "ok"
+        except Cancelled:
+            return
+        except RouterError as e:
+            outcome = _OUTCOMES.get(e.code, "error")
+            if e.retry_after_ms is not None:
+                context.set_trailing_metadata(e.trailing_metadata())
+            context.abort(e.code, e.message)
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            self.metrics.requests.labels(req.slo_class, outcome).inc()
+
+    def _time_left(self, context) -> float | None:
+        """A worker call's timeout: the client's remaining deadline, capped by the config."""
+        left = context.time_remaining()
+        limit = self.cfg.worker_timeout_s
+        if left is None or left > _NO_DEADLINE_S:  # grpc reports "no deadline" as ~292 years
+            return limit
+        return left if limit is None else min(left, limit)
+
+
+@dataclass
+class RunningRouter:
+    server: RunningServer
+    servicer: RouterServicer
+    registry: WorkerRegistry
+    poller: LoadPoller
+    calls: WorkerCalls
+    metrics: RouterMetrics
+    metrics_port: int | None
+    pools: dict[str, Pool]
+    host: str = "127.0.0.1"
+
+    @property
+    def address(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "[::]", "") else self.host
+        return f"{host}:{self.server.port}"
+
+    def poll_now(self) -> None:
+        """One load poll right away (tests use it instead of waiting for the background one)."""
+        self.poller.poll_once()
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        self.server.stop(grace_s)
+        self.poller.stop()
+        self.calls.close()
+        self.registry.close()
+
+
+def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None) -> RunningRouter:
+    """Start the router; `tokenizer` may be passed when the caller already has it loaded."""
+    model = describe_model(cfg.model, cfg.max_model_len)
+    tokenizer = tokenizer if tokenizer is not None else tokenizer_for(cfg.model)
+    metrics = RouterMetrics(cfg.slo_classes)
+    gates = {pool: AdmissionGate(cfg.max_queued_requests,
+                                 lambda cls, n, pool=pool: metrics.queued.labels(pool, cls).set(n))
+             for pool in (PREFILL, DECODE)}
+    registry = WorkerRegistry(discovery or StaticDiscovery(cfg.prefill_addresses, cfg.decode_addresses),
+                              on_change=lambda pool: gates[pool].wake())
+    pools = _pools(cfg, registry, gates, metrics)
+    poller = LoadPoller(registry, cfg.poll_interval_s, cfg.poll_timeout_s,
+                        after_round=lambda: metrics.update_workers(registry))
+    poller.poll_once()  # know who is up before the first request
+    poller.start()
+    calls = WorkerCalls(registry)
+    flow = GenerateFlow(pools, calls, metrics, cfg.kvstore_address, cfg.retry_after_ms)
+    validator = RequestValidator(model, tokenizer, cfg.slo_classes, cfg.default_slo_class,
+                                 PathPolicy(cfg.short_prompt_tokens, cfg.slo_classes))
+    servicer = RouterServicer(cfg, model, validator, flow, metrics)
+    server = None
+    try:
+        server = start_server([ServiceSpec("pdserve.v1.Router", router_pb2_grpc.add_RouterServicer_to_server,
+                                           servicer)], cfg.host, cfg.port, max_workers=cfg.max_concurrent_streams)
+        metrics_port = metrics.metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None
+    except Exception:  # e.g. a port in use: leave no poller thread or channels behind
+        if server is not None:
+            server.stop(0)
+        poller.stop()
+        registry.close()
+        raise
+    logger.info("router on %s:%d: %d prefill, %d decode workers (model %s)", cfg.host, server.port,
+                len(cfg.prefill_addresses), len(cfg.decode_addresses), model.name)
+    return RunningRouter(server, servicer, registry, poller, calls, metrics, metrics_port, pools, cfg.host)
+
+
+def _pools(cfg: RouterConfig, registry: WorkerRegistry, gates: dict[str, AdmissionGate],
+           metrics: RouterMetrics) -> dict[str, Pool]:
+    saturation = SaturationPolicy(cfg.saturation)
+    reject = lambda pool, cls: metrics.rejections.labels(pool, cls).inc()  # noqa: E731
+    prefill = PrefixAffinityPrefill(cfg.affinity_max_extra_tokens, cfg.affinity_prefix_tokens)
+    return {PREFILL: Pool(PREFILL, registry, saturation, prefill, gates[PREFILL], cfg.retry_after_ms, reject),
+            DECODE: Pool(DECODE, registry, saturation, MostRoomDecode(), gates[DECODE], cfg.retry_after_ms, reject)}

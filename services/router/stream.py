@@ -1,0 +1,95 @@
+"""The messages one request streams back to its client, and the latencies they carry.
+
+    disaggregated: [first token, from the PrefillResponse] [decode msg] ... [final]
+    direct:        [decode msg] ... [final]
+
+The final message (finish_reason set) gets usage counted here, exactly as the client saw
+it, and timings merged from every hop: the router's queue time and TTFT, the prefill's
+queue/compute/KV-write parts and the decode's KV-read and join parts.
+"""
+from __future__ import annotations
+
+import time
+
+from services.pb import common_pb2, prefill_pb2, router_pb2
+from services.router.metrics import RouterMetrics
+from services.router.request import RoutedRequest
+
+_TIMING_FIELDS = [f.name for f in common_pb2.Timings.DESCRIPTOR.fields]
+
+
+class ResponseStream:
+    def __init__(self, req: RoutedRequest, arrival: float, metrics: RouterMetrics):
+        self.req = req
+        self.arrival = arrival
+        self.metrics = metrics
+        self.first_call: float | None = None
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.num_tokens = 0
+        self._prefill_timings = common_pb2.Timings()
+        self._cached_prompt_tokens: int | None = None  # from the prefill; None: the decode's count
+        self._finished = False
+
+    @property
+    def finished(self) -> bool:
+        """Whether the final message (finish_reason set) went out."""
+        return self._finished
+
+    @property
+    def labels(self) -> tuple[str, str]:
+        return self.req.slo_class, self.req.path
+
+    def dispatched(self) -> None:
+        """A worker call is about to start; the first one ends the router's queue time."""
+        if self.first_call is None:
+            self.first_call = time.monotonic()
+            self.metrics.queue.labels(*self.labels).observe(self.first_call - self.arrival)
+
+    def first_from_prefill(self, reply: prefill_pb2.PrefillResponse) -> router_pb2.GenerateResponse:
+        self._prefill_timings.CopyFrom(reply.timings)
+        self._cached_prompt_tokens = reply.num_cached_tokens
+        msg = router_pb2.GenerateResponse(request_id=self.req.request_id, token_ids=[reply.first_token_id],
+                                          text=reply.text, finish_reason=reply.finish_reason)
+        if reply.HasField("logprob"):
+            msg.logprobs.append(reply.logprob)
+        return self._account(msg)
+
+    def forward(self, worker_msg: router_pb2.GenerateResponse) -> router_pb2.GenerateResponse:
+        msg = router_pb2.GenerateResponse()
+        msg.CopyFrom(worker_msg)
+        msg.request_id = self.req.request_id
+        return self._account(msg)
+
+    def _account(self, msg: router_pb2.GenerateResponse) -> router_pb2.GenerateResponse:
+        if msg.token_ids:
+            self._observe_tokens(len(msg.token_ids))
+        if msg.finish_reason:
+            self._finish(msg)
+        return msg
+
+    def _observe_tokens(self, num_tokens: int) -> None:
+        t = time.monotonic()
+        if self.first_token is None:
+            self.first_token = t
+            self.metrics.observe_ttft(*self.labels, t - self.arrival)
+        else:
+            # a message may carry several tokens: each waited its share of the gap
+            self.metrics.observe_itl(*self.labels, (t - self.last_token) / num_tokens)
+        self.last_token = t
+        self.num_tokens += num_tokens
+
+    def _finish(self, msg: router_pb2.GenerateResponse) -> None:
+        self._finished = True
+        cached = msg.usage.cached_prompt_tokens if self._cached_prompt_tokens is None else self._cached_prompt_tokens
+        msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=len(self.req.prompt_token_ids),
+                                            completion_tokens=self.num_tokens, cached_prompt_tokens=cached))
+        merged = common_pb2.Timings()
+        for part in (self._prefill_timings, msg.timings):
+            for name in _TIMING_FIELDS:
+                if getattr(part, name):
+                    setattr(merged, name, getattr(part, name))
+        merged.router_queue_s = (self.first_call or self.arrival) - self.arrival
+        merged.ttft_s = (self.first_token or time.monotonic()) - self.arrival
+        msg.timings.CopyFrom(merged)
+        self.metrics.e2e.labels(*self.labels).observe(time.monotonic() - self.arrival)

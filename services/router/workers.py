@@ -1,0 +1,133 @@
+"""The router's picture of its workers: for each pool, every worker's last reported load,
+whether it answered its last poll, and what this router itself has outstanding on it.
+
+The policies see immutable `WorkerView` snapshots; the registry owns the mutable records,
+the channels and the stubs. The router's own in-flight counters matter because a worker's
+reported load is up to one poll interval old: a burst of requests between two polls
+would otherwise all go to the same "idle" worker.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+
+from services.common.grpc_server import channel
+from services.pb import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+from services.router.discovery import DECODE, POOLS, PREFILL, Discovery
+
+_STUBS = {PREFILL: prefill_pb2_grpc.PrefillWorkerStub, DECODE: decode_pb2_grpc.DecodeWorkerStub}
+# A worker that restarts should be seen again within a poll or two, not after gRPC's
+# default reconnect backoff (up to two minutes).
+_RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                      ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    address: str
+    up: bool = False
+    num_running: int = 0
+    num_waiting: int = 0
+    queued_prefill_tokens: int = 0
+    num_free_kv_blocks: int = 0
+    num_total_kv_blocks: int = 0
+    max_num_seqs: int = 0
+    draining: bool = False
+    in_flight: int = 0          # requests this router has outstanding on the worker
+    in_flight_tokens: int = 0   # their prompt tokens
+
+
+def view_from_load(address: str, load: common_pb2.WorkerLoad, up: bool = True) -> WorkerView:
+    return WorkerView(address, up, load.num_running, load.num_waiting, load.queued_prefill_tokens,
+                      load.num_free_kv_blocks, load.num_total_kv_blocks, load.max_num_seqs, load.draining)
+
+
+class _Worker:
+    def __init__(self, pool: str, address: str):
+        self.channel = channel(address, _RECONNECT_OPTIONS)
+        self.stub = _STUBS[pool](self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.view = WorkerView(address)
+
+
+class WorkerRegistry:
+    def __init__(self, discovery: Discovery, on_change: Callable[[str], None] = lambda pool: None):
+        """`on_change(pool)` runs (outside the registry's lock) when a pool may have gained
+        capacity: a poll's answer or a released request. Never on `reserve`, which runs
+        under an admission gate's lock: waking gates from there could deadlock two pools."""
+        self._discovery = discovery
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._pools: dict[str, dict[str, _Worker]] = {pool: {} for pool in POOLS}
+        self.sync()
+
+    def sync(self) -> None:
+        """Follow discovery: open channels to new workers, close those of removed ones."""
+        for pool in POOLS:
+            wanted = self._discovery.addresses(pool)
+            with self._lock:
+                workers = self._pools[pool]
+                gone = [workers.pop(a) for a in list(workers) if a not in wanted]
+                for address in wanted:
+                    if address not in workers:  # (not setdefault: that would open a channel each time)
+                        workers[address] = _Worker(pool, address)
+            for worker in gone:
+                worker.channel.close()
+
+    def views(self, pool: str) -> list[WorkerView]:
+        with self._lock:
+            return [w.view for w in self._pools[pool].values()]
+
+    def stub(self, pool: str, address: str):
+        with self._lock:
+            return self._pools[pool][address].stub
+
+    def stubs(self, pool: str) -> dict[str, tuple[object, health_pb2_grpc.HealthStub]]:
+        """Each worker's API stub and health stub, for the poller."""
+        with self._lock:
+            return {a: (w.stub, w.health) for a, w in self._pools[pool].items()}
+
+    def report(self, pool: str, address: str, load: common_pb2.WorkerLoad | None) -> None:
+        """A poll's answer; None when the worker did not answer or is not SERVING."""
+        self._update(pool, address, lambda v: replace(view_from_load(address, load), in_flight=v.in_flight,
+                                                      in_flight_tokens=v.in_flight_tokens)
+                     if load is not None else replace(v, up=False))
+
+    def mark_down(self, pool: str, address: str) -> None:
+        """A call failed as if the worker were gone: stop choosing it until it answers a poll."""
+        self._update(pool, address, lambda v: replace(v, up=False))
+
+    def reserve(self, pool: str, address: str, tokens: int) -> Callable[[], None]:
+        """Count a request as outstanding on the worker; returns its (idempotent) release."""
+        self._update(pool, address, _add_in_flight(1, tokens), notify=False)
+        once = threading.Lock()
+
+        def release() -> None:
+            if once.acquire(blocking=False):  # never released: a second call does nothing
+                self._update(pool, address, _add_in_flight(-1, -tokens))
+        return release
+
+    def close(self) -> None:
+        with self._lock:
+            workers = [w for pool in self._pools.values() for w in pool.values()]
+            self._pools = {pool: {} for pool in POOLS}
+        for worker in workers:
+            worker.channel.close()
+
+    def _update(self, pool: str, address: str, change: Callable[[WorkerView], WorkerView],
+                notify: bool = True) -> None:
+        with self._lock:
+            worker = self._pools[pool].get(address)
+            if worker is None:  # removed by discovery meanwhile
+                return
+            worker.view = change(worker.view)
+        if notify:
+            self._on_change(pool)
+
+
+def _add_in_flight(requests: int, tokens: int) -> Callable[[WorkerView], WorkerView]:
+    return lambda v: replace(v, in_flight=v.in_flight + requests, in_flight_tokens=v.in_flight_tokens + tokens)

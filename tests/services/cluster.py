@@ -1,0 +1,58 @@
+"""An in-test cluster: kvstore, prefill and decode workers and the router, in this process,
+on free loopback ports, sharing one set of model weights (each worker has its own engine
+and KV cache, as separate processes would)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.common.worker import WorkerConfig
+from services.decode.server import serve as serve_decode
+from services.kvstore.client import KVStoreClient
+from services.kvstore.server import KVStoreConfig
+from services.kvstore.server import serve as serve_kvstore
+from services.prefill.server import serve as serve_prefill
+from services.router.config import RouterConfig
+from services.router.server import serve as serve_router
+
+
+@dataclass
+class Cluster:
+    kvstore: object
+    prefills: list = field(default_factory=list)
+    decodes: list = field(default_factory=list)
+    router: object = None
+    _kv_client: KVStoreClient | None = None
+
+    def kvstore_client(self) -> KVStoreClient:
+        if self._kv_client is None:
+            self._kv_client = KVStoreClient(self.kvstore.address)
+        return self._kv_client
+
+    def workers(self) -> list:
+        return [*self.prefills, *self.decodes]
+
+    def stop(self) -> None:
+        if self._kv_client is not None:
+            self._kv_client.close()
+        for part in [self.router, *self.workers(), self.kvstore]:
+            if part is not None:
+                part.stop()
+
+
+def start_cluster(model: str, loaded, num_prefill: int = 2, num_decode: int = 1, short_prompt_tokens: int = 32,
+                  kv_cache_memory_bytes: int | None = 8 << 20, kvstore_capacity: int = 64 << 20,
+                  **worker_overrides) -> Cluster:
+    cluster = Cluster(serve_kvstore(KVStoreConfig(capacity_bytes=kvstore_capacity, metrics_port=None)))
+    try:
+        cfg = WorkerConfig(model=model, kvstore_address=cluster.kvstore.address, metrics_port=0,
+                           kv_cache_memory_bytes=kv_cache_memory_bytes, **worker_overrides)
+        cluster.prefills = [serve_prefill(cfg, loaded) for _ in range(num_prefill)]
+        cluster.decodes = [serve_decode(cfg, loaded) for _ in range(num_decode)]
+        cluster.router = serve_router(RouterConfig(
+            model=model, prefill_addresses=tuple(p.address for p in cluster.prefills),
+            decode_addresses=tuple(d.address for d in cluster.decodes), kvstore_address=cluster.kvstore.address,
+            short_prompt_tokens=short_prompt_tokens, port=0, metrics_port=0))
+    except Exception:
+        cluster.stop()
+        raise
+    return cluster

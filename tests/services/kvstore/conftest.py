@@ -1,0 +1,139 @@
+"""Fixtures for the kvstore tests: a real redis-server on a free loopback port, a store of
+each backend on a fake clock, and a running service per transport."""
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+import redis
+
+from services.kvstore.memory_store import MemoryBlockStore
+from services.kvstore.redis_store import RedisBlockStore
+from services.kvstore.server import KVStoreConfig, serve
+from services.kvstore.store import NULL_EVENTS, StoredBlock, StoreEvents, hash_key, tail_key
+from services.pb import kvstore_pb2
+
+START = 1_700_000_000.0  # the fake clock's epoch: a wall-clock-like value, as Redis leases expect
+
+
+class FakeClock:
+    """Seconds that move only when a test says so: lease expiry without sleeping."""
+
+    def __init__(self):
+        self.now = START
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def redis_server():
+    """A redis-server of our own: no persistence, loopback only, stopped by its PID.
+    Yields (url, process)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed (apt-get install -y redis-server)")
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--maxmemory-policy", "noeviction"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        _wait_for_redis(url, proc)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    with redis_server() as (url, _):
+        yield url
+
+
+def _wait_for_redis(url: str, proc: subprocess.Popen) -> None:
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on {url} did not start (exit code {proc.poll()})") from None
+            time.sleep(0.02)
+        finally:
+            client.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def make_store(request, clock):
+    """make_store(capacity_bytes, events) -> a fresh store of the parametrized backend."""
+    stores = []
+
+    def make(capacity_bytes: int, events: StoreEvents = NULL_EVENTS):
+        if request.param == "memory":
+            store = MemoryBlockStore(capacity_bytes, events, clock=clock)
+        else:
+            url = request.getfixturevalue("redis_url")
+            redis.Redis.from_url(url).flushdb()
+            store = RedisBlockStore(url, capacity_bytes, events, clock=clock)
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        store.close()
+
+
+def block(name: str, num_bytes: int = 10, fill: bytes = b"x") -> StoredBlock:
+    """A full block keyed by hash `name`, or a tail when `name` starts with "t:"."""
+    key = tail_key(name[2:]) if name.startswith("t:") else hash_key(name.encode())
+    return StoredBlock(key, b"header:" + name.encode(), fill * num_bytes)
+
+
+def wire_block(block_hash: bytes = b"", tail: str = "", num_layers: int = 2, block_size: int = 4,
+               fill: int = 1) -> kvstore_pb2.KVBlock:
+    """A valid float16 block on the wire: [layers, 2, block_size, 1 head, 2 dims]."""
+    shape = [num_layers, 2, block_size, 1, 2]
+    header = kvstore_pb2.KVBlockHeader(block_hash=block_hash, tail_key=tail, dtype="float16", shape=shape,
+                                       layer_start=0, layer_end=num_layers, num_tokens=block_size)
+    return kvstore_pb2.KVBlock(header=header, data=bytes([fill]) * (num_layers * 2 * block_size * 2 * 2), found=True)
+
+
+WIRE_BLOCK_BYTES = len(wire_block(b"x").data)
+
+
+@pytest.fixture
+def start_kvstore(clock):
+    """start_kvstore(**config) -> a running service on free loopback ports, on the fake clock."""
+    running = []
+
+    def start(**overrides):
+        config = KVStoreConfig(**{"capacity_bytes": 1 << 20, "ucx_port": 0, "metrics_port": None, **overrides})
+        running.append(serve(config, clock=clock))
+        return running[-1]
+
+    yield start
+    for r in running:
+        r.stop()

@@ -1,0 +1,61 @@
+"""Bad requests are refused with INVALID_ARGUMENT naming the field; the router keeps serving."""
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from services.common.grpc_server import channel
+from services.pb import common_pb2, router_pb2, router_pb2_grpc
+from tests.services.router.fakes import expected_tokens
+
+GOOD = [5, 6, 7]
+
+
+@pytest.mark.parametrize("prompt,fields,field", [
+    ([], {}, "prompt"),
+    ("", {}, "prompt"),
+    (None, {}, "prompt"),
+    (list(range(3, 2051)), {}, "prompt"),  # 2048 tokens: no room left to generate
+    ([5, 49152], {}, "prompt_token_ids"),
+    (GOOD, dict(sampling=common_pb2.SamplingParams(max_tokens=0)), "max_tokens"),
+    (GOOD, dict(sampling=common_pb2.SamplingParams(temperature=-1.0)), "temperature"),
+    (GOOD, dict(sampling=common_pb2.SamplingParams(top_p=2.0)), "top_p"),
+    (GOOD, dict(sampling=common_pb2.SamplingParams(top_k=-2)), "top_k"),
+    (GOOD, dict(sampling=common_pb2.SamplingParams(stop=[""])), "stop"),
+    (GOOD, dict(slo_class="platinum"), "slo_class"),
+    (GOOD, dict(model="another-model"), "model"),
+])
+def test_bad_input_is_invalid_argument_and_the_router_keeps_serving(cluster, prompt, fields, field):
+    request = router_pb2.GenerateRequest(**fields)
+    if isinstance(prompt, str):
+        request.text = prompt
+    elif prompt is not None:
+        request.token_ids.CopyFrom(common_pb2.TokenIds(ids=prompt))
+    with channel(cluster.router.address) as ch:
+        stub = router_pb2_grpc.RouterStub(ch)
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Generate(request, timeout=30))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.value.details().startswith(f"{field}:")
+        assert all(not w.requests for w in cluster.prefills + cluster.decodes)
+        good = router_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(ids=GOOD),
+                                          sampling=common_pb2.SamplingParams(max_tokens=2))
+        assert [t for m in stub.Generate(good, timeout=30) for t in m.token_ids] == expected_tokens(3, 2)
+    assert cluster.router.metrics.metrics.value("router_requests_total",
+                                                {"slo_class": "none", "outcome": "invalid"}) == 1
+
+
+def test_longest_prompt_that_fits_is_accepted(cluster):
+    prompt = list(range(3, 2050))  # 2047 tokens: one position left to generate
+    with channel(cluster.router.address) as ch:
+        msgs = list(router_pb2_grpc.RouterStub(ch).Generate(router_pb2.GenerateRequest(
+            token_ids=common_pb2.TokenIds(ids=prompt), sampling=common_pb2.SamplingParams(max_tokens=1)), timeout=30))
+    assert [t for m in msgs for t in m.token_ids] == expected_tokens(len(prompt), 1)
+
+
+def test_max_model_len_from_config_lowers_the_limit(make_cluster):
+    cluster = make_cluster(max_model_len=64)
+    with channel(cluster.router.address) as ch, pytest.raises(grpc.RpcError) as e:
+        list(router_pb2_grpc.RouterStub(ch).Generate(
+            router_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(ids=list(range(64)))), timeout=30))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_model_len" in e.value.details()

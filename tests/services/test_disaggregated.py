@@ -1,0 +1,163 @@
+"""End to end through router -> prefill -> kvstore -> decode, against the offline engine."""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.model.loader import load_model
+from engine.model.source import resolve_model
+from services.common.grpc_server import channel
+from services.pb import (common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, router_pb2,
+                         router_pb2_grpc)
+from services.router.client import RouterClient
+from tests.services.cluster import start_cluster
+
+MAX_TOKENS = 12
+SHORT = [[11, 12, 13], list(range(300, 320))]
+LONG = [list(range(1000, 1100)), list(range(2000, 2077)), list(range(1000, 1060)) + list(range(5000, 5040))]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_dir):
+    return load_model(resolve_model(tiny_llama_dir), torch.float32, "cpu", progress=False)
+
+
+@pytest.fixture(scope="module")
+def offline(tiny, tiny_llama_dir):
+    llm = LLM(tiny_llama_dir, loaded_model=tiny, progress=False)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    return {tuple(p): o for p, o in zip(SHORT + LONG, llm.generate([{"prompt_token_ids": p} for p in SHORT + LONG],
+                                                                    params))}
+
+
+@pytest.fixture
+def cluster(tiny, tiny_llama_dir):
+    c = start_cluster(tiny_llama_dir, tiny)
+    yield c
+    try:
+        assert_nothing_leaked(c)
+    finally:
+        c.stop()
+
+
+def assert_nothing_leaked(c, timeout_s: float = 10.0) -> None:
+    """Every worker's block pool fully free and no lease left in the kvstore."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        free = [w.loop.call(lambda e: e.kv_manager.num_free_blocks == e.kv_manager.pool.num_blocks
+                            and not e.has_unfinished_requests()).result() for w in c.workers()]
+        leases = c.kvstore_client().stats().num_active_leases
+        if all(free) and leases == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"leaked: workers free={free}, active leases={leases}")
+        time.sleep(0.1)
+
+
+def _generate(router_address: str, prompt, max_tokens: int = MAX_TOKENS, **kw):
+    client = RouterClient(router_address)
+    try:
+        msgs = list(client.generate(prompt, SamplingParams(temperature=0, max_tokens=max_tokens), **kw))
+    finally:
+        client.close()
+    return msgs
+
+
+def _tokens(msgs) -> list[int]:
+    return [t for m in msgs for t in m.token_ids]
+
+
+def test_concurrent_long_and_short_match_offline(cluster, offline):
+    prompts = SHORT + LONG
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(lambda p: _generate(cluster.router.address, p), prompts))
+    for p, msgs in zip(prompts, results):
+        expected = offline[tuple(p)]
+        assert _tokens(msgs) == expected.token_ids
+        assert "".join(m.text for m in msgs) == expected.text
+        final = msgs[-1]
+        assert final.finish_reason == expected.finish_reason
+        assert final.usage.prompt_tokens == len(p) and final.usage.completion_tokens == len(expected.token_ids)
+    # the long prompts went prefill -> kvstore -> decode; the short ones did not
+    prefilled = sum(w.servicer.metrics.prompt_tokens._value.get() for w in cluster.prefills)
+    assert prefilled == sum(map(len, LONG))
+    assert sum(d.servicer.metrics.kvstore_imported._value.get() for d in cluster.decodes) == sum(map(len, LONG))
+    assert cluster.kvstore_client().stats().num_blocks >= sum(len(p) // 16 for p in LONG) - 3
+
+
+def _prefill_direct(worker, prompt, request_id: str, max_tokens: int = MAX_TOKENS):
+    with channel(worker.address) as ch:
+        return prefill_pb2_grpc.PrefillWorkerStub(ch).Prefill(prefill_pb2.PrefillRequest(
+            request_id=request_id, prompt_token_ids=prompt,
+            sampling=common_pb2.SamplingParams(temperature=0, max_tokens=max_tokens)))
+
+
+def _decode_direct(worker, prompt, first: int, handle, request_id: str):
+    with channel(worker.address) as ch:
+        return list(decode_pb2_grpc.DecodeWorkerStub(ch).Decode(decode_pb2.DecodeRequest(
+            request_id=request_id, prompt_token_ids=prompt, first_token_id=first, kv_handle=handle,
+            sampling=common_pb2.SamplingParams(temperature=0, max_tokens=MAX_TOKENS))))
+
+
+def test_prefix_reuse_across_prefill_workers(cluster, offline):
+    a, b = cluster.prefills
+    first = _prefill_direct(a, LONG[0], "a")
+    _decode_direct(cluster.decodes[0], LONG[0], first.first_token_id, first.kv_handle, "a")
+    shared = LONG[2]  # shares 60 tokens (3 full blocks) with LONG[0]
+    reply = _prefill_direct(b, shared, "b")
+    msgs = _decode_direct(cluster.decodes[0], shared, reply.first_token_id, reply.kv_handle, "b")
+    assert reply.num_cached_tokens == 48  # 3 of its 6 full blocks came from A's prefill
+    assert b.servicer.metrics.kvstore_imported._value.get() == 48
+    assert [reply.first_token_id] + _tokens(msgs) == offline[tuple(shared)].token_ids
+
+
+def test_evicted_block_is_recomputed(cluster, offline):
+    reply = _prefill_direct(cluster.prefills[0], LONG[1], "e")
+    handle = common_pb2.KVHandle()
+    handle.CopyFrom(reply.kv_handle)
+    handle.block_hashes[2] = b"\x00" * 32  # the store does not have it: as if evicted
+    decode = cluster.decodes[0]
+    before = decode.servicer.metrics.recompute._value.get()
+    msgs = _decode_direct(decode, LONG[1], reply.first_token_id, handle, "e")
+    assert [reply.first_token_id] + _tokens(msgs) == offline[tuple(LONG[1])].token_ids
+    assert decode.servicer.metrics.recompute._value.get() > before
+
+
+def test_dead_prefill_worker_is_retried(cluster, offline):
+    cluster.prefills[0].stop()
+    try:
+        for p in LONG:
+            assert _tokens(_generate(cluster.router.address, p)) == offline[tuple(p)].token_ids
+    finally:
+        cluster.prefills = cluster.prefills[1:]
+
+
+def test_client_cancel_frees_blocks_and_lease(cluster):
+    client = RouterClient(cluster.router.address)
+    stream = client.generate(LONG[0], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    next(iter(stream))
+    stream.cancel()
+    client.close()
+    assert_nothing_leaked(cluster)
+
+
+@pytest.mark.parametrize("sampling,prompt,slo,field", [
+    (dict(max_tokens=4), [], "interactive", "prompt"),
+    (dict(max_tokens=4), list(range(3, 2100)), "interactive", "prompt"),
+    (dict(max_tokens=4, temperature=-1.0), [5, 6], "interactive", "temperature"),
+    (dict(max_tokens=4, top_p=2.0), [5, 6], "interactive", "top_p"),
+    (dict(max_tokens=0), [5, 6], "interactive", "max_tokens"),
+    (dict(max_tokens=4), [5, 6], "platinum", "slo_class"),
+])
+def test_bad_input_is_invalid_argument(cluster, offline, sampling, prompt, slo, field):
+    request = router_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(ids=prompt), slo_class=slo,
+                                         sampling=common_pb2.SamplingParams(**sampling))
+    with channel(cluster.router.address) as ch, pytest.raises(grpc.RpcError) as e:
+        list(router_pb2_grpc.RouterStub(ch).Generate(request))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
+    assert _tokens(_generate(cluster.router.address, SHORT[0])) == offline[tuple(SHORT[0])].token_ids
