@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
 
 from engine import CacheConfig, EngineConfig, EngineCore, InvalidRequestError, SchedulerConfig
 from services.common.engine_loop import EngineLoop, LoopStats
+from services.common.grpc_server import RunningServer, ServiceSpec, start_server
 from services.common.metrics import Metrics
+from services.common.process import configure_logging, set_cpu_threads, wait_for_shutdown
 from services.pb import common_pb2
 
 @dataclass(frozen=True)
@@ -128,3 +132,61 @@ def check_admission(loop: EngineLoop, cfg: WorkerConfig, context: grpc.ServicerC
 
 def now() -> float:
     return time.monotonic()
+
+
+class WorkerServicer:
+    """What RunningWorker needs of a worker's servicer."""
+    draining: bool
+    metrics: WorkerMetrics
+
+    def close(self) -> None:
+        """Release the servicer's own clients (kvstore connections)."""
+
+
+@dataclass
+class RunningWorker:
+    server: RunningServer
+    loop: EngineLoop
+    servicer: WorkerServicer
+    metrics_port: int | None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    def stop(self) -> None:
+        """Drain: stop taking work (health NOT_SERVING), let in-flight calls finish, stop."""
+        self.servicer.draining = True
+        self.server.stop(grace=5.0)
+        self.loop.stop()
+        self.servicer.metrics.metrics.close()
+        self.servicer.close()
+
+
+def serve_worker(cfg: WorkerConfig, loaded, role: str, service_name: str, register,
+                 make_servicer: Callable[[EngineLoop, WorkerMetrics], WorkerServicer]) -> RunningWorker:
+    metrics = WorkerMetrics(role)
+    loop = EngineLoop(build_engine(cfg, loaded), on_step=metrics.update)
+    loop.start()
+    servicer = make_servicer(loop, metrics)
+    server = start_server([ServiceSpec(service_name, register, servicer)], cfg.host, cfg.port)
+    metrics_port = metrics.metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None
+    logging.getLogger(__name__).info("%s worker on %s:%d (model %s)", role, cfg.host, server.port, cfg.model)
+    return RunningWorker(server, loop, servicer, metrics_port)
+
+
+def worker_cli(role: str, serve: Callable[[WorkerConfig], RunningWorker], default_port: int):
+    """The `add_arguments` and `run` of `pdserve <role>`."""
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        add_worker_arguments(parser, default_port)
+
+    def run(args) -> int:
+        configure_logging(role)
+        set_cpu_threads(args.threads)
+        running = serve(worker_config_from_args(args))
+        print(f"{role} worker serving on {args.host}:{running.server.port}", flush=True)
+        wait_for_shutdown()
+        logging.getLogger(__name__).info("draining and stopping")
+        running.stop()
+        return 0
+    return add_arguments, run

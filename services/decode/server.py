@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from dataclasses import dataclass
 
 import grpc
 import torch
@@ -19,9 +18,9 @@ from engine import InvalidRequestError, RequestOutput
 from engine.kv_transfer import KVPayload
 from services.common.convert import logprob_to_proto, sampling_from_proto
 from services.common.engine_loop import EngineLoop
-from services.common.grpc_server import RunningServer, ServiceSpec, start_server
 from services.common.kv_wire import block_from_proto
-from services.common.worker import WorkerConfig, WorkerMetrics, build_engine, check_admission, now, worker_load
+from services.common.worker import (RunningWorker, WorkerConfig, WorkerMetrics, check_admission, now,
+                                    serve_worker, worker_load)
 from services.kvstore.client import KVStoreClient
 from services.pb import common_pb2, decode_pb2_grpc, router_pb2
 
@@ -112,6 +111,11 @@ class DecodeServicer(decode_pb2_grpc.DecodeWorkerServicer):
         except grpc.RpcError as e:
             logger.warning("releasing lease %s failed (%s); it expires by itself", lease_id, e.code())
 
+    def close(self) -> None:
+        with self._kvstores_lock:
+            for client in self._kvstores.values():
+                client.close()
+
     # ---- streaming -------------------------------------------------------------------
     def _stream(self, stream, req_id: str, num_given: int, kv_read_s: float, start: float, context):
         last_token_time, final = None, None
@@ -148,34 +152,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeWorkerServicer):
         return msg
 
 
-@dataclass
-class RunningDecode:
-    server: RunningServer
-    loop: EngineLoop
-    servicer: DecodeServicer
-    metrics_port: int | None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.server.port}"
-
-    def stop(self) -> None:
-        self.servicer.draining = True
-        self.server.stop(grace=5.0)
-        self.loop.stop()
-        for client in self.servicer._kvstores.values():
-            client.close()
-
-
-def serve(cfg: WorkerConfig, loaded=None) -> RunningDecode:
-    metrics = WorkerMetrics("decode")
-    engine = build_engine(cfg, loaded)
-    loop = EngineLoop(engine, on_step=metrics.update)
-    loop.start()
-    servicer = DecodeServicer(cfg, loop, metrics)
-    server = start_server([ServiceSpec("pdserve.v1.DecodeWorker",
-                                       decode_pb2_grpc.add_DecodeWorkerServicer_to_server, servicer)],
-                          cfg.host, cfg.port)
-    metrics_port = metrics.metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None
-    logger.info("decode worker on %s:%d (model %s)", cfg.host, server.port, cfg.model)
-    return RunningDecode(server, loop, servicer, metrics_port)
+def serve(cfg: WorkerConfig, loaded=None) -> RunningWorker:
+    return serve_worker(cfg, loaded, "decode", "pdserve.v1.DecodeWorker",
+                        decode_pb2_grpc.add_DecodeWorkerServicer_to_server,
+                        lambda loop, metrics: DecodeServicer(cfg, loop, metrics))

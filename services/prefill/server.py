@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from dataclasses import dataclass
 
 import grpc
 import torch
@@ -19,9 +18,8 @@ from engine import InvalidRequestError, RequestOutput
 from engine.kv_transfer import KVPayload
 from services.common.convert import logprob_to_proto, sampling_from_proto
 from services.common.engine_loop import EngineLoop
-from services.common.grpc_server import RunningServer, ServiceSpec, start_server
 from services.common.kv_wire import block_from_proto, payload_to_protos
-from services.common.worker import (WorkerConfig, WorkerMetrics, build_engine,
+from services.common.worker import (RunningWorker, WorkerConfig, WorkerMetrics, serve_worker,
                                     check_admission, now, worker_load)
 from services.kvstore.client import KVStoreClient, KVStoreFullError
 from services.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
@@ -145,6 +143,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillWorkerServicer):
         except grpc.RpcError as e:
             logger.warning("releasing lease %s failed (%s); it expires by itself", lease_id, e.code())
 
+    def close(self) -> None:
+        self.kvstore.close()
+
     def _observe(self, final: RequestOutput, start: float, response: prefill_pb2.PrefillResponse) -> None:
         m = self.metrics
         queue_s = (final.first_scheduled_time or final.arrival_time) - final.arrival_time
@@ -157,34 +158,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillWorkerServicer):
         m.requests.labels("ok").inc()
 
 
-@dataclass
-class RunningPrefill:
-    server: RunningServer
-    loop: EngineLoop
-    servicer: PrefillServicer
-    metrics_port: int | None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.server.port}"
-
-    def stop(self) -> None:
-        self.servicer.draining = True
-        self.server.stop(grace=5.0)
-        self.loop.stop()
-        self.servicer.kvstore.close()
-
-
-def serve(cfg: WorkerConfig, loaded=None) -> RunningPrefill:
-    metrics = WorkerMetrics("prefill")
-    engine = build_engine(cfg, loaded)
-    loop = EngineLoop(engine, on_step=metrics.update)
-    loop.start()
-    kvstore = KVStoreClient(cfg.kvstore_address, transport=cfg.kvstore_transport)
-    servicer = PrefillServicer(cfg, loop, kvstore, metrics)
-    server = start_server([ServiceSpec("pdserve.v1.PrefillWorker",
-                                       prefill_pb2_grpc.add_PrefillWorkerServicer_to_server, servicer)],
-                          cfg.host, cfg.port)
-    metrics_port = metrics.metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None
-    logger.info("prefill worker on %s:%d (model %s)", cfg.host, server.port, cfg.model)
-    return RunningPrefill(server, loop, servicer, metrics_port)
+def serve(cfg: WorkerConfig, loaded=None) -> RunningWorker:
+    def make(loop: EngineLoop, metrics: WorkerMetrics) -> PrefillServicer:
+        kvstore = KVStoreClient(cfg.kvstore_address, transport=cfg.kvstore_transport)
+        return PrefillServicer(cfg, loop, kvstore, metrics)
+    return serve_worker(cfg, loaded, "prefill", "pdserve.v1.PrefillWorker",
+                        prefill_pb2_grpc.add_PrefillWorkerServicer_to_server, make)

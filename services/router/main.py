@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from services.common.process import configure_logging, wait_for_shutdown
 from services.router.config import RouterConfig, SaturationConfig, default_slo_classes, load_slo_classes
 from services.router.discovery import parse_addresses
+from services.router.http.config import API_KEY_ENV, HttpConfig
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +35,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-in-flight-per-worker", type=int, default=SaturationConfig.max_in_flight_per_worker,
                         help="requests this router keeps outstanding on one worker at most")
     parser.add_argument("--retry-after-ms", type=int, default=500, help="the hint sent with RESOURCE_EXHAUSTED")
+    parser.add_argument("--http-port", type=_port_or_off, default=8000,
+                        help="OpenAI-compatible HTTP API port, on --host ('off': gRPC only)")
+    parser.add_argument("--api-key", default=None,
+                        help=f"require 'Authorization: Bearer KEY' on the HTTP API (default: ${API_KEY_ENV})")
+
+
+def _port_or_off(value: str) -> int | None:
+    if value.lower() in ("off", "none"):
+        return None
+    port = int(value)
+    if not 0 <= port < 65536:
+        raise argparse.ArgumentTypeError(f"{value}: not a port")
+    return port
 
 
 def config_from_args(args) -> RouterConfig:
@@ -51,13 +66,22 @@ def config_from_args(args) -> RouterConfig:
                                     max_in_flight_per_worker=args.max_in_flight_per_worker))
 
 
+def http_config_from_args(args) -> HttpConfig | None:
+    if args.http_port is None:
+        return None
+    return HttpConfig(host=args.host, port=args.http_port, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None)
+
+
 def run(args) -> int:
     configure_logging("router")
     cfg = config_from_args(args)
+    http = http_config_from_args(args)
     from services.router.server import serve  # after the arguments are known good: loads the tokenizer
-    running = serve(cfg)
+    running = serve(cfg, http=http)
     metrics = f", metrics on :{running.metrics_port}" if running.metrics_port is not None else ""
     print(f"router serving on {cfg.host}:{running.server.port}{metrics}", flush=True)
+    if running.http_port is not None:
+        print(f"OpenAI-compatible API on http://{cfg.host}:{running.http_port}/v1", flush=True)
     wait_for_shutdown()
     logger.info("stopping")
     running.stop()

@@ -3,7 +3,9 @@
 Each round asks all workers at once (GetLoad and the health service, as futures), so one
 hung worker costs a round its timeout, not a timeout per worker. A worker is up when both
 answer and health says SERVING; a draining worker answers NOT_SERVING and so stops
-receiving new work while it finishes what it has.
+receiving new work while it finishes what it has. A worker that is merely slow to answer
+(a busy CPU, a long step) keeps its last state for a few rounds: only refusals, errors and
+repeated time-outs take it out of the pools.
 """
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ from services.router.workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
 
+MAX_SLOW_ROUNDS = 3  # consecutive poll time-outs before a worker counts as down
+_SLOW = object()
+
 
 class LoadPoller:
     def __init__(self, registry: WorkerRegistry, interval_s: float, timeout_s: float,
@@ -31,6 +36,7 @@ class LoadPoller:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="router-load-poller", daemon=True)
         self._round_lock = threading.Lock()
+        self._slow_rounds: dict[str, int] = {}
 
     def start(self) -> None:
         self._thread.start()
@@ -51,7 +57,15 @@ class LoadPoller:
                     check = health.Check.future(health_pb2.HealthCheckRequest(), timeout=self._timeout_s)
                     pending.append((pool, address, load, check))
             for pool, address, load, check in pending:
-                self._registry.report(pool, address, _answer(address, load, check))
+                answer = _answer(address, load, check)
+                if answer is _SLOW:
+                    self._slow_rounds[address] = self._slow_rounds.get(address, 0) + 1
+                    if self._slow_rounds[address] < MAX_SLOW_ROUNDS:
+                        continue  # keep the last report
+                    answer = None
+                else:
+                    self._slow_rounds.pop(address, None)
+                self._registry.report(pool, address, answer)
         self._after_round()
 
     def _run(self) -> None:
@@ -62,11 +76,12 @@ class LoadPoller:
                 logger.exception("load poll failed")
 
 
-def _answer(address: str, load_future, check_future) -> common_pb2.WorkerLoad | None:
+def _answer(address: str, load_future, check_future):
+    """The worker's load; None when it is down or draining; _SLOW when it timed out."""
     try:
         load = load_future.result()
         serving = check_future.result().status == health_pb2.HealthCheckResponse.SERVING
     except grpc.RpcError as e:
         logger.debug("worker %s did not answer its poll (%s)", address, e.code())
-        return None
+        return _SLOW if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED else None
     return load if serving else None

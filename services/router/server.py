@@ -1,7 +1,9 @@
 """The router service: Router.Generate and Router.ListModels over gRPC, with health,
-reflection and /metrics. `serve(config)` wires the parts (see docs/router.md):
+reflection and /metrics, and beside them the OpenAI-compatible HTTP API (`http/`), served
+by the same validator and flow. `serve(config)` wires the parts (see docs/router.md):
 
-    RequestValidator ─▶ GenerateFlow ─▶ Pool(prefill) / Pool(decode) ─▶ WorkerCalls
+    RouterServicer ─┐
+    http (FastAPI) ─┴▶ RequestValidator ─▶ GenerateFlow ─▶ Pool(prefill) / Pool(decode) ─▶ WorkerCalls
                                           │ policies, admission gate
                         LoadPoller ─▶ WorkerRegistry ◀─ Discovery
 """
@@ -23,6 +25,9 @@ from services.router.config import RouterConfig
 from services.router.discovery import DECODE, PREFILL, Discovery, StaticDiscovery
 from services.router.errors import RouterError
 from services.router.flow import GenerateFlow
+from services.router.http.backend import Backend
+from services.router.http.config import HttpConfig
+from services.router.http.server import HttpServer
 from services.router.metrics import NO_CLASS, RouterMetrics
 from services.router.model_info import ModelInfo, describe_model, tokenizer_for
 from services.router.policy import MostRoomDecode, PathPolicy, PrefixAffinityPrefill, SaturationPolicy
@@ -95,6 +100,11 @@ class RunningRouter:
     metrics_port: int | None
     pools: dict[str, Pool]
     host: str = "127.0.0.1"
+    http: HttpServer | None = None  # the OpenAI-compatible API, when enabled
+
+    @property
+    def http_port(self) -> int | None:
+        return self.http.port if self.http is not None else None
 
     @property
     def address(self) -> str:
@@ -106,14 +116,18 @@ class RunningRouter:
         self.poller.poll_once()
 
     def stop(self, grace_s: float = 5.0) -> None:
+        if self.http is not None:
+            self.http.stop(grace_s)
         self.server.stop(grace_s)
         self.poller.stop()
         self.calls.close()
         self.registry.close()
 
 
-def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None) -> RunningRouter:
-    """Start the router; `tokenizer` may be passed when the caller already has it loaded."""
+def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None,
+          http: HttpConfig | None = None) -> RunningRouter:
+    """Start the router; `tokenizer` may be passed when the caller already has it loaded.
+    `http`: also serve the OpenAI-compatible API (None: gRPC only)."""
     model = describe_model(cfg.model, cfg.max_model_len)
     tokenizer = tokenizer if tokenizer is not None else tokenizer_for(cfg.model)
     metrics = RouterMetrics(cfg.slo_classes)
@@ -132,20 +146,25 @@ def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None)
     validator = RequestValidator(model, tokenizer, cfg.slo_classes, cfg.default_slo_class,
                                  PathPolicy(cfg.short_prompt_tokens, cfg.slo_classes))
     servicer = RouterServicer(cfg, model, validator, flow, metrics)
-    server = None
+    server = http_server = None
     try:
         server = start_server([ServiceSpec("pdserve.v1.Router", router_pb2_grpc.add_RouterServicer_to_server,
                                            servicer)], cfg.host, cfg.port, max_workers=cfg.max_concurrent_streams)
         metrics_port = metrics.metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None
-    except Exception:  # e.g. a port in use: leave no poller thread or channels behind
+        if http is not None:
+            backend = Backend(model, tokenizer, validator, flow, metrics, registry, cfg.worker_timeout_s, time.time())
+            http_server = HttpServer(http, backend).start()
+    except Exception:  # e.g. a port in use: leave no poller thread, channels or ports behind
         if server is not None:
             server.stop(0)
+        metrics.metrics.close()
         poller.stop()
         registry.close()
         raise
     logger.info("router on %s:%d: %d prefill, %d decode workers (model %s)", cfg.host, server.port,
                 len(cfg.prefill_addresses), len(cfg.decode_addresses), model.name)
-    return RunningRouter(server, servicer, registry, poller, calls, metrics, metrics_port, pools, cfg.host)
+    return RunningRouter(server, servicer, registry, poller, calls, metrics, metrics_port, pools, cfg.host,
+                         http_server)
 
 
 def _pools(cfg: RouterConfig, registry: WorkerRegistry, gates: dict[str, AdmissionGate],

@@ -12,7 +12,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from services.common.grpc_server import channel

@@ -161,3 +161,33 @@ def test_bad_input_is_invalid_argument(cluster, offline, sampling, prompt, slo, 
         list(router_pb2_grpc.RouterStub(ch).Generate(request))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
     assert _tokens(_generate(cluster.router.address, SHORT[0])) == offline[tuple(SHORT[0])].token_ids
+
+
+def test_workers_serve_their_metrics(cluster):
+    import urllib.request
+    _generate(cluster.router.address, LONG[0])
+    for worker in cluster.workers():
+        body = urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics", timeout=5).read().decode()
+        for name in ("pdserve_worker_ttft_seconds", "pdserve_worker_itl_seconds", "pdserve_kv_blocks_free",
+                     "pdserve_requests_running", "pdserve_prefix_cache_hit_tokens", "pdserve_recompute_fallbacks_total"):
+            assert name in body
+    decode_body = urllib.request.urlopen(f"http://127.0.0.1:{cluster.decodes[0].metrics_port}/metrics").read().decode()
+    assert 'pdserve_kv_transfer_seconds_count{direction="read"} 1.0' in decode_body
+
+
+def test_smollm2_through_the_platform(smollm2_path):
+    loaded = load_model(resolve_model("smollm2"), torch.float32, "cpu", progress=False)
+    tokenizer = loaded.tokenizer
+    prompts = [tokenizer.encode("The capital of France is"),
+               tokenizer.encode("Once upon a time, in a village by the sea, there lived an old fisherman who " * 3)]
+    expected = LLM("smollm2", loaded_model=loaded, progress=False).generate(
+        [{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+    c = start_cluster("smollm2", loaded, num_prefill=1, num_decode=1, kv_cache_memory_bytes=64 << 20)
+    try:
+        for p, e in zip(prompts, expected):
+            msgs = _generate(c.router.address, p)
+            assert _tokens(msgs) == e.token_ids and "".join(m.text for m in msgs) == e.text
+        assert c.prefills[0].servicer.metrics.prompt_tokens._value.get() == len(prompts[1])
+        assert_nothing_leaked(c)
+    finally:
+        c.stop()

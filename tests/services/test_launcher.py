@@ -1,7 +1,6 @@
 """`pdserve up`: the process plan, and the real thing started, used and stopped."""
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess

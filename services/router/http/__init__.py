@@ -1,0 +1,10 @@
+"""The router's OpenAI-compatible HTTP API (FastAPI + uvicorn), served beside gRPC by the
+same routing core; see docs/openai.md.
+
+    config.py    HttpConfig                 schemas.py  request bodies (pydantic)
+    translate.py body -> GenerateRequests   backend.py  the router core it calls
+    runs.py      choices in threads <-> event loop
+    replies.py   response bodies and chunks (logprobs.py: both logprob formats)
+    errors.py    OpenAI error JSON          auth.py     the API key check
+    app.py       the routes                 server.py   uvicorn on a background thread
+"""

@@ -1,0 +1,189 @@
+"""The FastAPI app: OpenAI's completions, chat completions and models, plus /health and
+/metrics. One request's way:
+
+    body (pydantic) ─▶ translate: Job (a GenerateRequest per choice) ─▶ validate each,
+    as Router.Generate does ─▶ RunGroup: every choice through the routing flow ─▶
+    Reply: one JSON body, or SSE chunks ("data: {json}\\n\\n" ... "data: [DONE]\\n\\n")
+
+A stream's headers wait for every choice's first message, so a refusal (429, 503) is
+still the status, not an error inside a 200 stream. A client that disconnects, whether
+its response is streaming or not, cancels every choice.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from engine import InvalidRequestError
+from services.router.errors import RouterError
+from services.router.http.auth import ApiKeyGuard
+from services.router.http.backend import Backend
+from services.router.http.config import HttpConfig
+from services.router.http.errors import ApiError, from_invalid, from_router, install_handlers, model_not_found
+from services.router.http.logprobs import TokenText
+from services.router.http.replies import ChatReply, CompletionReply, Reply
+from services.router.http.runs import RunGroup
+from services.router.http.schemas import ChatCompletionRequest, CompletionRequest
+from services.router.http.translate import Job, chat_job, completion_job
+
+SLO_HEADER = "x-pdserve-slo"
+_CLIENT_CLOSED = 499  # nobody reads it: the status logged for a client that went away
+
+
+def create_app(backend: Backend, cfg: HttpConfig, executor: Executor) -> FastAPI:
+    app = FastAPI(title="pdserve", docs_url=None, redoc_url=None, openapi_url=None)
+    install_handlers(app)
+    if cfg.api_key is not None:
+        app.add_middleware(ApiKeyGuard, api_key=cfg.api_key)
+    api = _Api(backend, cfg, executor)
+    app.add_api_route("/v1/completions", api.completions, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", api.chat_completions, methods=["POST"])
+    app.add_api_route("/v1/models", api.models, methods=["GET"])
+    app.add_api_route("/v1/models/{model:path}", api.model, methods=["GET"])
+    app.add_api_route("/health", api.health, methods=["GET"])
+    app.add_api_route("/metrics", api.metrics, methods=["GET"])
+    return app
+
+
+class _Api:
+    def __init__(self, backend: Backend, cfg: HttpConfig, executor: Executor):
+        self.backend, self.cfg, self.executor = backend, cfg, executor
+        self.text_of = TokenText(backend.tokenizer)
+
+    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+        return await self._generate(request, CompletionReply, lambda: completion_job(
+            body, self.backend.model, request.headers.get(SLO_HEADER), self.cfg.max_choices))
+
+    async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
+        return await self._generate(request, ChatReply, lambda: chat_job(
+            body, self.backend.model, self.backend.tokenizer, request.headers.get(SLO_HEADER), self.cfg.max_choices))
+
+    async def models(self) -> dict:
+        return {"object": "list", "data": [self._card()]}
+
+    async def model(self, model: str) -> dict:
+        if model not in (self.backend.model.name, self.backend.model.model_id):
+            raise model_not_found(model, self.backend.model.name)
+        return self._card()
+
+    async def health(self) -> JSONResponse:
+        """Ready only when a request could be served: a prefill and a decode worker answer."""
+        up = self.backend.workers_up()
+        ready = all(up.values())
+        return JSONResponse({"status": "ok" if ready else "unavailable", "workers_up": up},
+                            status_code=200 if ready else 503)
+
+    async def metrics(self) -> Response:
+        return Response(generate_latest(self.backend.metrics.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def _card(self) -> dict:
+        m = self.backend.model
+        return {"id": m.name, "object": "model", "created": int(self.backend.started), "owned_by": "pdserve",
+                "root": m.model_id, "max_model_len": m.max_model_len}
+
+    async def _generate(self, request: Request, reply_type: type[Reply], make_job: Callable[[], Job]) -> Response:
+        arrival = time.monotonic()
+        # tokenizing (chat template, text prompts) is CPU work: off the event loop
+        job, routed = await run_in_threadpool(self._prepare, make_job)
+        group = RunGroup(self.backend, routed, arrival, self.executor)
+        reply = reply_type(job, self.backend.model.name, self.text_of)
+        try:
+            if job.stream:
+                first = await _unless_disconnected(request, group.first_messages())
+                return EventStream(_events(reply, group, first), on_close=group.cancel)
+            await _unless_disconnected(request, _collect(reply, group))
+            return JSONResponse(reply.whole())
+        except _ClientGone:
+            group.cancel()
+            return Response(status_code=_CLIENT_CLOSED)
+        except RouterError as e:
+            group.cancel()
+            raise from_router(e) from None
+        except BaseException:
+            group.cancel()
+            raise
+
+    def _prepare(self, make_job: Callable[[], Job]):
+        try:
+            job = make_job()
+        except ApiError as e:
+            if e.status in (400, 404):
+                self.backend.count_invalid()
+            raise
+        try:
+            return job, [self.backend.validate(r) for r in job.requests]
+        except InvalidRequestError as e:
+            raise from_invalid(e, job.rename) from None
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events whose `on_close` runs however the response ends: finished,
+    failed, cancelled by the server's shutdown, or the client gone."""
+
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None]):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            pass
+
+
+def _sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _events(reply: Reply, group: RunGroup, first: list) -> AsyncIterator[bytes]:
+    for chunk in reply.opening():
+        yield _sse(chunk)
+    for index, msg in first:
+        yield _sse(reply.add(index, msg))
+    try:
+        while (message := await group.next()) is not None:
+            yield _sse(reply.add(*message))
+        if reply.job.include_usage:
+            yield _sse(reply.usage_chunk())
+    except RouterError as e:  # the status is sent already: the error goes into the stream
+        yield _sse(from_router(e).body())
+    yield b"data: [DONE]\n\n"
+
+
+async def _collect(reply: Reply, group: RunGroup) -> None:
+    while (message := await group.next()) is not None:
+        reply.add(*message)
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _unless_disconnected(request: Request, awaitable):
+    """The awaitable's result, or _ClientGone as soon as the client disconnects."""
+    work = asyncio.ensure_future(awaitable)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when this handler is cancelled
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+    if work.done() and not work.cancelled():
+        return work.result()
+    raise _ClientGone()
+
+
+async def _disconnected(request: Request) -> None:
+    # the body is read already: the next ASGI message is the disconnect
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
