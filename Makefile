@@ -29,8 +29,11 @@ up: setup
 proto: setup
 	$(PY) proto/generate.py
 
-test: setup
+test: setup tools
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .tools
+
+# helm and kubectl for the chart tests (deploy/tools.mk: fetched once into .tools/)
+include deploy/tools.mk

@@ -69,6 +69,7 @@ def _up_parser(sub) -> None:
     p.add_argument("--decode", type=int, default=1, help="number of decode workers")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051, help="the router's gRPC port")
+    p.add_argument("--http-port", default="8000", help="the router's OpenAI-compatible HTTP port ('off': none)")
     p.add_argument("--kvstore-port", type=int, default=50060)
     p.add_argument("--worker-base-port", type=int, default=50070)
     p.add_argument("--metrics-base-port", type=int, default=9400)
@@ -84,6 +85,7 @@ def _run_up(args) -> int:
             raise ValueError(f"--{flag}: needs at least one worker")
     return run_platform(PlatformConfig(
         model=args.model, num_prefill=args.prefill, num_decode=args.decode, host=args.host, router_port=args.port,
+        http_port=None if args.http_port == "off" else int(args.http_port),
         kvstore_port=args.kvstore_port, worker_base_port=args.worker_base_port,
         metrics_base_port=args.metrics_base_port, cpus_per_worker=args.cpus_per_worker,
         short_prompt_tokens=args.short_prompt_tokens))

@@ -25,7 +25,7 @@ class PlatformConfig:
     num_decode: int = 1
     host: str = "127.0.0.1"
     router_port: int = 50051
-    http_port: int | None = None
+    http_port: int | None = 8000  # the OpenAI-compatible API; None: off
     kvstore_port: int = 50060
     worker_base_port: int = 50070
     metrics_base_port: int = 9400
@@ -76,8 +76,7 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
               "--metrics-port", str(router_metrics), "--kvstore", kvstore,
               "--short-prompt-tokens", str(cfg.short_prompt_tokens),
               "--prefill", ",".join(addresses["prefill"]), "--decode", ",".join(addresses["decode"])]
-    if cfg.http_port is not None:
-        router += ["--http-port", str(cfg.http_port)]
+    router += ["--http-port", "off" if cfg.http_port is None else str(cfg.http_port)]
     specs.append(ProcessSpec("router", router, f"{cfg.host}:{cfg.router_port}", router_metrics))
     return specs
 

@@ -35,6 +35,7 @@ class WorkerConfig:
     max_model_len: int | None = None
     max_waiting: int = 256  # admission bound: beyond it the worker answers RESOURCE_EXHAUSTED
     lease_ttl_ms: int = 60_000
+    drain_timeout_s: float = 30.0  # on shutdown: how long in-flight requests may take to finish
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int) -> None:
@@ -54,6 +55,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int) -> 
     parser.add_argument("--long-prefill-token-threshold", type=int, default=512)
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for this worker")
+    parser.add_argument("--drain-timeout-s", type=float, default=30.0,
+                        help="on SIGTERM: how long in-flight requests may take to finish")
 
 
 def worker_config_from_args(args) -> WorkerConfig:
@@ -63,7 +66,8 @@ def worker_config_from_args(args) -> WorkerConfig:
         kvstore_transport=args.kvstore_transport, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         enable_prefix_caching=not args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
-        long_prefill_token_threshold=args.long_prefill_token_threshold, max_model_len=args.max_model_len)
+        long_prefill_token_threshold=args.long_prefill_token_threshold, max_model_len=args.max_model_len,
+        drain_timeout_s=args.drain_timeout_s)
 
 
 def build_engine(cfg: WorkerConfig, loaded=None) -> EngineCore:
@@ -149,6 +153,7 @@ class RunningWorker:
     loop: EngineLoop
     servicer: WorkerServicer
     metrics_port: int | None
+    drain_timeout_s: float = 30.0
 
     @property
     def address(self) -> str:
@@ -157,7 +162,7 @@ class RunningWorker:
     def stop(self) -> None:
         """Drain: stop taking work (health NOT_SERVING), let in-flight calls finish, stop."""
         self.servicer.draining = True
-        self.server.stop(grace=5.0)
+        self.server.stop(grace=self.drain_timeout_s)
         self.loop.stop()
         self.servicer.metrics.metrics.close()
         self.servicer.close()
@@ -172,7 +177,7 @@ def serve_worker(cfg: WorkerConfig, loaded, role: str, service_name: str, regist
     server = start_server([ServiceSpec(service_name, register, servicer)], cfg.host, cfg.port)
     metrics_port = metrics.metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None
     logging.getLogger(__name__).info("%s worker on %s:%d (model %s)", role, cfg.host, server.port, cfg.model)
-    return RunningWorker(server, loop, servicer, metrics_port)
+    return RunningWorker(server, loop, servicer, metrics_port, cfg.drain_timeout_s)
 
 
 def worker_cli(role: str, serve: Callable[[WorkerConfig], RunningWorker], default_port: int):

@@ -57,7 +57,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeWorkerServicer):
                                       priority=request.priority)
         except InvalidRequestError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        context.add_callback(lambda: self.loop.abort(req_id))
+        if not context.add_callback(lambda: self.loop.abort(req_id)):
+            self.loop.abort(req_id)  # the caller left while the KV was being pulled
         yield from self._stream(stream, req_id, len(first), kv_read_s, start, context)
 
     # ---- KV from the kvstore ---------------------------------------------------------
@@ -119,16 +120,20 @@ class DecodeServicer(decode_pb2_grpc.DecodeWorkerServicer):
     # ---- streaming -------------------------------------------------------------------
     def _stream(self, stream, req_id: str, num_given: int, kv_read_s: float, start: float, context):
         last_token_time, final = None, None
-        while (out := stream.get()) is not None:
-            t = now()
-            if last_token_time is not None:
-                self.metrics.itl.observe(t - last_token_time)
-            elif num_given == 0:
-                self.metrics.ttft.observe(t - start)
-            last_token_time = t
-            self.metrics.generated_tokens.inc(len(out.new_token_ids))
-            final = out
-            yield self._message(out, req_id, num_given, kv_read_s)
+        try:
+            while (out := stream.get()) is not None:
+                t = now()
+                if last_token_time is not None:
+                    self.metrics.itl.observe(t - last_token_time)
+                elif num_given == 0:
+                    self.metrics.ttft.observe(t - start)
+                last_token_time = t
+                self.metrics.generated_tokens.inc(len(out.new_token_ids))
+                final = out
+                yield self._message(out, req_id, num_given, kv_read_s)
+        finally:
+            if final is None or not final.finished:  # closed early: the caller went away
+                self.loop.abort(req_id)
         if final is None or final.finish_reason == "abort":
             self.metrics.requests.labels("aborted").inc()
             if context.is_active():

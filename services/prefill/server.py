@@ -96,7 +96,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillWorkerServicer):
             params = dataclasses.replace(params, max_tokens=1)
         stream = self.loop.submit(req_id, prompt, params, kv_import=imported, export_kv=handoff,
                                   priority=priority)
-        context.add_callback(lambda: self.loop.abort(req_id))  # no-op once the request is done
+        if not context.add_callback(lambda: self.loop.abort(req_id)):  # no-op once the request is done
+            self.loop.abort(req_id)  # the caller already left
         final = None
         while (out := stream.get()) is not None:
             final = out

@@ -18,6 +18,7 @@ rest. The registry asks `addresses()` on every poll, so changes need no restart.
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import threading
 from collections.abc import Callable
@@ -60,7 +61,6 @@ class EndpointSliceWatcher:
         self._watch = watch.Watch()
         self._stop = threading.Event()
         self.synced = threading.Event()  # set by the first successful list
-        self.num_lists = 0               # lists done (the first, each resync, each recovery)
 
     def addresses(self) -> tuple[str, ...]:
         with self._lock:
@@ -71,13 +71,10 @@ class EndpointSliceWatcher:
         failures = 0
         while not self._stop.is_set():
             try:
-                self._watch_from(self._list())
+                resource_version = self._list()
                 failures = 0
+                self._watch_from(resource_version)  # returns at the resync or on 410 Gone
             except ApiException as e:
-                if e.status == HTTP_GONE:  # our resourceVersion is too old: list again now
-                    logger.info("endpointslices %r: watch expired (410 Gone); re-listing", self._selector)
-                    failures = 0
-                    continue
                 failures += 1
                 logger.warning("endpointslices %r: %s %s", self._selector, e.status, e.reason)
             except Exception as e:  # noqa: BLE001 - the API server or the network away: retry, never die
@@ -96,7 +93,6 @@ class EndpointSliceWatcher:
                                                           _request_timeout=30)
         slices = {s.metadata.name: ready_addresses(s, self._port_name) for s in listed.items}
         self._replace(slices)
-        self.num_lists += 1
         self.synced.set()
         return listed.metadata.resource_version
 
@@ -107,10 +103,16 @@ class EndpointSliceWatcher:
             self._api.list_namespaced_endpoint_slice, self._namespace, label_selector=self._selector,
             resource_version=resource_version, timeout_seconds=max(1, int(self._resync_s)),
             allow_watch_bookmarks=True, _request_timeout=(30, self._resync_s + 30))
-        for event in stream:
-            if self._stop.is_set():
-                return
-            self._apply(event["type"], event["object"])
+        try:
+            for event in stream:
+                if self._stop.is_set():
+                    return
+                self._apply(event["type"], event["object"])
+        except ApiException as e:
+            if e.status != HTTP_GONE:
+                raise
+            # the API server no longer has our resourceVersion's history: list again now
+            logger.info("endpointslices %r: watch expired (410 Gone); re-listing", self._selector)
 
     def _apply(self, kind: str, endpoint_slice) -> None:
         if kind not in ("ADDED", "MODIFIED", "DELETED"):  # BOOKMARK: only a newer resourceVersion
@@ -170,7 +172,10 @@ def in_cluster_api() -> client.DiscoveryV1Api:
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()
+        try:
+            config.load_kube_config()
+        except (config.ConfigException, OSError) as e:
+            raise ValueError(f"--discovery kubernetes: not in a pod and no usable kubeconfig ({e})") from None
     return client.DiscoveryV1Api(client.ApiClient())
 
 
@@ -197,3 +202,29 @@ def kubernetes_discovery(namespace: str | None, prefill_selector: str, decode_se
         raise ValueError(f"--discovery-resync-s: must be > 0, got {resync_s}")
     return KubernetesDiscovery(in_cluster_api(), namespace or current_namespace(), prefill_selector,
                                decode_selector, port_name, resync_s)
+
+
+def add_discovery_arguments(parser: argparse.ArgumentParser) -> None:
+    """The router's discovery flags (`pdserve router`)."""
+    parser.add_argument("--discovery", choices=["static", "kubernetes"], default="static",
+                        help="where the workers come from: the --prefill/--decode lists (static, the default) "
+                             "or the ready endpoints of Kubernetes EndpointSlices (kubernetes)")
+    parser.add_argument("--namespace", default=None,
+                        help="with --discovery kubernetes: the workers' namespace (default: the router pod's own)")
+    parser.add_argument("--prefill-selector", default="", metavar="LABELS",
+                        help="with --discovery kubernetes: label selector of the prefill pool's EndpointSlices, "
+                             "e.g. kubernetes.io/service-name=pdserve-prefill")
+    parser.add_argument("--decode-selector", default="", metavar="LABELS",
+                        help="with --discovery kubernetes: label selector of the decode pool's EndpointSlices")
+    parser.add_argument("--discovery-port-name", default="grpc",
+                        help="with --discovery kubernetes: the EndpointSlice port to use (the Service's port name)")
+    parser.add_argument("--discovery-resync-s", type=float, default=300.0,
+                        help="with --discovery kubernetes: seconds between full re-lists of the EndpointSlices")
+
+
+def discovery_from_args(args: argparse.Namespace) -> KubernetesDiscovery | None:
+    """The Kubernetes discovery the flags ask for (not started), or None for the static lists."""
+    if args.discovery != "kubernetes":
+        return None
+    return kubernetes_discovery(args.namespace, args.prefill_selector, args.decode_selector,
+                                args.discovery_port_name, args.discovery_resync_s)

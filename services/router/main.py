@@ -1,4 +1,4 @@
-"""`pdserve router`: run the router in front of static lists of prefill and decode workers."""
+"""`pdserve router`: run the router in front of the prefill and decode pools (static lists or Kubernetes discovery)."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +9,7 @@ from services.common.process import configure_logging, wait_for_shutdown
 from services.router.config import RouterConfig, SaturationConfig, default_slo_classes, load_slo_classes
 from services.router.discovery import parse_addresses
 from services.router.http.config import API_KEY_ENV, HttpConfig
+from services.router.k8s_discovery import add_discovery_arguments, discovery_from_args
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="OpenAI-compatible HTTP API port, on --host ('off': gRPC only)")
     parser.add_argument("--api-key", default=None,
                         help=f"require 'Authorization: Bearer KEY' on the HTTP API (default: ${API_KEY_ENV})")
+    add_discovery_arguments(parser)
 
 
 def _port_or_off(value: str) -> int | None:
@@ -52,7 +54,7 @@ def _port_or_off(value: str) -> int | None:
 
 def config_from_args(args) -> RouterConfig:
     prefill, decode = parse_addresses(args.prefill), parse_addresses(args.decode)
-    if not prefill or not decode:
+    if args.discovery == "static" and (not prefill or not decode):
         raise ValueError("--prefill and --decode: the router needs at least one worker of each pool")
     slo_classes = load_slo_classes(args.slo_config) if args.slo_config else default_slo_classes()
     default_class = "interactive" if "interactive" in slo_classes else min(
@@ -76,8 +78,11 @@ def run(args) -> int:
     configure_logging("router")
     cfg = config_from_args(args)
     http = http_config_from_args(args)
+    discovery = discovery_from_args(args)  # None: the static --prefill/--decode lists
+    if discovery is not None and not discovery.start(wait_s=10.0):
+        logger.warning("no EndpointSlice list yet; the pools fill in when the API server answers")
     from services.router.server import serve  # after the arguments are known good: loads the tokenizer
-    running = serve(cfg, http=http)
+    running = serve(cfg, discovery=discovery, http=http)
     metrics = f", metrics on :{running.metrics_port}" if running.metrics_port is not None else ""
     print(f"router serving on {cfg.host}:{running.server.port}{metrics}", flush=True)
     if running.http_port is not None:
@@ -85,4 +90,6 @@ def run(args) -> int:
     wait_for_shutdown()
     logger.info("stopping")
     running.stop()
+    if discovery is not None:
+        discovery.stop()
     return 0

@@ -30,7 +30,7 @@ from urllib3 import HTTPHeaderDict
 _PATH = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
 
 
-def endpoint_slice(name: str, service: str, endpoints: list[tuple[str, bool | None]] | list[tuple[str, bool | None, bool]],
+def endpoint_slice(name: str, service: str, endpoints: list[tuple],
                    port: int = 50070, port_name: str = "grpc", address_type: str = "IPv4") -> dict:
     """An EndpointSlice as the API serves it. endpoints: (ip, ready[, terminating]);
     ready None leaves the condition out (the API: unknown means ready)."""

@@ -2,14 +2,16 @@
 kubernetes client (DiscoveryV1Api, Watch) parses every answer; only sockets are faked."""
 from __future__ import annotations
 
+import argparse
+import json
 import time
 
 import pytest
 from kubernetes import client
 
 from services.router.discovery import DECODE, PREFILL
-from services.router.k8s_discovery import (KubernetesDiscovery, current_namespace, kubernetes_discovery,
-                                           ready_addresses)
+from services.router.k8s_discovery import (KubernetesDiscovery, add_discovery_arguments, current_namespace,
+                                           discovery_from_args, kubernetes_discovery, ready_addresses)
 from services.router.workers import WorkerRegistry
 from tests.deploy.fake_apiserver import FakeApiServer, endpoint_slice
 
@@ -56,7 +58,6 @@ def discovery(server):
 
 
 def _slice(obj: dict) -> client.V1EndpointSlice:
-    import json
     return client.ApiClient().deserialize(json.dumps(obj), "V1EndpointSlice", "application/json")
 
 
@@ -212,3 +213,20 @@ def test_the_namespace_defaults_to_the_pods_own():
     def missing(path):
         raise FileNotFoundError(path)
     assert current_namespace(missing) == "default"
+
+
+def test_the_flags_parse_and_static_discovery_builds_nothing():
+    parser = argparse.ArgumentParser()
+    add_discovery_arguments(parser)
+    assert discovery_from_args(parser.parse_args([])) is None  # static, the default: the --prefill/--decode lists
+    args = parser.parse_args(["--discovery=kubernetes", "--namespace=llm", f"--prefill-selector={PREFILL_SEL}",
+                              f"--decode-selector={DECODE_SEL}", "--discovery-resync-s=60"])
+    assert (args.namespace, args.prefill_selector, args.discovery_port_name, args.discovery_resync_s) == (
+        "llm", PREFILL_SEL, "grpc", 60.0)
+
+
+def test_outside_a_cluster_without_kubeconfig_the_error_says_so(monkeypatch, tmp_path):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="not in a pod and no usable kubeconfig"):
+        kubernetes_discovery("llm", PREFILL_SEL, DECODE_SEL)

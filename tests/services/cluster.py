@@ -41,11 +41,14 @@ class Cluster:
 
 def start_cluster(model: str, loaded, num_prefill: int = 2, num_decode: int = 1, short_prompt_tokens: int = 32,
                   kv_cache_memory_bytes: int | None = 8 << 20, kvstore_capacity: int = 64 << 20,
-                  **worker_overrides) -> Cluster:
-    cluster = Cluster(serve_kvstore(KVStoreConfig(capacity_bytes=kvstore_capacity, metrics_port=None)))
+                  kvstore_transport: str = "grpc", **worker_overrides) -> Cluster:
+    ucx_port = 0 if kvstore_transport == "ucx" else None
+    cluster = Cluster(serve_kvstore(KVStoreConfig(capacity_bytes=kvstore_capacity, metrics_port=None,
+                                                  ucx_port=ucx_port)))
     try:
         cfg = WorkerConfig(model=model, kvstore_address=cluster.kvstore.address, metrics_port=0,
-                           kv_cache_memory_bytes=kv_cache_memory_bytes, **worker_overrides)
+                           kv_cache_memory_bytes=kv_cache_memory_bytes, kvstore_transport=kvstore_transport,
+                           **worker_overrides)
         cluster.prefills = [serve_prefill(cfg, loaded) for _ in range(num_prefill)]
         cluster.decodes = [serve_decode(cfg, loaded) for _ in range(num_decode)]
         cluster.router = serve_router(RouterConfig(

@@ -191,3 +191,17 @@ def test_smollm2_through_the_platform(smollm2_path):
         assert_nothing_leaked(c)
     finally:
         c.stop()
+
+
+def test_kv_moves_over_ucx(tiny, tiny_llama_dir, offline):
+    c = start_cluster(tiny_llama_dir, tiny, num_prefill=1, kvstore_transport="ucx")
+    try:
+        with ThreadPoolExecutor(len(LONG)) as pool:
+            results = list(pool.map(lambda p: _generate(c.router.address, p), LONG))
+        for p, msgs in zip(LONG, results):
+            assert _tokens(msgs) == offline[tuple(p)].token_ids
+        assert c.decodes[0].servicer.metrics.kvstore_imported._value.get() == sum(map(len, LONG))
+        assert c.kvstore.ucx_address
+        assert_nothing_leaked(c)
+    finally:
+        c.stop()

@@ -43,10 +43,10 @@ def _free_ports(n: int) -> list[int]:
 
 
 def test_up_serves_requests_and_stops_everything_on_ctrl_c(tiny_llama_dir):
-    router, kvstore, metrics = _free_ports(3)
+    router, kvstore, metrics, http = _free_ports(4)
     workers = _free_ports(2)
     cmd = [sys.executable, "-m", "services.cli", "up", "--model", tiny_llama_dir, "--port", str(router),
-           "--kvstore-port", str(kvstore), "--worker-base-port", str(min(workers)),
+           "--kvstore-port", str(kvstore), "--http-port", str(http), "--worker-base-port", str(min(workers)),
            "--metrics-base-port", str(metrics), "--short-prompt-tokens", "8"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -63,6 +63,9 @@ def test_up_serves_requests_and_stops_everything_on_ctrl_c(tiny_llama_dir):
                               "--max-tokens", "5", "--json"], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert '"finish_reason"' in out.stdout
+        import urllib.request
+        models = urllib.request.urlopen(f"http://127.0.0.1:{http}/v1/models", timeout=10).read().decode()
+        assert '"object":"list"' in models.replace(" ", "")
     finally:
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
@@ -27,12 +28,15 @@ from services.router.errors import RouterError
 from services.router.http.auth import ApiKeyGuard
 from services.router.http.backend import Backend
 from services.router.http.config import HttpConfig
-from services.router.http.errors import ApiError, from_invalid, from_router, install_handlers, model_not_found
+from services.router.http.errors import (ApiError, from_invalid, from_router, install_handlers, model_not_found,
+                                         server_error)
 from services.router.http.logprobs import TokenText
 from services.router.http.replies import ChatReply, CompletionReply, Reply
 from services.router.http.runs import RunGroup
 from services.router.http.schemas import ChatCompletionRequest, CompletionRequest
 from services.router.http.translate import Job, chat_job, completion_job
+
+logger = logging.getLogger(__name__)
 
 SLO_HEADER = "x-pdserve-slo"
 _CLIENT_CLOSED = 499  # nobody reads it: the status logged for a client that went away
@@ -40,7 +44,7 @@ _CLIENT_CLOSED = 499  # nobody reads it: the status logged for a client that wen
 
 def create_app(backend: Backend, cfg: HttpConfig, executor: Executor) -> FastAPI:
     app = FastAPI(title="pdserve", docs_url=None, redoc_url=None, openapi_url=None)
-    install_handlers(app)
+    install_handlers(app, on_invalid_body=backend.count_invalid)
     if cfg.api_key is not None:
         app.add_middleware(ApiKeyGuard, api_key=cfg.api_key)
     api = _Api(backend, cfg, executor)
@@ -137,7 +141,7 @@ class EventStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            pass
+            self._on_close()
 
 
 def _sse(obj) -> bytes:
@@ -156,6 +160,9 @@ async def _events(reply: Reply, group: RunGroup, first: list) -> AsyncIterator[b
             yield _sse(reply.usage_chunk())
     except RouterError as e:  # the status is sent already: the error goes into the stream
         yield _sse(from_router(e).body())
+    except Exception as e:
+        logger.exception("stream %s failed", reply.id)
+        yield _sse(server_error(e).body())
     yield b"data: [DONE]\n\n"
 
 

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP API's own configuration (the router's gRPC side has RouterConfig)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 API_KEY_ENV = "PDSERVE_API_KEY"
 
@@ -10,7 +10,7 @@ API_KEY_ENV = "PDSERVE_API_KEY"
 class HttpConfig:
     host: str = "127.0.0.1"
     port: int = 8000              # 0: any free port (tests)
-    api_key: str | None = None    # set: /v1/* needs "Authorization: Bearer <key>"; /health, /metrics stay open
+    api_key: str | None = field(default=None, repr=False)  # set: all but /health, /metrics need "Bearer <key>"
     max_choices: int = 64         # n × prompts of one request: each choice is a request on the workers
     max_threads: int = 256        # each running choice holds one thread while the routing flow blocks
     grace_s: float = 5.0          # on stop, how long open responses may take to finish

@@ -14,7 +14,7 @@ field); both are translated here, so HTTP and gRPC clients learn the same reason
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import grpc
 from fastapi import FastAPI, Request
@@ -59,10 +59,10 @@ def model_not_found(model: str, served: str) -> ApiError:
 
 def from_invalid(e: InvalidRequestError, rename: Mapping[str, str]) -> ApiError:
     """A field the router or engine refused, under the name the client used for it."""
-    param = rename.get(e.field, e.field)
     message = str(e).split(": ", 1)[-1]
-    return ApiError(404, f"model: {message}", param="model", code="model_not_found") if e.field == "model" \
-        else bad_request(param, message)
+    if e.field == "model":
+        return ApiError(404, f"model: {message}", param="model", code="model_not_found")
+    return bad_request(rename.get(e.field, e.field), message)
 
 
 def from_router(e: RouterError) -> ApiError:
@@ -99,13 +99,18 @@ def _param_path(loc: list[str]) -> str:
     return out
 
 
-def install_handlers(app: FastAPI) -> None:
+def server_error(e: Exception) -> ApiError:
+    return ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+
+
+def install_handlers(app: FastAPI, on_invalid_body: Callable[[], None]) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError) -> JSONResponse:
         return e.response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, e: RequestValidationError) -> JSONResponse:
+        on_invalid_body()
         return from_validation(e).response()
 
     @app.exception_handler(StarletteHTTPException)
@@ -113,3 +118,7 @@ def install_handlers(app: FastAPI) -> None:
         code = "not_found" if e.status_code == 404 else None
         return ApiError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", code=code,
                         headers=e.headers).response()
+
+    @app.exception_handler(Exception)  # a bug: still OpenAI's shape (Starlette logs the traceback)
+    async def _unexpected(request: Request, e: Exception) -> JSONResponse:
+        return server_error(e).response()

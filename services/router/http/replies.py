@@ -47,8 +47,7 @@ class Reply(ABC):
         if msg.finish_reason:
             choice.finish_reason = msg.finish_reason
             choice.usage.CopyFrom(msg.usage)
-        return self._envelope(self.object_chunk, [self._delta(index, msg.text, logprobs, msg.finish_reason or None)],
-                              usage=None)
+        return self._chunk([self._delta(index, msg.text, logprobs, msg.finish_reason or None)])
 
     def opening(self) -> list[dict]:
         """Chunks sent before any token (chat: each choice's role)."""
@@ -57,10 +56,10 @@ class Reply(ABC):
     def whole(self) -> dict:
         choices = [self._choice(i, "".join(c.text), c.logprobs.whole if c.logprobs else None, c.finish_reason)
                    for i, c in enumerate(self.choices)]
-        return self._envelope(self.object_whole, choices, usage=self.usage())
+        return dict(self._envelope(self.object_whole, choices), usage=self.usage())
 
     def usage_chunk(self) -> dict:
-        return self._envelope(self.object_chunk, [], usage=self.usage())
+        return dict(self._chunk([]), usage=self.usage())
 
     def usage(self) -> dict:
         prompt: dict[int, int] = {}
@@ -73,10 +72,13 @@ class Reply(ABC):
                 "total_tokens": sum(prompt.values()) + completion,
                 "prompt_tokens_details": {"cached_tokens": sum(cached.values())}}
 
-    def _envelope(self, obj: str, choices: list[dict], usage) -> dict:
-        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
-        if obj == self.object_whole or self.job.include_usage:  # chunks carry "usage": null until the last
-            body["usage"] = usage
+    def _envelope(self, obj: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def _chunk(self, choices: list[dict]) -> dict:
+        body = self._envelope(self.object_chunk, choices)
+        if self.job.include_usage:  # as OpenAI: then every chunk has "usage", null until the last
+            body["usage"] = None
         return body
 
     @abstractmethod
@@ -111,9 +113,8 @@ class ChatReply(Reply):
         return ChatLogprobs(text_of)
 
     def opening(self) -> list[dict]:
-        return [self._envelope(self.object_chunk, [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                    "logprobs": None, "finish_reason": None}], usage=None)
-                for i in range(len(self.choices))]
+        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}]) for i in range(len(self.choices))]
 
     def _choice(self, index, text, logprobs, finish_reason):
         return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,

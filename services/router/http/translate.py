@@ -40,7 +40,7 @@ def completion_job(body: CompletionRequest, model: ModelInfo, slo_header: str | 
         raise bad_request("echo", "is not supported")
     if body.suffix:
         raise bad_request("suffix", "is not supported")
-    n = body.n or 1
+    n = body.n if body.n is not None else 1
     if body.best_of is not None and body.best_of != n:
         raise bad_request("best_of", f"must equal n ({n}) when set: runs are not ranked")
     if body.logprobs is not None and not 0 <= body.logprobs <= MAX_LOGPROBS:

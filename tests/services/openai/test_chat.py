@@ -13,7 +13,8 @@ SHORT = [{"role": "user", "content": "Hi!"}]  # with the template: <= 32 tokens,
 SYSTEM = ("You are a helpful assistant who knows geography well and answers every question in one short, "
           "friendly sentence, without lists.")
 LONG = [{"role": "system", "content": SYSTEM},
-        {"role": "user", "content": [{"type": "text", "text": "Name three rivers "}, {"type": "text", "text": "of Europe."}]}]
+        {"role": "user", "content": [{"type": "text", "text": "Name three rivers "},
+                                     {"type": "text", "text": "of Europe."}]}]
 LONG_FLAT = [LONG[0], {"role": "user", "content": "Name three rivers of Europe."}]  # the same, as LLM.chat takes it
 
 

@@ -1,0 +1,206 @@
+{{/* Names, labels and the pod parts every component shares. */}}
+
+{{- define "pdserve.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The release's prefix of every object name; components append -router, -prefill, ... */}}
+{{- define "pdserve.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else if contains (include "pdserve.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "pdserve.name" .) | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "root" $ "component" "router") */}}
+{{- define "pdserve.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pdserve.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "pdserve.labels" -}}
+{{ include "pdserve.selectorLabels" . }}
+app.kubernetes.io/part-of: pdserve
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Labels of release-wide objects (no component). */}}
+{{- define "pdserve.releaseLabels" -}}
+app.kubernetes.io/name: {{ include "pdserve.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/part-of: pdserve
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* image:tag-variant, e.g. pdserve:0.1.0-cuda: (dict "root" $ "variant" "cuda") */}}
+{{- define "pdserve.image" -}}
+{{- $tag := default .root.Chart.AppVersion .root.Values.image.tag -}}
+{{- printf "%s:%s-%s" .root.Values.image.repository $tag .variant -}}
+{{- end -}}
+
+{{- define "pdserve.kvstoreAddress" -}}
+{{- printf "%s-kvstore:%d" (include "pdserve.fullname" .) (int .Values.kvstore.port) -}}
+{{- end -}}
+
+{{/* The engine settings of a pool: the global engine with the pool's overrides. */}}
+{{- define "pdserve.engine" -}}
+{{- toYaml (merge (deepCopy .pool.engine) .root.Values.engine) -}}
+{{- end -}}
+
+{{/* The worker command line of a pool: (dict "root" $ "role" "prefill" "pool" .Values.prefill) */}}
+{{- define "pdserve.workerArgs" -}}
+{{- $root := .root -}}
+{{- $e := include "pdserve.engine" . | fromYaml -}}
+- {{ .role }}
+- --model={{ $root.Values.model.name }}
+- --host={{ $root.Values.listenHost }}
+- --port={{ .pool.port }}
+- --metrics-port={{ $root.Values.metricsPort }}
+- --kvstore={{ include "pdserve.kvstoreAddress" $root }}
+- --device={{ $e.device }}
+- --dtype={{ $e.dtype }}
+- --attention-backend={{ $e.attentionBackend }}
+- --max-num-seqs={{ $e.maxNumSeqs }}
+- --max-num-batched-tokens={{ $e.maxNumBatchedTokens }}
+- --long-prefill-token-threshold={{ $e.longPrefillTokenThreshold }}
+{{- if $e.maxModelLen }}
+- --max-model-len={{ $e.maxModelLen }}
+{{- end }}
+{{- if $e.kvCacheMemoryBytes }}
+- --kv-cache-memory-bytes={{ int64 $e.kvCacheMemoryBytes }}
+{{- end }}
+{{- if not $e.prefixCaching }}
+- --no-prefix-caching
+{{- end }}
+{{- range .pool.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The pod-level fields every pdserve pod has. (dict "root" $ "component" "router" "spec" .Values.router "serviceAccount" name) */}}
+{{- define "pdserve.podSpecCommon" -}}
+serviceAccountName: {{ .serviceAccount }}
+automountServiceAccountToken: {{ eq .component "router" }}
+enableServiceLinks: false
+securityContext:
+  {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
+terminationGracePeriodSeconds: {{ .spec.terminationGracePeriodSeconds }}
+{{- with .root.Values.image.pullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .spec.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .spec.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .spec.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Environment of every pdserve container: caches on the writable /tmp. */}}
+{{- define "pdserve.env" -}}
+- name: PDSERVE_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: HOME
+  value: /tmp
+- name: XDG_CACHE_HOME
+  value: /tmp/.cache
+- name: TRITON_CACHE_DIR
+  value: /tmp/.cache/triton
+- name: HF_HOME
+  value: /tmp/.cache/huggingface
+- name: PYTHONUNBUFFERED
+  value: "1"
+{{- end -}}
+
+{{- define "pdserve.volumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+{{- if .Values.model.persistentVolumeClaim }}
+- name: model
+  mountPath: {{ .Values.model.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "pdserve.volumes" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.tmpSizeLimit }}
+{{- if .Values.model.persistentVolumeClaim }}
+- name: model
+  persistentVolumeClaim:
+    claimName: {{ .Values.model.persistentVolumeClaim }}
+    readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* Probes on the standard gRPC health service. Readiness follows the health status (a
+draining server answers NOT_SERVING and leaves the EndpointSlices); liveness only asks
+that the port accepts connections, so a pod that drains is not killed for it. */}}
+{{- define "pdserve.probes" -}}
+startupProbe:
+  grpc:
+    port: {{ .port }}
+  periodSeconds: {{ .startup.periodSeconds }}
+  failureThreshold: {{ .startup.failureThreshold }}
+readinessProbe:
+  grpc:
+    port: {{ .port }}
+  periodSeconds: 5
+  timeoutSeconds: 2
+  failureThreshold: 2
+livenessProbe:
+  tcpSocket:
+    port: grpc
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 6
+{{- end -}}
+
+{{/* A pause before SIGTERM, so every router has seen the pod leave the EndpointSlices.
+The sleep action needs no binary in the image (beta, on by default, from 1.30). */}}
+{{- define "pdserve.preStop" -}}
+{{- if semverCompare ">=1.30.0-0" .root.Capabilities.KubeVersion.Version -}}
+preStop:
+  sleep:
+    seconds: {{ .seconds }}
+{{- else -}}
+preStop:
+  exec:
+    command: ["sleep", "{{ .seconds }}"]
+{{- end }}
+{{- end -}}
+
+{{/* The ingress rule that lets Prometheus scrape a pod's metrics port; none when
+networkPolicy.metricsFrom is empty. */}}
+{{- define "pdserve.metricsIngress" -}}
+{{- with .Values.networkPolicy.metricsFrom -}}
+# Prometheus: the metrics port only
+- ports:
+    - {port: metrics, protocol: TCP}
+  from:
+    {{- toYaml . | nindent 4 }}
+{{- end }}
+{{- end -}}
+
+{{/* A NetworkPolicy peer: the pods of one component of this release. */}}
+{{- define "pdserve.peer" -}}
+- podSelector:
+    matchLabels:
+      {{- include "pdserve.selectorLabels" . | nindent 6 }}
+{{- end -}}

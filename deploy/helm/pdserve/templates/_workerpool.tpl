@@ -1,0 +1,153 @@
+{{/* A worker pool (prefill or decode): Deployment, headless Service (its EndpointSlices
+are what the router watches), HPA, PDB and NetworkPolicy. (dict "root" $ "role" "prefill") */}}
+{{- define "pdserve.workerPool" -}}
+{{- $root := .root -}}
+{{- $role := .role -}}
+{{- $pool := index $root.Values $role -}}
+{{- $fullname := include "pdserve.fullname" $root -}}
+{{- $ctx := dict "root" $root "component" $role -}}
+{{- $name := printf "%s-%s" $fullname $role -}}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "pdserve.labels" $ctx | nindent 4 }}
+spec:
+  {{- if not $pool.autoscaling.enabled }}
+  replicas: {{ $pool.replicas }}
+  {{- end }}
+  selector:
+    matchLabels:
+      {{- include "pdserve.selectorLabels" $ctx | nindent 6 }}
+  strategy:
+    {{- toYaml $pool.strategy | nindent 4 }}
+  template:
+    metadata:
+      labels:
+        {{- include "pdserve.labels" $ctx | nindent 8 }}
+      {{- with $pool.podAnnotations }}
+      annotations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    spec:
+      {{- include "pdserve.podSpecCommon" (dict "root" $root "component" $role "spec" $pool "serviceAccount" (printf "%s-workers" $fullname)) | nindent 6 }}
+      containers:
+        - name: {{ $role }}
+          image: {{ include "pdserve.image" (dict "root" $root "variant" $pool.imageVariant) }}
+          imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+          args:
+            {{- include "pdserve.workerArgs" (dict "root" $root "role" $role "pool" $pool) | nindent 12 }}
+          env:
+            {{- include "pdserve.env" $root | nindent 12 }}
+          ports:
+            - {name: grpc, containerPort: {{ $pool.port }}, protocol: TCP}
+            - {name: metrics, containerPort: {{ $root.Values.metricsPort }}, protocol: TCP}
+          {{- include "pdserve.probes" (dict "port" $pool.port "startup" $pool.startupProbe) | nindent 10 }}
+          lifecycle:
+            {{- include "pdserve.preStop" (dict "root" $root "seconds" $pool.preStopSleepSeconds) | nindent 12 }}
+          resources:
+            {{- $resources := deepCopy $pool.resources }}
+            {{- if gt (int $pool.gpus) 0 }}
+            {{- $_ := set $resources "limits" (merge (dict "nvidia.com/gpu" (int $pool.gpus)) (default (dict) $resources.limits)) }}
+            {{- end }}
+            {{- toYaml $resources | nindent 12 }}
+          securityContext:
+            {{- toYaml $root.Values.containerSecurityContext | nindent 12 }}
+          volumeMounts:
+            {{- include "pdserve.volumeMounts" $root | nindent 12 }}
+            {{- if gt (int $pool.gpus) 0 }}
+            - name: dshm
+              mountPath: /dev/shm
+            {{- end }}
+      volumes:
+        {{- include "pdserve.volumes" $root | nindent 8 }}
+        {{- if gt (int $pool.gpus) 0 }}
+        # torch and NCCL need more shared memory than the runtime's 64 MiB default
+        - name: dshm
+          emptyDir:
+            medium: Memory
+            sizeLimit: 2Gi
+        {{- end }}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "pdserve.labels" $ctx | nindent 4 }}
+spec:
+  # headless: the router talks to each pod, found through this Service's EndpointSlices
+  clusterIP: None
+  publishNotReadyAddresses: false
+  selector:
+    {{- include "pdserve.selectorLabels" $ctx | nindent 4 }}
+  ports:
+    - {name: grpc, port: {{ $pool.port }}, targetPort: grpc, protocol: TCP, appProtocol: grpc}
+    - {name: metrics, port: {{ $root.Values.metricsPort }}, targetPort: metrics, protocol: TCP}
+{{- if $pool.autoscaling.enabled }}
+{{- $a := $pool.autoscaling }}
+---
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "pdserve.labels" $ctx | nindent 4 }}
+spec:
+  scaleTargetRef:
+    apiVersion: apps/v1
+    kind: Deployment
+    name: {{ $name }}
+  minReplicas: {{ $a.minReplicas }}
+  maxReplicas: {{ $a.maxReplicas }}
+  metrics:
+    # the pods' {{ $a.metric.quantile }} quantile over {{ $a.metric.window }}, from prometheus-adapter (adapter-rules.yaml)
+    - type: Pods
+      pods:
+        metric:
+          name: {{ $a.metric.name }}
+        target:
+          type: AverageValue
+          averageValue: {{ printf "%dm" (round (mulf $a.metric.targetSeconds 1000) 0 | int) }}
+  {{- with $a.behavior }}
+  behavior:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+{{- if $pool.pdb.enabled }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "pdserve.labels" $ctx | nindent 4 }}
+spec:
+  maxUnavailable: {{ $pool.pdb.maxUnavailable }}
+  selector:
+    matchLabels:
+      {{- include "pdserve.selectorLabels" $ctx | nindent 6 }}
+{{- end }}
+{{- if $root.Values.networkPolicy.enabled }}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "pdserve.labels" $ctx | nindent 4 }}
+spec:
+  podSelector:
+    matchLabels:
+      {{- include "pdserve.selectorLabels" $ctx | nindent 6 }}
+  policyTypes: [Ingress]
+  ingress:
+    # work and load polls come from the router only
+    - ports:
+        - {port: grpc, protocol: TCP}
+      from:
+        {{- include "pdserve.peer" (dict "root" $root "component" "router") | nindent 8 }}
+    {{- include "pdserve.metricsIngress" $root | nindent 4 }}
+{{- end }}
+{{- end -}}
