@@ -11,7 +11,7 @@ _version_not_supported = False
 try:
     from grpc._utilities import first_version_is_lower
     _version_not_supported = first_version_is_lower(GRPC_VERSION, GRPC_GENERATED_VERSION)
-except ImportError:
+except ImportError:  # grpcio too old: raises below
     _version_not_supported = True
 
 if _version_not_supported:
