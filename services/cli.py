@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     _service_parser(sub, "prefill", "run a prefill worker", "services.prefill.main")
     _service_parser(sub, "decode", "run a decode worker", "services.decode.main")
     _service_parser(sub, "router", "run the router", "services.router.main")
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
+    _service_parser(bench, "serve", "benchmark a serving endpoint (router gRPC or OpenAI HTTP)", "services.bench.main")
     return parser
 
 

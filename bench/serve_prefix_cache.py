@@ -1,0 +1,148 @@
+"""Experiment 3, prefix caching: TTFT of requests sharing a ~1k-token system prompt.
+
+Three local clusters (in this process, on loopback: kvstore, prefill worker(s), one
+decode worker, router; one set of weights), each measured with `pdserve bench serve`'s
+code (services/bench) over gRPC, one request at a time:
+
+- off:     prefix caching off in the engines and every request's system prompt its own,
+           so nothing can be reused anywhere: the full prompt is computed every time;
+- local:   prefix caching on, one prefill worker, one shared system prompt (warmed up by
+           one request first): the prefill worker's own prefix cache serves it;
+- kvstore: two prefill workers with prefix caching off in their engines; the warm-up
+           request goes through prefill worker A (its own router), the measured requests
+           through worker B, which gets the system prompt's KV blocks that A wrote from
+           the kvstore on every request: reuse across prefill workers.
+
+Every run has the same prompt lengths (prefix + suffix) and output lengths. Prints one
+JSON line: TTFT mean/p50 per condition, the prefill/KV split, cached tokens, and the
+ratios off/local and off/kvstore.
+
+    .venv/bin/python bench/serve_prefix_cache.py [--model smollm2 --prefix-len 1024
+        --suffix-len 32 --output-len 8 --num-requests 8 --result-dir /tmp/pdserve-bench]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from engine.model.loader import load_model  # noqa: E402
+from engine.model.source import resolve_model  # noqa: E402
+from services.bench.arrivals import ArrivalConfig  # noqa: E402
+from services.bench.datasets import DatasetConfig, LengthDist  # noqa: E402
+from services.bench.main import BenchConfig, run_bench  # noqa: E402
+from services.bench.targets import TargetConfig  # noqa: E402
+from services.common.worker import WorkerConfig  # noqa: E402
+from services.decode.server import serve as serve_decode  # noqa: E402
+from services.kvstore.server import KVStoreConfig  # noqa: E402
+from services.kvstore.server import serve as serve_kvstore  # noqa: E402
+from services.prefill.server import serve as serve_prefill  # noqa: E402
+from services.router.config import RouterConfig  # noqa: E402
+from services.router.server import serve as serve_router  # noqa: E402
+
+
+@dataclass
+class LocalCluster:
+    kvstore: object
+    prefills: list = field(default_factory=list)
+    decode: object = None
+    routers: list = field(default_factory=list)  # routers[i] sends prefills to prefill worker i only
+
+    def stop(self) -> None:
+        for part in [*self.routers, *self.prefills, self.decode, self.kvstore]:
+            if part is not None:
+                part.stop()
+
+
+def start(model: str, loaded, num_prefill: int, prefix_caching: bool, kv_bytes: int) -> LocalCluster:
+    c = LocalCluster(serve_kvstore(KVStoreConfig(capacity_bytes=4 * kv_bytes, metrics_port=None)))
+    try:
+        cfg = WorkerConfig(model=model, kvstore_address=c.kvstore.address, kv_cache_memory_bytes=kv_bytes,
+                           enable_prefix_caching=prefix_caching)
+        c.prefills = [serve_prefill(cfg, loaded) for _ in range(num_prefill)]
+        c.decode = serve_decode(cfg, loaded)
+        c.routers = [serve_router(RouterConfig(model=model, prefill_addresses=(p.address,),
+                                               decode_addresses=(c.decode.address,),
+                                               kvstore_address=c.kvstore.address, short_prompt_tokens=16,
+                                               port=0, metrics_port=None)) for p in c.prefills]
+    except Exception:
+        c.stop()
+        raise
+    return c
+
+
+def bench(router, args, label: str, num: int, seed: int, prefix_seed: int, num_prefixes: int = 1,
+          quiet: bool = False) -> dict:
+    dataset = DatasetConfig("shared-prefix", num_requests=num, input_len=LengthDist(args.suffix_len),
+                            output_len=LengthDist(args.output_len), prefix_len=args.prefix_len,
+                            num_prefixes=num_prefixes, seed=seed, prefix_seed=prefix_seed)
+    cfg = BenchConfig(target=TargetConfig("grpc", router.address, timeout_s=600), dataset=dataset,
+                      arrivals=ArrivalConfig("poisson", max_concurrency=1), label=label,
+                      result_dir=None if quiet else args.result_dir, progress=not quiet)
+    return run_bench(cfg, quiet=quiet).summary
+
+
+def condition(model, loaded, args, name: str) -> dict:
+    n, kv_bytes = args.num_requests, args.kv_cache_mb << 20
+    if name == "off":
+        c = start(model, loaded, 1, prefix_caching=False, kv_bytes=kv_bytes)
+        try:
+            bench(c.routers[0], args, "warmup", 1, seed=100, prefix_seed=99, quiet=True)  # another prompt
+            return bench(c.routers[0], args, "prefix-off", n, seed=0, prefix_seed=0, num_prefixes=n)
+        finally:
+            c.stop()
+    if name == "local":
+        c = start(model, loaded, 1, prefix_caching=True, kv_bytes=kv_bytes)
+        try:
+            bench(c.routers[0], args, "warmup", 1, seed=100, prefix_seed=0, quiet=True)
+            return bench(c.routers[0], args, "prefix-local", n, seed=0, prefix_seed=0)
+        finally:
+            c.stop()
+    c = start(model, loaded, 2, prefix_caching=False, kv_bytes=kv_bytes)
+    try:
+        bench(c.routers[0], args, "warmup", 1, seed=100, prefix_seed=0, quiet=True)  # through worker A
+        return bench(c.routers[1], args, "prefix-kvstore", n, seed=0, prefix_seed=0)  # through worker B
+    finally:
+        c.stop()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--prefix-len", type=int, default=1024)
+    p.add_argument("--suffix-len", type=int, default=32)
+    p.add_argument("--output-len", type=int, default=8)
+    p.add_argument("--num-requests", type=int, default=8)
+    p.add_argument("--kv-cache-mb", type=int, default=512, help="each worker's KV cache (the kvstore: 4x)")
+    p.add_argument("--result-dir", default="/tmp/pdserve-bench/prefix_cache")
+    p.add_argument("--conditions", default="off,local,kvstore")
+    args = p.parse_args()
+    model = args.model
+    loaded = load_model(resolve_model(args.model), torch.float32, "cpu", progress=False)
+    out = {"model": args.model, "prefix_len": args.prefix_len, "suffix_len": args.suffix_len,
+           "output_len": args.output_len, "num_requests": args.num_requests, "torch_threads": torch.get_num_threads()}
+    for name in args.conditions.split(","):
+        s = condition(model, loaded, args, name)
+        b = s["ttft_breakdown"] or {}
+        out[name] = {"completed": s["completed"], "ttft_mean_ms": 1000 * s["ttft_s"]["mean"],
+                     "ttft_p50_ms": 1000 * s["ttft_s"]["p50"], "ttft_p90_ms": 1000 * s["ttft_s"]["p90"],
+                     "prefill_mean_ms": 1000 * b["prefill_s"]["mean"],
+                     "kv_write_mean_ms": 1000 * b["kv_write_s"]["mean"],
+                     "other_mean_ms": 1000 * b["other_s"]["mean"], "kv_read_mean_ms": 1000 * b["kv_read_s"]["mean"],
+                     "cached_tokens_per_request": s["cached_tokens"] / max(s["completed"], 1)}
+    if "off" in out:
+        for name in ("local", "kvstore"):
+            if name in out:
+                out[f"ttft_ratio_off_vs_{name}"] = out["off"]["ttft_mean_ms"] / out[name]["ttft_mean_ms"]
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
