@@ -135,11 +135,3 @@ class BlockPool:
             self.num_evictions += 1
         block.block_hash = None
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached hash; only possible when no block is in use."""
-        if self.num_free_blocks != self.num_blocks:
-            return False
-        for block in self.blocks:
-            block.block_hash = None
-        self.cached_block_hash_to_block.clear()
-        return True

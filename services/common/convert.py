@@ -29,6 +29,3 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
 def logprob_to_proto(lp: TokenLogprob) -> common_pb2.TokenLogprob:
     return common_pb2.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, top_logprobs=lp.top_logprobs)
 
-
-def logprob_from_proto(msg: common_pb2.TokenLogprob) -> TokenLogprob:
-    return TokenLogprob(msg.token_id, msg.logprob, dict(msg.top_logprobs))

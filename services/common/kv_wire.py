@@ -46,6 +46,3 @@ def payload_to_protos(payload: KVPayload, block_size: int, tail_key: str,
         msgs.append(block_to_proto(payload.blocks[num_full], payload.num_tokens % block_size, tail_key=tail_key))
     return msgs
 
-
-def payload_from_blocks(blocks: list[torch.Tensor], num_tokens: int, block_hashes: list[bytes]) -> KVPayload:
-    return KVPayload(num_tokens, torch.stack(blocks), list(block_hashes))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from engine import CacheConfig, EngineConfig, EngineCore, InvalidRequestError, SchedulerConfig
+from engine import CacheConfig, EngineConfig, EngineCore, SchedulerConfig
 from services.common.engine_loop import EngineLoop, LoopStats
 from services.common.grpc_server import RunningServer, ServiceSpec, start_server
 from services.common.metrics import Metrics
@@ -119,10 +119,6 @@ def worker_load(loop: EngineLoop, cfg: WorkerConfig, draining: bool) -> common_p
         num_running=s.num_running, num_waiting=s.num_waiting, queued_prefill_tokens=s.num_queued_prefill_tokens,
         num_free_kv_blocks=s.num_free_kv_blocks, num_total_kv_blocks=s.num_total_kv_blocks,
         max_num_seqs=cfg.max_num_seqs, draining=draining)
-
-
-def abort_rpc_on_bad_request(context: grpc.ServicerContext, error: InvalidRequestError) -> None:
-    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
 
 
 def check_admission(loop: EngineLoop, cfg: WorkerConfig, context: grpc.ServicerContext, draining: bool) -> None:
