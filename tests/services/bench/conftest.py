@@ -7,13 +7,7 @@ import torch
 
 from engine.model.loader import load_model
 from engine.model.source import resolve_model
-from services.common.worker import WorkerConfig
-from services.decode.server import serve as serve_decode
-from services.kvstore.server import KVStoreConfig
-from services.kvstore.server import serve as serve_kvstore
-from services.prefill.server import serve as serve_prefill
-from tests.services.cluster import Cluster
-from tests.services.openai.support import start_router
+from tests.services.openai.support import start_http_cluster
 
 
 @pytest.fixture(scope="package")
@@ -23,15 +17,6 @@ def tiny(tiny_llama_dir):
 
 @pytest.fixture(scope="package")
 def bench_cluster(tiny, tiny_llama_dir):
-    cluster = Cluster(serve_kvstore(KVStoreConfig(capacity_bytes=64 << 20, metrics_port=None)))
-    try:
-        cfg = WorkerConfig(model=tiny_llama_dir, kvstore_address=cluster.kvstore.address, metrics_port=None,
-                           kv_cache_memory_bytes=8 << 20)
-        cluster.prefills = [serve_prefill(cfg, tiny)]
-        cluster.decodes = [serve_decode(cfg, tiny)]
-        cluster.router = start_router(cluster, tiny_llama_dir, tiny.tokenizer)
-    except Exception:
-        cluster.stop()
-        raise
+    cluster = start_http_cluster(tiny, tiny_llama_dir)
     yield cluster
     cluster.stop()

@@ -9,6 +9,11 @@ import time
 
 import openai
 
+from services.common.worker import WorkerConfig
+from services.decode.server import serve as serve_decode
+from services.kvstore.server import KVStoreConfig
+from services.kvstore.server import serve as serve_kvstore
+from services.prefill.server import serve as serve_prefill
 from services.router.config import RouterConfig
 from services.router.http.config import HttpConfig
 from services.router.server import serve as serve_router
@@ -26,6 +31,21 @@ def start_router(cluster: Cluster, model: str, tokenizer, http: HttpConfig | Non
                        decode_addresses=tuple(decode or (d.address for d in cluster.decodes)),
                        kvstore_address=cluster.kvstore.address, short_prompt_tokens=SHORT_PROMPT_TOKENS, **overrides)
     return serve_router(cfg, tokenizer=tokenizer, http=http or HttpConfig(port=0))
+
+
+def start_http_cluster(loaded, model: str) -> Cluster:
+    """kvstore, one prefill and one decode worker on `loaded`, and a router with its HTTP API."""
+    cluster = Cluster(serve_kvstore(KVStoreConfig(capacity_bytes=64 << 20, metrics_port=None)))
+    try:
+        cfg = WorkerConfig(model=model, kvstore_address=cluster.kvstore.address, metrics_port=None,
+                           kv_cache_memory_bytes=8 << 20)
+        cluster.prefills = [serve_prefill(cfg, loaded)]
+        cluster.decodes = [serve_decode(cfg, loaded)]
+        cluster.router = start_router(cluster, model, loaded.tokenizer)
+    except Exception:
+        cluster.stop()
+        raise
+    return cluster
 
 
 def base_url(router) -> str:
