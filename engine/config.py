@@ -36,10 +36,13 @@ class CacheConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    # None: max_model_len, the smallest budget that holds any prompt unsplit.
+    max_num_batched_tokens: int | None = 2048
     # A single prefill takes at most this many tokens of a step (chunked prefill).
     long_prefill_token_threshold: int = 512
     max_model_len: int | None = None  # None: the model's context, capped by the KV pool
+    # Off: a prompt's remaining tokens run in one step or wait (vLLM's enable_chunked_prefill).
+    enable_chunked_prefill: bool = True
 
 
 @dataclass(frozen=True)

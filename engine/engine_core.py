@@ -8,7 +8,7 @@ import time
 import torch
 
 from engine.attention.backend import get_attention_backend
-from engine.config import EngineConfig
+from engine.config import EngineConfig, SchedulerConfig
 from engine.core.block_hash import hash_full_blocks, model_fingerprint
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.scheduler import Scheduler
@@ -44,8 +44,7 @@ class EngineCore:
                                            arch.num_kv_heads, arch.head_dim, cache.block_size)
         self.kv_manager = KVCacheManager(num_blocks, cache.block_size, self.root_hash,
                                          cache.enable_prefix_caching)
-        self.scheduler = Scheduler(dataclasses.replace(config.scheduler, max_model_len=self.max_model_len),
-                                   self.kv_manager)
+        self.scheduler = Scheduler(self._resolve_scheduler_config(), self.kv_manager)
         kv_caches = allocate_kv_caches(num_blocks, arch, cache.block_size, self.dtype, device)
         self.runner = ModelRunner(self.loaded.model, kv_caches, cache.block_size, backend, device, config.seed)
         self._outputs: dict[str, RequestOutput] = {}
@@ -59,6 +58,16 @@ class EngineCore:
             logger.warning("max_model_len lowered from %d to %d tokens: the KV cache holds %d blocks",
                            wanted, capacity, num_blocks)
         return min(wanted, capacity)
+
+    def _resolve_scheduler_config(self) -> SchedulerConfig:
+        config = self.config.scheduler
+        budget = config.max_num_batched_tokens or self.max_model_len
+        # Unsplit, a prompt longer than the budget could never be scheduled (vLLM's rule).
+        if not config.enable_chunked_prefill and budget < self.max_model_len:
+            raise ValueError(f"max_num_batched_tokens: {budget} is smaller than max_model_len "
+                             f"({self.max_model_len}); with chunked prefill off it must be at least "
+                             "max_model_len, or lower max_model_len")
+        return dataclasses.replace(config, max_num_batched_tokens=budget, max_model_len=self.max_model_len)
 
     # ---- requests --------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,

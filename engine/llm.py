@@ -21,14 +21,14 @@ class LLM:
                  attention_backend: str = "torch", seed: int = 0, block_size: int = 16,
                  enable_prefix_caching: bool = True, kv_cache_memory_bytes: int | None = None,
                  kv_cache_memory_fraction: float = 0.1, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 2048, long_prefill_token_threshold: int = 512,
-                 max_model_len: int | None = None, progress: bool = True,
+                 max_num_batched_tokens: int | None = 2048, long_prefill_token_threshold: int = 512,
+                 max_model_len: int | None = None, enable_chunked_prefill: bool = True, progress: bool = True,
                  loaded_model: LoadedModel | None = None):
         config = EngineConfig(
             model=model, dtype=dtype, device=device, attention_backend=attention_backend, seed=seed,
             cache=CacheConfig(block_size, enable_prefix_caching, kv_cache_memory_bytes, kv_cache_memory_fraction),
             scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold,
-                                      max_model_len))
+                                      max_model_len, enable_chunked_prefill))
         self.engine = EngineCore(config, progress=progress, loaded=loaded_model)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()

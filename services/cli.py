@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 
 
@@ -65,7 +66,8 @@ def _service_parser(sub, name: str, help_text: str, module: str) -> None:
 def _up_parser(sub) -> None:
     p = sub.add_parser("up", help="start kvstore, prefill and decode workers and the router locally")
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
+    p.add_argument("--prefill", type=int, default=1,
+                   help="number of prefill workers (0: colocated, each decode worker prefills its own prompts)")
     p.add_argument("--decode", type=int, default=1, help="number of decode workers")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051, help="the router's gRPC port")
@@ -75,20 +77,23 @@ def _up_parser(sub) -> None:
     p.add_argument("--metrics-base-port", type=int, default=9400)
     p.add_argument("--cpus-per-worker", type=int, default=None)
     p.add_argument("--short-prompt-tokens", type=int, default=256)
+    p.add_argument("--worker-args", default="",
+                   help="extra arguments for every worker, one string (e.g. '--no-chunked-prefill')")
     p.set_defaults(func=_run_up)
 
 
 def _run_up(args) -> int:
     from services.launcher import PlatformConfig, run_platform
-    for flag in ("prefill", "decode"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag}: needs at least one worker")
+    if args.prefill < 0:
+        raise ValueError("--prefill: must be >= 0")
+    if args.decode < 1:
+        raise ValueError("--decode: needs at least one worker")
     return run_platform(PlatformConfig(
         model=args.model, num_prefill=args.prefill, num_decode=args.decode, host=args.host, router_port=args.port,
         http_port=None if args.http_port == "off" else int(args.http_port),
         kvstore_port=args.kvstore_port, worker_base_port=args.worker_base_port,
         metrics_base_port=args.metrics_base_port, cpus_per_worker=args.cpus_per_worker,
-        short_prompt_tokens=args.short_prompt_tokens))
+        short_prompt_tokens=args.short_prompt_tokens, worker_args=tuple(shlex.split(args.worker_args))))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 
 from services.common.grpc_server import is_serving
@@ -75,7 +76,9 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     router = [*cli, "router", "--model", cfg.model, "--host", cfg.host, "--port", str(cfg.router_port),
               "--metrics-port", str(router_metrics), "--kvstore", kvstore,
               "--short-prompt-tokens", str(cfg.short_prompt_tokens),
-              "--prefill", ",".join(addresses["prefill"]), "--decode", ",".join(addresses["decode"])]
+              "--decode", ",".join(addresses["decode"])]
+    if addresses["prefill"]:  # none: colocated, the decode workers prefill every prompt
+        router += ["--prefill", ",".join(addresses["prefill"])]
     router += ["--http-port", "off" if cfg.http_port is None else str(cfg.http_port)]
     specs.append(ProcessSpec("router", router, f"{cfg.host}:{cfg.router_port}", router_metrics))
     return specs
@@ -110,14 +113,40 @@ class Platform:
     def wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         pending = {s.name: s.address for s in self.specs}
-        while pending:
+        while True:
             dead = self.dead()
             if dead:
                 raise RuntimeError(f"{dead} exited during startup (code {self.procs[dead].returncode})")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"not healthy after {timeout_s:.0f} s: {', '.join(sorted(pending))}")
             pending = {n: a for n, a in pending.items() if not is_serving(a, timeout=0.5)}
+            if not pending and self._router_sees_all_workers():
+                return
+            if time.monotonic() > deadline:
+                waiting_for = ", ".join(sorted(pending)) or "the router's polls of every worker"
+                raise TimeoutError(f"not healthy after {timeout_s:.0f} s: {waiting_for}")
             time.sleep(0.2)
+
+    def _router_sees_all_workers(self) -> bool:
+        """Serving is not enough: a request sent before the router's next poll of a worker
+        that came up after the router would find the pool empty."""
+        router = next((s for s in self.specs if s.name == "router"), None)
+        if router is None:
+            return True
+        expected = {"prefill": 0, "decode": 0}
+        for s in self.specs:
+            role = s.name.split("-")[0]
+            if role in expected:
+                expected[role] += 1
+        try:
+            body = urllib.request.urlopen(f"http://{router.address.rsplit(':', 1)[0]}:{router.metrics_port}/metrics",
+                                          timeout=1).read().decode()
+        except OSError:
+            return False
+        up = {}
+        for line in body.splitlines():
+            if line.startswith("pdserve_router_workers_up{"):
+                pool = line.split('pool="', 1)[1].split('"', 1)[0]
+                up[pool] = float(line.rsplit(" ", 1)[1])
+        return all(up.get(pool, 0) >= n for pool, n in expected.items())
 
     def dead(self) -> str | None:
         return next((n for n, p in self.procs.items() if p.poll() is not None), None)

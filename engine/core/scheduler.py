@@ -6,6 +6,11 @@ a prefill chunk and a resumed preempted request are all the same thing.
 
     prompt:  [==========computed==========|--chunk this step--|.....rest.....]
                                           ^num_computed       ^+num_new
+
+With chunked prefill off the rest is never split: it runs whole or waits for a step
+whose budget holds it (the engine ensures a full budget holds any request).
+
+    prompt:  [===computed===|---------------all of it this step---------------]
 """
 from __future__ import annotations
 
@@ -78,15 +83,21 @@ class Scheduler:
         out.finished_req_ids |= out.preempted_req_ids
         return out
 
-    def _num_new_tokens(self, request: Request, budget: int) -> int:
-        remaining = request.num_tokens - request.num_computed_tokens
+    def _num_new_tokens(self, num_tokens: int, num_computed: int, budget: int) -> int:
+        """Tokens to compute this step; 0 when chunked prefill is off and the rest does not fit."""
+        remaining = num_tokens - num_computed
+        if not self.config.enable_chunked_prefill:
+            return remaining if remaining <= budget else 0
         return min(remaining, self.config.long_prefill_token_threshold, budget)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = self._num_new_tokens(request, budget)
+            num_new = self._num_new_tokens(request.num_tokens, request.num_computed_tokens, budget)
+            if num_new == 0:  # does not fit unsplit: it waits, the decodes behind it need not
+                i += 1
+                continue
             new_blocks = self.kv.allocate_slots(request, num_new)
             while new_blocks is None:
                 victim = self.running.pop()  # lowest priority: the latest admitted
@@ -121,7 +132,9 @@ class Scheduler:
             hits, num_hit_tokens = self.kv.get_computed_blocks(request)
             num_loaded = max(0, request.kv_import.num_tokens - num_hit_tokens) if request.kv_import else 0
             num_computed = num_hit_tokens + num_loaded
-            num_new = min(request.num_tokens - num_computed, self.config.long_prefill_token_threshold, budget)
+            num_new = self._num_new_tokens(request.num_tokens, num_computed, budget)
+            if num_new == 0:  # waits at the head: skipping it would starve long prompts
+                break
             new_blocks = self.kv.allocate_slots(request, num_loaded + num_new, hits)
             if new_blocks is None:
                 break

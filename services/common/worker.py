@@ -30,9 +30,10 @@ class WorkerConfig:
     kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int | None = 2048  # None: max_model_len
     long_prefill_token_threshold: int = 512
     max_model_len: int | None = None
+    enable_chunked_prefill: bool = True
     max_waiting: int = 256  # admission bound: beyond it the worker answers RESOURCE_EXHAUSTED
     lease_ttl_ms: int = 60_000
     drain_timeout_s: float = 30.0  # on shutdown: how long in-flight requests may take to finish
@@ -51,9 +52,14 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int) -> 
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="tokens per engine step (default 2048; with --no-chunked-prefill, "
+                             "the max model len)")
     parser.add_argument("--long-prefill-token-threshold", type=int, default=512)
     parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--no-chunked-prefill", action="store_true",
+                        help="schedule each prompt whole in one step; --max-num-batched-tokens must "
+                             "then be at least the max model len")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for this worker")
     parser.add_argument("--drain-timeout-s", type=float, default=30.0,
                         help="on SIGTERM: how long in-flight requests may take to finish")
@@ -65,9 +71,17 @@ def worker_config_from_args(args) -> WorkerConfig:
         host=args.host, port=args.port, metrics_port=args.metrics_port, kvstore_address=args.kvstore,
         kvstore_transport=args.kvstore_transport, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         enable_prefix_caching=not args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_batched_tokens=_max_num_batched_tokens(args),
         long_prefill_token_threshold=args.long_prefill_token_threshold, max_model_len=args.max_model_len,
-        drain_timeout_s=args.drain_timeout_s)
+        enable_chunked_prefill=not args.no_chunked_prefill, drain_timeout_s=args.drain_timeout_s)
+
+
+def _max_num_batched_tokens(args) -> int | None:
+    """Unchunked, the budget must hold the longest prompt: None lets the engine use max_model_len,
+    which is only known once the model and the KV pool are sized."""
+    if args.max_num_batched_tokens is not None:
+        return args.max_num_batched_tokens
+    return None if args.no_chunked_prefill else WorkerConfig.max_num_batched_tokens
 
 
 def build_engine(cfg: WorkerConfig, loaded=None) -> EngineCore:
@@ -76,7 +90,8 @@ def build_engine(cfg: WorkerConfig, loaded=None) -> EngineCore:
         cache=CacheConfig(enable_prefix_caching=cfg.enable_prefix_caching,
                           kv_cache_memory_bytes=cfg.kv_cache_memory_bytes),
         scheduler=SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                                  cfg.long_prefill_token_threshold, cfg.max_model_len))
+                                  cfg.long_prefill_token_threshold, cfg.max_model_len,
+                                  cfg.enable_chunked_prefill))
     return EngineCore(config, progress=False, loaded=loaded)
 
 

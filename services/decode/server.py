@@ -140,6 +140,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeWorkerServicer):
                 context.abort(grpc.StatusCode.CANCELLED, f"request {req_id} was aborted")
             return
         self.metrics.requests.labels("ok").inc()
+        if num_given == 0:  # the direct path: this worker prefilled the prompt itself
+            self.metrics.prompt_tokens.inc(len(final.prompt_token_ids))
         self.metrics.e2e.observe(now() - start)
         self.metrics.queue.observe((final.first_scheduled_time or final.arrival_time) - final.arrival_time)
 

@@ -17,7 +17,8 @@ logger = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="the served model: HF folder, .gguf file or alias")
     parser.add_argument("--prefill", action="append", default=[], metavar="HOST:PORT",
-                        help="prefill worker address (repeatable, or a comma-separated list)")
+                        help="prefill worker address (repeatable, or a comma-separated list); "
+                             "none: colocated, the decode workers prefill every prompt")
     parser.add_argument("--decode", action="append", default=[], metavar="HOST:PORT",
                         help="decode worker address (repeatable, or a comma-separated list)")
     parser.add_argument("--kvstore", default="127.0.0.1:50060", help="KV cache service address (lease releases)")
@@ -54,8 +55,9 @@ def _port_or_off(value: str) -> int | None:
 
 def config_from_args(args) -> RouterConfig:
     prefill, decode = parse_addresses(args.prefill), parse_addresses(args.decode)
-    if args.discovery == "static" and (not prefill or not decode):
-        raise ValueError("--prefill and --decode: the router needs at least one worker of each pool")
+    if args.discovery == "static" and not decode:
+        raise ValueError("--decode: the router needs at least one decode worker "
+                         "(without --prefill, they prefill every prompt themselves: colocated)")
     slo_classes = load_slo_classes(args.slo_config) if args.slo_config else default_slo_classes()
     default_class = "interactive" if "interactive" in slo_classes else min(
         slo_classes, key=lambda name: slo_classes[name].priority)

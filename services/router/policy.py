@@ -18,14 +18,19 @@ DISAGGREGATED = "disaggregated"    # prefill pool -> kvstore -> decode pool
 
 class PathPolicy:
     """Short prompts go straight to a decode worker: their prefill costs less than moving
-    their KV. A class may set its own threshold (0: always through the prefill pool)."""
+    their KV. A class may set its own threshold (0: always through the prefill pool).
+    `colocated`: there is no prefill pool; every decode worker prefills its own prompts
+    (the classic one-engine-per-replica deployment, for comparison or small models)."""
 
-    def __init__(self, short_prompt_tokens: int, slo_classes: dict[str, SLOClass]):
+    def __init__(self, short_prompt_tokens: int, slo_classes: dict[str, SLOClass], colocated: bool = False):
         self._default = short_prompt_tokens
         self._per_class = {name: c.short_prompt_tokens for name, c in slo_classes.items()
                            if c.short_prompt_tokens is not None}
+        self.colocated = colocated
 
     def choose(self, num_prompt_tokens: int, slo_class: str) -> str:
+        if self.colocated:
+            return DIRECT
         limit = self._per_class.get(slo_class, self._default)
         return DIRECT if num_prompt_tokens <= limit else DISAGGREGATED
 

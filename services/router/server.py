@@ -144,7 +144,8 @@ def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None,
     calls = WorkerCalls(registry)
     flow = GenerateFlow(pools, calls, metrics, cfg.kvstore_address, cfg.retry_after_ms)
     validator = RequestValidator(model, tokenizer, cfg.slo_classes, cfg.default_slo_class,
-                                 PathPolicy(cfg.short_prompt_tokens, cfg.slo_classes))
+                                 PathPolicy(cfg.short_prompt_tokens, cfg.slo_classes,
+                                            colocated=discovery is None and not cfg.prefill_addresses))
     servicer = RouterServicer(cfg, model, validator, flow, metrics)
     server = http_server = None
     try:
@@ -161,8 +162,9 @@ def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None,
         poller.stop()
         registry.close()
         raise
-    logger.info("router on %s:%d: %d prefill, %d decode workers (model %s)", cfg.host, server.port,
-                len(cfg.prefill_addresses), len(cfg.decode_addresses), model.name)
+    logger.info("router on %s:%d: %d prefill, %d decode workers%s (model %s)", cfg.host, server.port,
+                len(cfg.prefill_addresses), len(cfg.decode_addresses),
+                " (colocated: no prefill pool)" if validator.paths.colocated else "", model.name)
     return RunningRouter(server, servicer, registry, poller, calls, metrics, metrics_port, pools, cfg.host,
                          http_server)
 

@@ -20,6 +20,10 @@ MODES = {
     "prefix_cache_on": dict(enable_prefix_caching=True),
     "prefix_cache_off": dict(enable_prefix_caching=False),
     "chunked_7": dict(long_prefill_token_threshold=7, max_num_batched_tokens=40),
+    # whole prompts past the threshold; the budget (max_model_len) is smaller than all prompts
+    # together, so some wait at the queue head while others decode
+    "unchunked": dict(enable_chunked_prefill=False, long_prefill_token_threshold=7,
+                      max_num_batched_tokens=None, max_model_len=512),
 }
 
 

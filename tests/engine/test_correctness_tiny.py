@@ -47,9 +47,13 @@ def test_prefix_cache_hits_are_token_exact(tiny, tiny_llama_dir):
     assert any(o.num_cached_tokens > 0 for o in again)
 
 
-def test_preemption_under_tiny_kv_budget(tiny, tiny_llama_dir):
+@pytest.mark.parametrize("enable_chunked_prefill", [True, False])
+def test_preemption_under_tiny_kv_budget(tiny, tiny_llama_dir, enable_chunked_prefill):
     loaded, prompts, expected = tiny
-    got, llm = run_llm(loaded, tiny_llama_dir, prompts, MAX_TOKENS, kv_cache_memory_bytes=24 * 8192)
+    # unchunked, a preempted request resumes by recomputing all its tokens in one step
+    budget = 2048 if enable_chunked_prefill else None
+    got, llm = run_llm(loaded, tiny_llama_dir, prompts, MAX_TOKENS, kv_cache_memory_bytes=24 * 8192,
+                       enable_chunked_prefill=enable_chunked_prefill, max_num_batched_tokens=budget)
     assert llm.engine.kv_manager.pool.num_blocks == 24
     assert llm.engine.scheduler.num_preemptions > 0
     assert got == expected
@@ -63,3 +67,18 @@ def test_requests_added_mid_run(tiny, tiny_llama_dir):
     engine = EngineCore(config, progress=False, loaded=loaded)
     assert run_added_mid_run(engine, prompts, MAX_TOKENS) == expected
     _assert_all_blocks_free(engine)
+
+
+def test_unchunked_budget_must_hold_max_model_len(tiny, tiny_llama_dir):
+    loaded, _, _ = tiny
+    config = EngineConfig(model=tiny_llama_dir, scheduler=SchedulerConfig(
+        max_num_batched_tokens=256, max_model_len=512, enable_chunked_prefill=False))
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        EngineCore(config, progress=False, loaded=loaded)
+
+
+def test_unchunked_budget_defaults_to_max_model_len(tiny, tiny_llama_dir):
+    loaded, _, _ = tiny
+    config = EngineConfig(model=tiny_llama_dir, scheduler=SchedulerConfig(
+        max_num_batched_tokens=None, max_model_len=512, enable_chunked_prefill=False))
+    assert EngineCore(config, progress=False, loaded=loaded).scheduler.config.max_num_batched_tokens == 512

@@ -90,6 +90,25 @@ def test_concurrent_long_and_short_match_offline(cluster, offline):
     assert cluster.kvstore_client().stats().num_blocks >= sum(len(p) // 16 for p in LONG) - 3
 
 
+def test_colocated_router_sends_every_prompt_to_decode_workers(tiny, tiny_llama_dir, offline):
+    # no prefill pool: even prompts far over the direct-path threshold are prefilled by
+    # the decode workers themselves, nothing goes through the kvstore
+    c = start_cluster(tiny_llama_dir, tiny, num_prefill=0, num_decode=2, short_prompt_tokens=0)
+    try:
+        prompts = SHORT + LONG
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            results = list(pool.map(lambda p: _generate(c.router.address, p), prompts))
+        for p, msgs in zip(prompts, results):
+            assert _tokens(msgs) == offline[tuple(p)].token_ids
+        assert sum(d.servicer.metrics.prompt_tokens._value.get() for d in c.decodes) == sum(map(len, prompts))
+        assert all(d.servicer.metrics.prompt_tokens._value.get() > 0 for d in c.decodes)  # both took work
+        assert sum(d.servicer.metrics.kvstore_imported._value.get() for d in c.decodes) == 0
+        assert c.kvstore_client().stats().num_blocks == 0
+        assert_nothing_leaked(c)
+    finally:
+        c.stop()
+
+
 def _prefill_direct(worker, prompt, request_id: str, max_tokens: int = MAX_TOKENS):
     with channel(worker.address) as ch:
         return prefill_pb2_grpc.PrefillWorkerStub(ch).Prefill(prefill_pb2.PrefillRequest(

@@ -32,6 +32,15 @@ def test_plan_wires_workers_to_kvstore_and_router():
     assert len({s.metrics_port for s in specs}) == len(specs)
 
 
+def test_plan_without_prefill_workers_is_colocated():
+    specs = plan(PlatformConfig(model="m", num_prefill=0, num_decode=2, worker_args=("--no-chunked-prefill",)),
+                 [0, 1])
+    assert [s.name for s in specs] == ["kvstore", "decode-0", "decode-1", "router"]
+    assert "--prefill" not in specs[-1].argv
+    assert [s.cpus for s in specs[1:3]] == [[0], [1]]
+    assert all(s.argv[-1] == "--no-chunked-prefill" for s in specs[1:3])
+
+
 def _free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
     for s in socks:

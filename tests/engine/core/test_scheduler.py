@@ -98,3 +98,31 @@ def test_urgent_priority_jumps_the_waiting_queue_but_not_preempted():
     s.add_request(Request("b2", [5, 6], SamplingParams(), priority=1))
     s.add_request(Request("i1", [7, 8], SamplingParams(), priority=0))
     assert [r.req_id for r in s.waiting] == ["i0", "i1", "b0", "b1", "b2"]
+
+
+def test_chunked_prefill_off_schedules_a_prompt_whole_past_the_threshold():
+    s = _scheduler(max_num_batched_tokens=128, long_prefill_token_threshold=16, enable_chunked_prefill=False)
+    r = _add(s, "a", 100)
+    assert _step(s).num_scheduled_tokens == {"a": 100}
+    assert r.num_output_tokens == 1
+
+
+def test_chunked_prefill_on_splits_the_same_prompt():
+    s = _scheduler(max_num_batched_tokens=128, long_prefill_token_threshold=16)
+    _add(s, "a", 100)
+    assert _step(s).num_scheduled_tokens == {"a": 16}
+
+
+def test_chunked_prefill_off_a_prompt_that_does_not_fit_waits_at_the_head():
+    s = _scheduler(max_num_batched_tokens=100, enable_chunked_prefill=False)
+    _add(s, "a", 3)
+    _step(s)
+    _add(s, "long", 100)  # 99 tokens of budget left beside a's decode
+    _add(s, "short", 2)   # would fit, but must not overtake the head
+    out = _step(s)
+    assert out.num_scheduled_tokens == {"a": 1}
+    assert [r.req_id for r in s.waiting] == ["long", "short"]
+    assert s.requests["long"].num_computed_tokens == 0
+    s.finish_requests(["a"], RequestStatus.FINISHED_STOPPED)  # the whole budget is free again
+    assert _step(s).num_scheduled_tokens == {"long": 100}
+    assert [r.req_id for r in s.waiting] == ["short"]

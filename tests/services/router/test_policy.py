@@ -21,6 +21,8 @@ def test_path_by_prompt_length_and_class():
     assert paths.choose(32, "interactive") == DIRECT
     assert paths.choose(33, "interactive") == DISAGGREGATED
     assert paths.choose(1, "batch") == DISAGGREGATED  # the class's own threshold
+    colocated = PathPolicy(32, classes, colocated=True)  # no prefill pool
+    assert colocated.choose(10_000, "interactive") == DIRECT and colocated.choose(1, "batch") == DIRECT
 
 
 def test_least_queued_prefill_tokens():

@@ -1,0 +1,124 @@
+"""Experiment 2, goodput: at rising request rates, the share of requests meeting a TTFT
+*and* a TPOT SLO on a mixed short/long workload, disaggregated against colocated, and
+the highest rate at which at least 90% meet it.
+
+The platforms are those of bench/serve_isolation.py (real processes, each worker pinned
+to its own core): disaggregated 1 prefill + 1 decode worker, colocated 2 workers without
+a prefill pool (chunked prefill on). For each rate the script writes one Mooncake-format
+trace (Poisson arrivals; a --long-share of prompts uniform in --long-len ± 25%, the rest
+uniform in --short-len ± 75%; outputs uniform in --output-len ± 50%) and replays the same
+trace against each mode (`--arrival trace`). A mode's sweep stops after the first rate
+where fewer than half the requests meet the SLO. Prints one JSON line: per mode and rate
+the goodput share and rate, TTFT/TPOT p50/p99, then each mode's highest rate with >= 90%
+goodput and their ratio (disaggregated / colocated).
+
+    .venv/bin/python bench/serve_goodput.py [--model smollm2 --rates 0.25,0.5,0.75,1.0,1.5
+        --duration-s 60 --slo-ttft-ms 5000 --slo-tpot-ms 150 --result-dir /tmp/pdserve-bench/goodput]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from services.bench.arrivals import ArrivalConfig  # noqa: E402
+from services.bench.datasets import DatasetConfig  # noqa: E402
+from services.bench.local_platform import local_platform  # noqa: E402
+from services.bench.main import BenchConfig, run_bench  # noqa: E402
+from services.bench.metrics import SLO  # noqa: E402
+from services.bench.targets import TargetConfig  # noqa: E402
+from services.launcher import PlatformConfig  # noqa: E402
+
+MODES = {"disaggregated": (1, 1), "colocated": (0, 2)}  # (prefill workers, decode workers)
+TARGET_SHARE = 0.9
+
+
+def write_trace(path: str, rate: float, args) -> int:
+    """A mixed-length Poisson trace of about --duration-s at `rate`; returns its length."""
+    rng = np.random.default_rng(args.seed)
+    n = max(args.min_requests, round(rate * args.duration_s))
+    times = np.cumsum(rng.exponential(1.0 / rate, n))
+    is_long = rng.random(n) < args.long_share
+    short = rng.integers(max(1, round(args.short_len * 0.25)), round(args.short_len * 1.75) + 1, n)
+    long_ = rng.integers(round(args.long_len * 0.75), round(args.long_len * 1.25) + 1, n)
+    outputs = rng.integers(max(2, round(args.output_len * 0.5)), round(args.output_len * 1.5) + 1, n)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        for t, lng, s, lg, o in zip(times, is_long, short, long_, outputs):
+            f.write(json.dumps({"timestamp": round(1000 * t, 3), "input_length": int(lg if lng else s),
+                                "output_length": int(o)}) + "\n")
+    return n
+
+
+def sweep(mode: str, args, traces: dict[float, tuple[str, int]]) -> dict:
+    num_prefill, num_decode = MODES[mode]
+    cfg = PlatformConfig(model=args.model, num_prefill=num_prefill, num_decode=num_decode, cpus_per_worker=1,
+                         short_prompt_tokens=args.short_prompt_tokens, worker_args=tuple(args.worker_args.split()))
+    slo = SLO(ttft_s=args.slo_ttft_ms / 1000, tpot_s=args.slo_tpot_ms / 1000)
+    out_dir = os.path.join(args.result_dir, mode)
+    rows = {}
+    with local_platform(cfg, os.path.join(out_dir, "platform.log")) as p:
+        p.warm_up()
+        for rate, (path, n) in traces.items():
+            label = f"rate{rate:g}"
+            s = run_bench(BenchConfig(target=TargetConfig("grpc", p.router_address, timeout_s=900),
+                                      dataset=DatasetConfig("mooncake", num_requests=n, path=path),
+                                      arrivals=ArrivalConfig("trace"), slo=slo, label=f"{mode}-{label}",
+                                      result_dir=out_dir, progress=False), quiet=True).summary
+            rows[label] = {"rate": rate, "requests": n, "failed": s["failed"],
+                           "goodput_share": round(s["goodput"]["share"], 3),
+                           "goodput_rate": round(s["goodput"]["rate"], 3),
+                           "ttft_ms": {k: round(1000 * s["ttft_s"][k]) for k in ("p50", "p99")},
+                           "tpot_ms": {k: round(1000 * s["tpot_s"][k], 1) for k in ("p50", "p99")},
+                           "itl_p99_ms": round(1000 * s["itl_s"]["p99"], 1)}
+            print(json.dumps({mode: rows[label]}), file=sys.stderr, flush=True)
+            if s["goodput"]["share"] < 0.5:
+                break
+    passing = [r["rate"] for r in rows.values() if r["goodput_share"] >= TARGET_SHARE]
+    return {"rates": rows, "max_rate_90pct": max(passing, default=0.0)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--rates", default="0.25,0.5,0.75,1.0,1.5", help="req/s, ascending")
+    p.add_argument("--duration-s", type=float, default=60.0, help="each rate's trace length (about)")
+    p.add_argument("--min-requests", type=int, default=20)
+    p.add_argument("--short-len", type=int, default=128)
+    p.add_argument("--long-len", type=int, default=1024)
+    p.add_argument("--long-share", type=float, default=0.25)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--slo-ttft-ms", type=float, default=5000.0)
+    p.add_argument("--slo-tpot-ms", type=float, default=150.0)
+    p.add_argument("--short-prompt-tokens", type=int, default=256, help="the router's direct-path threshold")
+    p.add_argument("--worker-args", default="", help="extra flags for every worker")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--result-dir", default="/tmp/pdserve-bench/goodput")
+    args = p.parse_args()
+    modes = args.modes.split(",")
+    if any(m not in MODES for m in modes):
+        p.error(f"--modes: known modes are {list(MODES)}")
+    rates = sorted(float(r) for r in args.rates.split(","))
+    traces = {}
+    for r in rates:
+        path = os.path.join(args.result_dir, f"trace_rate{r:g}.jsonl")
+        traces[r] = (path, write_trace(path, r, args))
+    out = {"model": args.model, "cpus": len(os.sched_getaffinity(0)),
+           **{k: v for k, v in vars(args).items() if k not in ("model", "modes", "rates")}, "rates": rates}
+    for mode in modes:
+        out[mode] = sweep(mode, args, traces)
+    if all(m in out for m in MODES) and out["colocated"]["max_rate_90pct"] > 0:
+        out["max_rate_ratio_disaggregated_vs_colocated"] = (out["disaggregated"]["max_rate_90pct"]
+                                                            / out["colocated"]["max_rate_90pct"])
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""A `pdserve up` platform for a benchmark run: the same processes, each worker pinned to
+its own cores, on free loopback ports, logs to a file, started and stopped by the caller.
+
+    with local_platform(PlatformConfig(model="smollm2", num_prefill=0, num_decode=2),
+                        log_path="/tmp/colocated.log") as p:
+        run_bench(BenchConfig(target=TargetConfig("grpc", p.router_address), ...))
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import socket
+from dataclasses import replace
+
+from services.launcher import Platform, PlatformConfig, plan
+
+
+def _free_range(n: int, rng: random.Random, attempts: int = 200) -> int:
+    """The first of `n` consecutive loopback ports that are free now."""
+    for _ in range(attempts):
+        base = rng.randrange(20000, 60000 - n)
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free loopback ports")
+
+
+def with_free_ports(cfg: PlatformConfig) -> PlatformConfig:
+    """`cfg` with its gRPC and metrics ports moved to free ranges (no HTTP API)."""
+    rng = random.Random()
+    num_workers = cfg.num_prefill + cfg.num_decode
+    grpc_base = _free_range(num_workers + 2, rng)
+    metrics_base = _free_range(num_workers + 2, rng)
+    return replace(cfg, host="127.0.0.1", router_port=grpc_base, kvstore_port=grpc_base + 1,
+                   worker_base_port=grpc_base + 2, metrics_base_port=metrics_base, http_port=None)
+
+
+class RunningPlatform:
+    def __init__(self, platform: Platform, cfg: PlatformConfig):
+        self.platform = platform
+        self.cfg = cfg
+
+    @property
+    def router_address(self) -> str:
+        return f"{self.cfg.host}:{self.cfg.router_port}"
+
+    def cpus(self) -> dict[str, list[int]]:
+        return {s.name: s.cpus for s in self.platform.specs}
+
+    def warm_up(self) -> None:
+        """A few short prompts and one just over the direct-path threshold, so measured
+        runs pay no first-call costs on either path."""
+        from services.bench.datasets import DatasetConfig, LengthDist
+        from services.bench.main import BenchConfig, run_bench
+        from services.bench.targets import TargetConfig
+        for n, length in ((4, 32), (1, self.cfg.short_prompt_tokens + 16)):
+            result = run_bench(BenchConfig(target=TargetConfig("grpc", self.router_address, timeout_s=600),
+                                           dataset=DatasetConfig("random", num_requests=n, input_len=LengthDist(length),
+                                                                 output_len=LengthDist(4), seed=12345),
+                                           progress=False), quiet=True)
+            if result.summary["failed"]:
+                raise RuntimeError(f"warm-up failed: {result.summary['errors']}")
+
+
+@contextlib.contextmanager
+def local_platform(cfg: PlatformConfig, log_path: str, cpus: list[int] | None = None):
+    """Start the platform (workers split over `cpus`, default this process's), wait until
+    every process serves, yield a RunningPlatform, stop every process on the way out."""
+    cfg = with_free_ports(cfg)
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    with open(log_path, "w") as log:
+        platform = Platform(plan(cfg, cpus or sorted(os.sched_getaffinity(0))), out=log)
+        platform.start()
+        try:
+            platform.wait_healthy(cfg.startup_timeout_s)
+            yield RunningPlatform(platform, cfg)
+        finally:
+            platform.stop()
