@@ -1,7 +1,9 @@
 """The CPU reference backend: the torch references from kernels/, decodes batched.
 
-Gathering the paged cache dominates CPU decode time, and a batch gathers up to its longest
-sequence; so decodes are grouped by context length and each group gathered on its own.
+Gathering the paged cache dominates CPU decode time, and a batch gathers every sequence
+up to its longest context. Serving mixes short and long contexts (a 2k-token prompt
+decoding beside 64-token chats would make each chat gather 2k tokens of padding), so
+decodes are grouped by context length and each group gathered on its own.
 """
 from __future__ import annotations
 
@@ -11,8 +13,27 @@ from engine.attention.backend import AttentionBackend, AttentionMetadata
 from kernels.cache_ops import reshape_and_cache_ref
 from kernels.paged_attention import paged_decode_attention_ref, paged_prefill_attention_ref
 
+# A group's longest context is at most twice its shortest, or this many tokens more:
+# padding stays below half of what is gathered, and the number of groups stays small.
+_GROUP_SLACK_TOKENS = 256
+_GROUP_MAX_SEQS = 16  # big batches: sorted neighbours pad even less
 
-_DECODE_GROUP = 16  # sequences per length group
+
+def length_groups(seq_lens: list[int]) -> list[list[int]]:
+    """Decode indices grouped by context length, shortest first:
+
+        lengths 70 65 2050 90 2060  ->  [65 70 90] [2050 2060]
+    """
+    groups: list[list[int]] = []
+    shortest = 0
+    for i in sorted(range(len(seq_lens)), key=seq_lens.__getitem__):
+        if (groups and len(groups[-1]) < _GROUP_MAX_SEQS
+                and seq_lens[i] <= max(2 * shortest, shortest + _GROUP_SLACK_TOKENS)):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+            shortest = seq_lens[i]
+    return groups
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -36,10 +57,11 @@ class TorchAttentionBackend(AttentionBackend):
 
     @staticmethod
     def _decode(query, key_cache, value_cache, block_tables, seq_lens, scale, out) -> None:
-        if query.shape[0] < 2 * _DECODE_GROUP:
+        groups = length_groups(seq_lens.tolist())
+        if len(groups) == 1:
             out[:] = paged_decode_attention_ref(query, key_cache, value_cache, block_tables, seq_lens, scale)
             return
-        order = seq_lens.argsort()
-        for idx in order.split(_DECODE_GROUP):
+        for group in groups:
+            idx = torch.tensor(group, device=query.device)
             out[idx] = paged_decode_attention_ref(query[idx], key_cache, value_cache, block_tables[idx],
                                                   seq_lens[idx], scale)

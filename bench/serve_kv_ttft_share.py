@@ -1,0 +1,78 @@
+"""Experiment 5, second half: KV transfer time as a share of TTFT on the disaggregated
+path, at a few prompt lengths (2k tokens the issue's point).
+
+A `pdserve up` platform of real processes (1 prefill + 1 decode worker, each pinned to
+its own core; kvstore and router floating), requests one at a time with distinct random
+prompts of each length (nothing cached), timings from the services themselves:
+TTFT = queue + prefill + KV write + other (router); after the first token the decode
+worker reads the KV (KV read) and joins its batch. Prints one JSON line per length and a
+summary: KV write as a share of TTFT, and KV write + read as a share of the time until
+the decode worker holds the prompt's KV (TTFT + KV read).
+
+    .venv/bin/python bench/serve_kv_ttft_share.py [--model smollm2 --prompt-lens 512,1024,2048
+        --num-requests 3 --worker-args '--kvstore-transport ucx']
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from services.bench.arrivals import ArrivalConfig  # noqa: E402
+from services.bench.datasets import DatasetConfig, LengthDist  # noqa: E402
+from services.bench.local_platform import local_platform  # noqa: E402
+from services.bench.main import BenchConfig, run_bench  # noqa: E402
+from services.bench.targets import TargetConfig  # noqa: E402
+from services.launcher import PlatformConfig  # noqa: E402
+
+
+def measure(address: str, prompt_len: int, args, result_dir: str) -> dict:
+    cfg = BenchConfig(target=TargetConfig("grpc", address, timeout_s=900),
+                      dataset=DatasetConfig("random", num_requests=args.num_requests, input_len=LengthDist(prompt_len),
+                                            output_len=LengthDist(args.output_len), seed=prompt_len),
+                      arrivals=ArrivalConfig(max_concurrency=1), label=f"prompt{prompt_len}",
+                      result_dir=result_dir, plots=False, progress=False)
+    s = run_bench(cfg, quiet=True).summary
+    if s["failed"]:
+        raise RuntimeError(f"prompt {prompt_len}: {s['errors']}")
+    b = s["ttft_breakdown"]
+    ms = {k: 1000 * b[k]["mean"] for k in ("router_ttft_s", "queue_s", "prefill_s", "kv_write_s", "other_s",
+                                             "kv_read_s", "decode_join_s")}
+    return {"prompt_len": prompt_len, "requests": s["completed"],
+            "ttft_ms": round(1000 * s["ttft_s"]["mean"], 1),
+            **{k.replace("_s", "_ms"): round(v, 1) for k, v in ms.items()},
+            "kv_mb": round(prompt_len / 16 * args.block_mb, 1),
+            "kv_write_share_of_ttft": round(ms["kv_write_s"] / ms["router_ttft_s"], 3),
+            "kv_transfer_share_until_decode_holds_kv": round(
+                (ms["kv_write_s"] + ms["kv_read_s"]) / (ms["router_ttft_s"] + ms["kv_read_s"]), 3)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--prompt-lens", default="512,1024,2048")
+    p.add_argument("--num-requests", type=int, default=3, help="per length, one at a time")
+    p.add_argument("--output-len", type=int, default=4)
+    p.add_argument("--block-mb", type=float, default=30 * 2 * 16 * 3 * 64 * 4 / 1e6,
+                   help="MB of KV per 16-token block (default: SmolLM2 float32), for the report")
+    p.add_argument("--worker-args", default="", help="extra flags for every worker")
+    p.add_argument("--result-dir", default="/tmp/pdserve-bench/kv_ttft_share")
+    args = p.parse_args()
+    lens = [int(n) for n in args.prompt_lens.split(",")]
+    cfg = PlatformConfig(model=args.model, num_prefill=1, num_decode=1, cpus_per_worker=1,
+                         short_prompt_tokens=min(lens) - 1, worker_args=tuple(args.worker_args.split()))
+    rows = []
+    with local_platform(cfg, os.path.join(args.result_dir, "platform.log")) as platform:
+        platform.warm_up()
+        for n in lens:
+            rows.append(measure(platform.router_address, n, args, args.result_dir))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    print(json.dumps({"model": args.model, "worker_args": args.worker_args, "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
