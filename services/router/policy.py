@@ -114,11 +114,17 @@ def _rendezvous(key: bytes, address: str) -> bytes:
 
 class MostRoomDecode(WorkerPolicy):
     """The worker with the most room: the fewest sequences per batch slot plus the
-    smallest share of KV blocks in use (each term 0..1). Fewer running sequences keeps
-    ITL low; free blocks keep a new request from preempting running ones."""
+    smallest share of KV blocks in use (each term 0..1), plus the prompt tokens it still
+    has to prefill. Fewer running sequences keeps ITL low; free blocks keep a new request
+    from preempting running ones; a worker prefilling long direct-path prompts (colocated
+    serving) stretches every step of its batch until it is done."""
 
     def choose(self, candidates, prompt_token_ids=()):
         return min(candidates, key=decode_score, default=None)
+
+
+# queued prefill tokens that weigh as much as a full batch: one default step budget
+PREFILL_BACKLOG_SCALE = 2048
 
 
 def decode_score(w: WorkerView) -> float:
@@ -126,4 +132,4 @@ def decode_score(w: WorkerView) -> float:
     num_seqs = max(w.num_running + w.num_waiting, w.in_flight)
     seq_share = num_seqs / w.max_num_seqs if w.max_num_seqs else float(num_seqs)
     used_share = 1.0 - w.num_free_kv_blocks / w.num_total_kv_blocks if w.num_total_kv_blocks else 0.0
-    return seq_share + used_share
+    return seq_share + used_share + prefill_backlog(w) / PREFILL_BACKLOG_SCALE

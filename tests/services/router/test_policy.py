@@ -108,6 +108,19 @@ def test_decode_prefers_fewer_running_then_more_free_blocks():
     assert policy.choose([]) is None
 
 
+def test_decode_avoids_a_worker_busy_prefilling_long_prompts():
+    # colocated: a has fewer streams but 2k prompt tokens still to prefill, which stall each of its steps
+    policy = MostRoomDecode()
+    busy = dict(max_num_seqs=64, num_free_kv_blocks=80, num_total_kv_blocks=100)
+    workers = [_w("a", num_running=1, queued_prefill_tokens=2048, **busy), _w("b", num_running=3, **busy)]
+    assert policy.choose(workers).address == "b"
+    # the tokens this router just sent count before the worker reports them
+    workers = [_w("a", num_running=1, in_flight_tokens=2048, **busy), _w("b", num_running=3, **busy)]
+    assert policy.choose(workers).address == "b"
+    workers = [_w("a", num_running=1, **busy), _w("b", num_running=3, **busy)]
+    assert policy.choose(workers).address == "a"
+
+
 @pytest.mark.parametrize("load,saturated", [
     (dict(), False),
     (dict(num_waiting=3), True),

@@ -108,11 +108,13 @@ def test_cli_runs_a_router_until_shutdown(cluster, tiny_llama_dir, capsys, monke
     assert not is_serving(seen["address"], timeout=0.5)  # stopped
 
 
-def test_cli_needs_workers_of_both_pools():
+def test_cli_needs_decode_workers_and_may_have_no_prefill_pool():
     parser = argparse.ArgumentParser()
     router_main.add_arguments(parser)
-    with pytest.raises(ValueError, match="--prefill and --decode"):
-        router_main.config_from_args(parser.parse_args(["--decode", "a:1"]))
+    with pytest.raises(ValueError, match="--decode"):
+        router_main.config_from_args(parser.parse_args(["--prefill", "a:1"]))
+    colocated = router_main.config_from_args(parser.parse_args(["--decode", "a:1"]))
+    assert colocated.prefill_addresses == () and colocated.decode_addresses == ("a:1",)
 
 
 def test_grpc_errors_reach_the_client_as_rpc_errors(cluster):
