@@ -9,8 +9,8 @@ trace (Poisson arrivals; a --long-share of prompts uniform in --long-len ± 25%,
 uniform in --short-len ± 75%; outputs uniform in --output-len ± 50%) and replays the same
 trace against each mode (`--arrival trace`). A mode's sweep stops after the first rate
 where fewer than half the requests meet the SLO. Prints one JSON line: per mode and rate
-the goodput share and rate, TTFT/TPOT p50/p99, then each mode's highest rate with >= 90%
-goodput and their ratio (disaggregated / colocated).
+the goodput share and rate, TTFT/TPOT p50/p99, then each mode's highest rate up to which
+every tested rate had >= 90% goodput, and their ratio (disaggregated / colocated).
 
     .venv/bin/python bench/serve_goodput.py [--model smollm2 --rates 0.25,0.5,0.75,1.0,1.5
         --duration-s 60 --slo-ttft-ms 5000 --slo-tpot-ms 150 --result-dir /tmp/pdserve-bench/goodput]
@@ -79,8 +79,18 @@ def sweep(mode: str, args, traces: dict[float, tuple[str, int]]) -> dict:
             print(json.dumps({mode: rows[label]}), file=sys.stderr, flush=True)
             if s["goodput"]["share"] < 0.5:
                 break
-    passing = [r["rate"] for r in rows.values() if r["goodput_share"] >= TARGET_SHARE]
-    return {"rates": rows, "max_rate_90pct": max(passing, default=0.0)}
+    return {"rates": rows, "max_rate_90pct": sustained_rate(rows.values())}
+
+
+def sustained_rate(rows) -> float:
+    """The highest rate up to which every tested rate met the target share: a lucky trace
+    at a higher rate after a failing one does not count (20-60 requests per rate are noisy)."""
+    best = 0.0
+    for row in sorted(rows, key=lambda r: r["rate"]):
+        if row["goodput_share"] < TARGET_SHARE:
+            break
+        best = row["rate"]
+    return best
 
 
 def main() -> int:
