@@ -9,10 +9,13 @@
 Retries: a failed prefill is retried once on another prefill worker; a failed decode is
 retried once on another decode worker if it had not streamed anything yet (the KV is
 still leased in the kvstore). Once tokens are out, a failure ends the stream with an error.
+With no prefill worker reachable (before the request, or after its prefill calls failed
+and nothing was sent) a decode worker prefills the prompt itself: the direct path.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import grpc
 
@@ -42,14 +45,31 @@ class GenerateFlow:
     def run(self, req: RoutedRequest, arrival: float, cancel: Cancellation,
             time_left: Callable[[], float | None]) -> Iterator[router_pb2.GenerateResponse]:
         """Raises RouterError (the client's error) or Cancelled."""
+        if req.path != DIRECT and not self.pools[PREFILL].up_workers():
+            req = self._without_prefill_pool(req)
         out = ResponseStream(req, arrival, self.metrics)
         if req.path == DIRECT:
-            decode_req = decode_pb2.DecodeRequest(request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
-                                                  sampling=req.sampling, slo_class=req.slo_class,
-                                                  priority=req.slo.priority)
-            yield from self._decode(req, decode_req, len(req.prompt_token_ids), out, cancel, time_left)
-        else:
+            yield from self._direct(req, out, cancel, time_left)
+            return
+        try:
             yield from self._disaggregated(req, out, cancel, time_left)
+        except RouterError as e:
+            # every prefill worker failed before anything was sent: slower, not lost
+            if e.code != grpc.StatusCode.UNAVAILABLE or out.num_tokens or self.pools[PREFILL].up_workers():
+                raise
+            req = self._without_prefill_pool(req)
+            yield from self._direct(req, ResponseStream(req, arrival, self.metrics), cancel, time_left)
+
+    def _without_prefill_pool(self, req: RoutedRequest) -> RoutedRequest:
+        """No prefill worker is reachable: a decode worker prefills the prompt itself."""
+        self.metrics.prefill_fallbacks.inc()
+        return replace(req, path=DIRECT)
+
+    def _direct(self, req, out: ResponseStream, cancel, time_left):
+        decode_req = decode_pb2.DecodeRequest(request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
+                                              sampling=req.sampling, slo_class=req.slo_class,
+                                              priority=req.slo.priority)
+        yield from self._decode(req, decode_req, len(req.prompt_token_ids), out, cancel, time_left)
 
     def _disaggregated(self, req, out: ResponseStream, cancel, time_left):
         self.pools[DECODE].require_reachable()  # no prefill for a request no decode could finish

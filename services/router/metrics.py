@@ -20,6 +20,8 @@ class RouterMetrics:
         self.queue = m.histogram("router_queue_seconds", "Arrival until the first worker call", by)
         self.requests = m.counter("router_requests_total", "Requests by outcome", ("slo_class", "outcome"))
         self.retries = m.counter("router_retries_total", "Worker calls retried on another worker", ("pool",))
+        self.prefill_fallbacks = m.counter("router_prefill_fallbacks_total",
+                                           "Long prompts prefilled by a decode worker: no prefill worker reachable")
         self.rejections = m.counter("router_admission_rejections_total",
                                     "Requests refused because every worker of a pool was saturated",
                                     ("pool", "slo_class"))

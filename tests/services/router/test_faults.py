@@ -69,19 +69,27 @@ def test_router_in_flight_limit_saturates_a_worker(make_cluster):
         assert _tokens(list(held_iter)) == expected_tokens(len(SHORT), 3)
 
 
-@pytest.mark.parametrize("prompt,pool", [(SHORT, "decodes"), (LONG, "decodes"), (LONG, "prefills")])
-def test_no_reachable_worker_is_unavailable(make_cluster, prompt, pool):
+@pytest.mark.parametrize("prompt", [SHORT, LONG])
+def test_no_reachable_decode_worker_is_unavailable(make_cluster, prompt):
     cluster = make_cluster()
-    for worker in getattr(cluster, pool):
+    for worker in cluster.decodes:
         cluster.stop_worker(worker)
     cluster.router.poll_now()
     with RouterClient(cluster.router.address) as client:
         error = _error(client, prompt)
         assert error.code() == grpc.StatusCode.UNAVAILABLE and "reachable" in error.details()
-        # the other path still works when its pool is up
-        if pool == "prefills":
-            assert _tokens(_generate(client, SHORT)) == expected_tokens(len(SHORT), 4)
     assert all(not w.requests for w in cluster.prefills)  # never spent a prefill it could not finish
+
+
+def test_no_reachable_prefill_worker_falls_back_to_the_decode_pool(make_cluster):
+    cluster = make_cluster()
+    for worker in cluster.prefills:
+        cluster.stop_worker(worker)
+    cluster.router.poll_now()
+    with RouterClient(cluster.router.address) as client:
+        assert _tokens(_generate(client, LONG)) == expected_tokens(len(LONG), 4)  # prefilled by a decode worker
+        assert _tokens(_generate(client, SHORT)) == expected_tokens(len(SHORT), 4)
+    assert cluster.router.servicer.metrics.prefill_fallbacks._value.get() == 1
 
 
 def test_workers_failing_polls_are_down_until_they_answer_again(cluster, client):
@@ -121,12 +129,23 @@ def test_prefill_failing_everywhere_fails_after_one_retry(cluster, client):
     assert all(not d.requests for d in cluster.decodes)
 
 
-def test_single_prefill_worker_failure_reports_the_cause(make_cluster):
+def test_single_prefill_worker_down_falls_back_to_the_decode_pool(make_cluster):
     cluster = make_cluster(num_prefill=1)
     cluster.prefills[0].fail_with = grpc.StatusCode.UNAVAILABLE
     with RouterClient(cluster.router.address) as client:
+        assert _tokens(_generate(client, LONG)) == expected_tokens(len(LONG), 4)
+    assert len(cluster.prefills[0].requests) == 1  # tried, failed, marked down: nothing was sent yet
+    assert cluster.router.servicer.metrics.prefill_fallbacks._value.get() == 1
+
+
+def test_single_prefill_worker_failure_reports_the_cause(make_cluster):
+    # a failure that does not mean the worker is gone: no other worker, so the client learns why
+    cluster = make_cluster(num_prefill=1)
+    cluster.prefills[0].fail_with = grpc.StatusCode.DEADLINE_EXCEEDED
+    with RouterClient(cluster.router.address) as client:
         error = _error(client, LONG)
-    assert error.code() == grpc.StatusCode.UNAVAILABLE and "injected failure" in error.details()
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "injected failure" in error.details()
+    assert cluster.router.servicer.metrics.prefill_fallbacks._value.get() == 0
 
 
 def test_invalid_argument_from_a_worker_is_not_retried(cluster, client):
