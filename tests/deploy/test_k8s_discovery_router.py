@@ -4,7 +4,6 @@ the endpoints the slices call ready, and stops choosing a worker once its endpoi
 not ready (a pod that starts draining), without a restart."""
 from __future__ import annotations
 
-import grpc
 import pytest
 
 from engine import SamplingParams, load_tokenizer
@@ -112,10 +111,10 @@ def test_the_router_serves_on_the_ready_endpoints_and_follows_readiness(platform
     assert _generate(client, SHORT) == expected_tokens(len(SHORT), 4)
     assert len(first.requests) == 2 and len(second.requests) == 1
 
-    # the prefill pool's only slice is deleted: long prompts have nowhere to go
+    # the prefill pool's only slice is deleted: the decode pod prefills long prompts itself
     workers.api.delete_slice(f"{PREFILL_SVC}-{workers.ports[workers.prefill]}")
     wait_until(lambda: discovery.addresses(PREFILL) == (), "the prefill slice's deletion")
     router.poll_now()
-    with pytest.raises(grpc.RpcError) as failed:
-        _generate(client, LONG)
-    assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert _generate(client, LONG) == expected_tokens(len(LONG), 4)
+    assert len(workers.prefill.requests) == 1 and len(second.requests) == 2
+    assert router.servicer.metrics.prefill_fallbacks._value.get() == 1
