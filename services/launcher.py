@@ -14,7 +14,10 @@ import sys
 import threading
 import time
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.common.grpc_server import is_serving
 
@@ -131,21 +134,14 @@ class Platform:
         router = next((s for s in self.specs if s.name == "router"), None)
         if router is None:
             return True
-        expected = {"prefill": 0, "decode": 0}
-        for s in self.specs:
-            role = s.name.split("-")[0]
-            if role in expected:
-                expected[role] += 1
+        expected = Counter(s.name.split("-")[0] for s in self.specs if s.name.startswith(("prefill-", "decode-")))
+        host = router.address.rsplit(":", 1)[0]
         try:
-            body = urllib.request.urlopen(f"http://{router.address.rsplit(':', 1)[0]}:{router.metrics_port}/metrics",
-                                          timeout=1).read().decode()
+            body = urllib.request.urlopen(f"http://{host}:{router.metrics_port}/metrics", timeout=1).read().decode()
         except OSError:
             return False
-        up = {}
-        for line in body.splitlines():
-            if line.startswith("pdserve_router_workers_up{"):
-                pool = line.split('pool="', 1)[1].split('"', 1)[0]
-                up[pool] = float(line.rsplit(" ", 1)[1])
+        up = {sample.labels["pool"]: sample.value for family in text_string_to_metric_families(body)
+              if family.name == "pdserve_router_workers_up" for sample in family.samples}
         return all(up.get(pool, 0) >= n for pool, n in expected.items())
 
     def dead(self) -> str | None:

@@ -39,6 +39,11 @@ def length_groups(seq_lens: list[int]) -> list[list[int]]:
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
+    def __init__(self):
+        # every layer of a step sees the same metadata: group its decodes once per step
+        self._groups_meta: AttentionMetadata | None = None
+        self._groups: list[torch.Tensor] | None = None
+
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         key_cache, value_cache = kv_cache[0], kv_cache[1]
@@ -47,7 +52,7 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty_like(query)
         if nd:
             self._decode(query[:nd], key_cache, value_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
-                         scale, out[:nd])
+                         scale, out[:nd], self._decode_groups(meta))
         if nd == meta.num_seqs:
             return out
         loc = meta.query_start_loc[nd:]
@@ -55,13 +60,20 @@ class TorchAttentionBackend(AttentionBackend):
                                                loc - loc[0], meta.seq_lens[nd:], scale)
         return out
 
+    def _decode_groups(self, meta: AttentionMetadata) -> list[torch.Tensor] | None:
+        """The step's decode index groups; None when one gather serves them all."""
+        if meta is not self._groups_meta:
+            groups = length_groups(meta.seq_lens[:meta.num_decodes].tolist())
+            self._groups = None if len(groups) == 1 else [
+                torch.tensor(g, device=meta.seq_lens.device) for g in groups]
+            self._groups_meta = meta
+        return self._groups
+
     @staticmethod
-    def _decode(query, key_cache, value_cache, block_tables, seq_lens, scale, out) -> None:
-        groups = length_groups(seq_lens.tolist())
-        if len(groups) == 1:
+    def _decode(query, key_cache, value_cache, block_tables, seq_lens, scale, out, groups) -> None:
+        if groups is None:
             out[:] = paged_decode_attention_ref(query, key_cache, value_cache, block_tables, seq_lens, scale)
             return
-        for group in groups:
-            idx = torch.tensor(group, device=query.device)
+        for idx in groups:
             out[idx] = paged_decode_attention_ref(query[idx], key_cache, value_cache, block_tables[idx],
                                                   seq_lens[idx], scale)
