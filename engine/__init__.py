@@ -1,13 +1,27 @@
-"""pdserve's inference engine: paged KV cache, continuous batching, prefix caching."""
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.engine_core import EngineCore
-from engine.errors import InvalidRequestError, ModelLoadError
-from engine.llm import LLM
-from engine.outputs import RequestOutput, TokenLogprob
-from engine.sampling_params import SamplingParams
+"""pdserve's inference engine: paged KV cache, continuous batching, prefix caching.
 
+The public names load on first use (PEP 562): `import engine.core.scheduler` or
+`engine.sampling_params` must not pull in torch and the model code, which the router and
+the kvstore never need. `from engine import LLM` still works and loads only what LLM needs.
+"""
+from __future__ import annotations
 
-from engine.model.describe import ModelDescription, describe_model  # noqa: E402
+import importlib
+
+_SUBMODULES = {
+    "CacheConfig": "engine.config", "EngineConfig": "engine.config", "SchedulerConfig": "engine.config",
+    "EngineCore": "engine.engine_core",
+    "InvalidRequestError": "engine.errors", "ModelLoadError": "engine.errors",
+    "LLM": "engine.llm",
+    "RequestOutput": "engine.outputs", "TokenLogprob": "engine.outputs",
+    "SamplingParams": "engine.sampling_params",
+    "RequestMode": "engine.request", "EngineStats": "engine.stats", "EngineInfo": "engine.info",
+    "ModelDescription": "engine.model.describe", "describe_model": "engine.model.describe",
+}
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "TokenLogprob", "EngineCore", "EngineConfig",
+           "CacheConfig", "SchedulerConfig", "InvalidRequestError", "ModelLoadError", "load_tokenizer",
+           "describe_model", "ModelDescription", "RequestMode", "EngineStats", "EngineInfo"]
 
 
 def load_tokenizer(model: str):
@@ -16,6 +30,14 @@ def load_tokenizer(model: str):
     from engine.model.source import resolve_model
     return _load(resolve_model(model))
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "TokenLogprob", "EngineCore", "EngineConfig",
-           "CacheConfig", "SchedulerConfig", "InvalidRequestError", "ModelLoadError", "load_tokenizer",
-           "describe_model", "ModelDescription"]
+
+def __getattr__(name: str):
+    if name not in _SUBMODULES:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_SUBMODULES[name]), name)
+    globals()[name] = value  # cached: the next lookup does not come back here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# the embedded default model (engine/model/source.py resolves the alias)
+DEFAULT_MODEL = "smollm2"
+
 
 @dataclass(frozen=True)
 class ModelArchConfig:
@@ -47,7 +50,7 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "smollm2"
+    model: str = DEFAULT_MODEL
     dtype: str = "float32"
     device: str = "cpu"
     attention_backend: str = "torch"

@@ -9,17 +9,19 @@ import torch
 
 from engine.attention.backend import get_attention_backend
 from engine.config import EngineConfig, SchedulerConfig
-from engine.core.block_hash import hash_full_blocks, model_fingerprint
+from engine.core.block_hash import model_fingerprint
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.scheduler import Scheduler
 from engine.detokenizer import IncrementalDetokenizer
+from engine.info import EngineInfo
 from engine.model.loader import LoadedModel, load_model, parse_dtype
 from engine.model.source import resolve_model
 from engine.outputs import RequestOutput, TokenLogprob
-from engine.request import Request, RequestStatus
+from engine.request import Request, RequestMode, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.kv_transfer import KVPayload
-from engine.validation import validate_request, validate_transfer
+from engine.stats import EngineStats
+from engine.validation import validate_mode, validate_request, validate_transfer
 from engine.worker.kv_cache import allocate_kv_caches, num_kv_blocks
 from engine.worker.model_runner import ModelRunner
 
@@ -47,6 +49,9 @@ class EngineCore:
         self.scheduler = Scheduler(self._resolve_scheduler_config(), self.kv_manager)
         kv_caches = allocate_kv_caches(num_blocks, arch, cache.block_size, self.dtype, device)
         self.runner = ModelRunner(self.loaded.model, kv_caches, cache.block_size, backend, device, config.seed)
+        self.info = EngineInfo(cache.block_size, self.max_model_len, arch.vocab_size,
+                               self.scheduler.config.max_num_seqs, self.root_hash,
+                               (arch.num_layers, 2, cache.block_size, arch.num_kv_heads, arch.head_dim))
         self._outputs: dict[str, RequestOutput] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._aborted: list[RequestOutput] = []
@@ -71,21 +76,22 @@ class EngineCore:
 
     # ---- requests --------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None = None, *, output_token_ids: list[int] = (),
-                    kv_import: KVPayload | None = None, export_kv: bool = False, priority: int = 0) -> None:
+                    prompt: str | None = None, *, mode: RequestMode = RequestMode.COLOCATED,
+                    output_token_ids: list[int] = (), kv_import: KVPayload | None = None,
+                    priority: int = 0) -> None:
         """Validate and queue a request; a bad one raises InvalidRequestError and changes nothing.
 
-        Disaggregated serving: a prefill worker sets `export_kv` (the final output carries
-        the prompt's KV) and may pass a cached prefix as `kv_import`; a decode worker passes
-        the first token as `output_token_ids` and the prompt's KV as `kv_import`.
+        Disaggregated serving (see RequestMode): a prefill worker adds PREFILL_ONLY requests
+        (a handed-off output carries the prompt's KV) and may pass a cached prefix as
+        `kv_import`; a decode worker adds DECODE_ONLY ones, with the tokens the prefill
+        emitted as `output_token_ids` and the prompt's KV as `kv_import`.
         """
-        validate_request(req_id, prompt_token_ids, params, self.max_model_len,
-                         self.loaded.arch.vocab_size, self._outputs)
-        validate_transfer(prompt_token_ids, output_token_ids, kv_import, self.kv_block_shape,
-                          self.loaded.arch.vocab_size)
+        info = self.info
+        validate_request(req_id, prompt_token_ids, params, info.max_model_len, info.vocab_size, self._outputs)
+        validate_mode(mode, output_token_ids)
+        validate_transfer(prompt_token_ids, output_token_ids, kv_import, info.kv_block_shape, info.vocab_size)
         request = Request(req_id, prompt_token_ids, params, self.loaded.eos_token_ids,
-                          output_token_ids=output_token_ids, kv_import=kv_import, export_kv=export_kv,
-                          priority=priority)
+                          output_token_ids=output_token_ids, kv_import=kv_import, mode=mode, priority=priority)
         # the output covers the whole completion, tokens produced elsewhere included
         out = RequestOutput(req_id, prompt, list(prompt_token_ids), token_ids=list(output_token_ids),
                             logprobs=[] if params.logprobs is not None else None, arrival_time=time.monotonic())
@@ -97,16 +103,9 @@ class EngineCore:
         self._outputs[req_id], self._detokenizers[req_id] = out, detok
         self.scheduler.add_request(request)
 
-    @property
-    def kv_block_shape(self) -> tuple[int, ...]:
-        """One block of a KVPayload: [num_layers, 2, block_size, num_kv_heads, head_dim]."""
-        arch = self.loaded.arch
-        return (arch.num_layers, 2, self.config.cache.block_size, arch.num_kv_heads, arch.head_dim)
-
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """The checks of add_request, without queueing anything."""
-        validate_request("validate", prompt_token_ids, params, self.max_model_len,
-                         self.loaded.arch.vocab_size, ())
+        self.info.validate(prompt_token_ids, params)
 
     def abort_request(self, req_id: str) -> None:
         """Stop a request and free its blocks; its final output comes with the next step."""
@@ -129,39 +128,53 @@ class EngineCore:
         return outputs
 
     def _process_token(self, request: Request, logprob) -> RequestOutput:
-        out = self._outputs[request.req_id]
+        out, detok = self._outputs[request.req_id], self._detokenizers[request.req_id]
+        matched_stop = self._record_token(request, out, detok, logprob)
+        status = self._finish_status(request, matched_stop)
+        if status is None:
+            out.text = detok.output_text
+            out.new_text = detok.take_delta(finished=False)
+            return out
+        if status == RequestStatus.FINISHED_HANDOFF:
+            out.kv_export = self._export_kv(request)
+        elif matched_stop is None:  # (a stop string's text is already cut at the match)
+            detok.flush()
+        self.scheduler.finish_requests([request.req_id], status)
+        return self._finish_output(request)
+
+    def _record_token(self, request: Request, out: RequestOutput, detok: IncrementalDetokenizer,
+                      logprob) -> str | None:
+        """The token just sampled, into the output and the detokenizer; returns the stop
+        string it completed, if any."""
         token_id = request.all_token_ids[-1]
-        now = time.monotonic()
         if out.first_token_time is None:
-            out.first_token_time = now
+            out.first_token_time = time.monotonic()
             out.first_scheduled_time = request.first_scheduled_time
             out.num_cached_tokens = max(request.num_cached_tokens, 0)
         out.token_ids.append(token_id)
         out.new_token_ids = [token_id]
         if logprob is not None:
             out.logprobs.append(TokenLogprob(token_id, logprob[0], logprob[1]))
-        detok = self._detokenizers[request.req_id]
-        matched_stop = detok.update(token_id)
-        status = RequestStatus.FINISHED_STOPPED if matched_stop is not None else self.scheduler.check_stop(request)
+        return detok.update(token_id)
+
+    def _finish_status(self, request: Request, matched_stop: str | None) -> RequestStatus | None:
+        """Why the request ends after its newest token; None: it goes on here. A real end
+        (a stop string, EOS, a stop token, a length limit) wins over a hand-off."""
         if matched_stop is not None:
             request.stop_reason = matched_stop
-        if status is None:
-            out.text = detok.output_text
-            out.new_text = detok.take_delta(finished=False)
-            return out
-        # A prefill-mode request that ran out of tokens is handed to a decode worker, whose
-        # detokenizer replays its tokens: nothing may be flushed that a stream holds back.
-        handoff = request.export_kv and status == RequestStatus.FINISHED_LENGTH
-        if matched_stop is None and not handoff:
-            detok.flush()
-        if request.export_kv:
-            out.kv_export = self._export_kv(request)
-        self.scheduler.finish_requests([request.req_id], status)
-        return self._finish_output(request, handoff)
+            return RequestStatus.FINISHED_STOPPED
+        status = self.scheduler.check_stop(request)
+        if status is None and request.mode == RequestMode.PREFILL_ONLY:
+            return RequestStatus.FINISHED_HANDOFF
+        return status
 
-    def _finish_output(self, request: Request, handoff: bool = False) -> RequestOutput:
+    def _finish_output(self, request: Request) -> RequestOutput:
+        """The final output. At a hand-off, text the detokenizer holds back (a partial
+        character, a possible stop string) stays held: the decode worker's detokenizer
+        replays the tokens and emits it there."""
         out = self._outputs.pop(request.req_id)
         detok = self._detokenizers.pop(request.req_id)
+        handoff = request.status == RequestStatus.FINISHED_HANDOFF
         if request.status != RequestStatus.FINISHED_ABORTED:
             out.new_text = detok.take_delta(finished=not handoff)
         else:
@@ -181,16 +194,16 @@ class EngineCore:
 
     # ---- introspection ---------------------------------------------------------------
     def prompt_block_hashes(self, token_ids: list[int]) -> list[bytes]:
-        """The names of a prompt's full blocks, as the kvstore and every engine know them."""
-        return hash_full_blocks(self.root_hash, token_ids, self.config.cache.block_size)
+        return self.info.prompt_block_hashes(token_ids)
 
     def num_local_prefix_blocks(self, block_hashes: list[bytes]) -> int:
         return len(self.kv_manager.find_longest_cache_hit(block_hashes))
 
-    def stats(self) -> dict[str, float]:
-        kv = self.kv_manager
-        stats = dict(self.scheduler.stats())
-        stats["prefix_cache_queried_tokens"] = kv.num_queried_tokens
-        stats["prefix_cache_hit_tokens"] = kv.num_hit_tokens
-        stats["num_queued_prefill_tokens"] = self.scheduler.num_queued_prefill_tokens()
-        return stats
+    def stats(self) -> EngineStats:
+        scheduler, kv = self.scheduler, self.kv_manager
+        return EngineStats(
+            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
+            num_queued_prefill_tokens=scheduler.num_queued_prefill_tokens(),
+            num_free_kv_blocks=kv.num_free_blocks, num_total_kv_blocks=kv.pool.num_blocks,
+            num_preemptions=scheduler.num_preemptions, num_prefix_queried_tokens=kv.num_queried_tokens,
+            num_prefix_hit_tokens=kv.num_hit_tokens)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
+from engine.chat import encode_chat_prompt, render_chat_prompt
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.engine_core import EngineCore
 from engine.errors import InvalidRequestError
@@ -17,12 +18,18 @@ PromptType = str | dict
 
 
 class LLM:
-    def __init__(self, model: str = "smollm2", *, dtype: str = "float32", device: str = "cpu",
-                 attention_backend: str = "torch", seed: int = 0, block_size: int = 16,
-                 enable_prefix_caching: bool = True, kv_cache_memory_bytes: int | None = None,
-                 kv_cache_memory_fraction: float = 0.1, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int | None = 2048, long_prefill_token_threshold: int = 512,
-                 max_model_len: int | None = None, enable_chunked_prefill: bool = True, progress: bool = True,
+    # Every default is the config dataclasses' own (engine/config.py): one place per setting.
+    def __init__(self, model: str = EngineConfig.model, *, dtype: str = EngineConfig.dtype,
+                 device: str = EngineConfig.device, attention_backend: str = EngineConfig.attention_backend,
+                 seed: int = EngineConfig.seed, block_size: int = CacheConfig.block_size,
+                 enable_prefix_caching: bool = CacheConfig.enable_prefix_caching,
+                 kv_cache_memory_bytes: int | None = CacheConfig.kv_cache_memory_bytes,
+                 kv_cache_memory_fraction: float = CacheConfig.kv_cache_memory_fraction,
+                 max_num_seqs: int = SchedulerConfig.max_num_seqs,
+                 max_num_batched_tokens: int | None = SchedulerConfig.max_num_batched_tokens,
+                 long_prefill_token_threshold: int = SchedulerConfig.long_prefill_token_threshold,
+                 max_model_len: int | None = SchedulerConfig.max_model_len,
+                 enable_chunked_prefill: bool = SchedulerConfig.enable_chunked_prefill, progress: bool = True,
                  loaded_model: LoadedModel | None = None):
         config = EngineConfig(
             model=model, dtype=dtype, device=device, attention_backend=attention_backend, seed=seed,
@@ -52,18 +59,11 @@ class LLM:
         """One conversation (a list of {"role", "content"} dicts) or a list of them."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         params = self._params_per_prompt(sampling_params, len(conversations))
-        encoded = []
-        for conversation in conversations:
-            text = self.apply_chat_template(conversation)
-            encoded.append((text, self.tokenizer.encode(text, add_special_tokens=False)))
+        encoded = [encode_chat_prompt(self.tokenizer, conversation) for conversation in conversations]
         return self._run(encoded, params, use_tqdm)
 
     def apply_chat_template(self, conversation: list[dict]) -> str:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise InvalidRequestError("messages", "this model has no chat template")
-        if not all(isinstance(m, dict) and "role" in m and "content" in m for m in conversation):
-            raise InvalidRequestError("messages", "each message needs 'role' and 'content'")
-        return self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        return render_chat_prompt(self.tokenizer, conversation)
 
     def _params_per_prompt(self, sampling_params, n: int) -> list[SamplingParams]:
         if sampling_params is None:

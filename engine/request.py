@@ -15,18 +15,33 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    # prefill-only: the first token is sampled and the KV exported; a decode worker goes on
+    FINISHED_HANDOFF = "handoff"
 
     @property
     def finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-                        RequestStatus.FINISHED_ABORTED)
+        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING, RequestStatus.PREEMPTED)
+
+
+class RequestMode(enum.Enum):
+    """What an engine does with a request; disaggregation splits one request in two.
+
+    A prefill-only request emits exactly one token, the first, and then ends: with a real
+    finish reason when that token already ends the request (EOS, a stop, max_tokens 1, the
+    context full), else FINISHED_HANDOFF with the prompt's KV exported on its output. A
+    decode-only request continues one of those: `output_token_ids` holds the tokens emitted
+    elsewhere and the KV may arrive as an import.
+    """
+    COLOCATED = "colocated"
+    PREFILL_ONLY = "prefill_only"
+    DECODE_ONLY = "decode_only"
 
 
 class Request:
     def __init__(self, req_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_ids: frozenset[int] = frozenset(), arrival_time: float | None = None,
                  output_token_ids: list[int] = (), kv_import: KVPayload | None = None,
-                 export_kv: bool = False, priority: int = 0):
+                 mode: RequestMode = RequestMode.COLOCATED, priority: int = 0):
         self.req_id = req_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -36,7 +51,7 @@ class Request:
         self.all_token_ids: list[int] = list(prompt_token_ids) + list(output_token_ids)
         # KV computed elsewhere for the first kv_import.num_tokens tokens, loaded on admission
         self.kv_import = kv_import
-        self.export_kv = export_kv
+        self.mode = mode
         self.priority = priority  # lower is more urgent; FCFS within a priority
         self.first_scheduled_time: float | None = None
         self.num_computed_tokens = 0

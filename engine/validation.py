@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from engine.errors import InvalidRequestError
+from engine.request import RequestMode
 from engine.sampling_params import SamplingParams
 
 MAX_LOGPROBS = 20
@@ -10,9 +11,9 @@ MAX_LOGPROBS = 20
 def validate_request(req_id: str, prompt_token_ids, params: SamplingParams, max_model_len: int,
                      vocab_size: int, active_req_ids) -> None:
     if not isinstance(req_id, str) or not req_id:
-        raise InvalidRequestError("request_id", "must be a non-empty string")
+        raise InvalidRequestError("req_id", "must be a non-empty string")
     if req_id in active_req_ids:
-        raise InvalidRequestError("request_id", f"{req_id!r} is already in the engine")
+        raise InvalidRequestError("req_id", f"{req_id!r} is already in the engine")
     if not isinstance(params, SamplingParams):
         raise InvalidRequestError("sampling_params", f"must be SamplingParams, got {type(params).__name__}")
     params.validate()
@@ -32,6 +33,17 @@ def _validate_prompt(token_ids, max_model_len: int, vocab_size: int) -> None:
     if len(token_ids) >= max_model_len:
         raise InvalidRequestError("prompt", f"has {len(token_ids)} tokens; the context (max_model_len) is "
                                             f"{max_model_len}, leaving no room to generate")
+
+
+def validate_mode(mode, output_token_ids) -> None:
+    """Only a decode-only request continues tokens emitted elsewhere, and it always does."""
+    if not isinstance(mode, RequestMode):
+        raise InvalidRequestError("mode", f"must be a RequestMode, got {mode!r}")
+    if mode == RequestMode.DECODE_ONLY and not output_token_ids:
+        raise InvalidRequestError("output_token_ids", "a decode_only request continues at least one token")
+    if mode != RequestMode.DECODE_ONLY and output_token_ids:
+        raise InvalidRequestError("output_token_ids", f"only a decode_only request continues tokens; "
+                                                      f"this one is {mode.value}")
 
 
 def validate_transfer(prompt_token_ids, output_token_ids, kv_import, block_shape: tuple[int, ...],

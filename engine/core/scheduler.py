@@ -206,8 +206,3 @@ class Scheduler:
         """Prompt tokens still to compute: the prefill work ahead of a new request."""
         return sum(r.num_tokens - r.num_computed_tokens for r in self.waiting) + sum(
             r.num_tokens - r.num_computed_tokens for r in self.running if r.num_tokens - r.num_computed_tokens > 1)
-
-    def stats(self) -> dict[str, int]:
-        return {"num_running": len(self.running), "num_waiting": len(self.waiting),
-                "num_free_blocks": self.kv.num_free_blocks, "num_preemptions": self.num_preemptions,
-                "num_total_blocks": self.kv.pool.num_blocks}

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import ModelArchConfig
+from engine.dtypes import DTYPE_NAMES, torch_dtype
 from engine.errors import ModelLoadError
 from engine.model import weights as W
 from engine.model.arch import GGUF_ARCHITECTURES, arch_from_gguf_metadata, arch_from_hf_config
 from engine.model.llama import LlamaForCausalLM
 from engine.model.source import ModelSource
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)$")
 
 
@@ -29,13 +29,13 @@ class LoadedModel:
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+    if isinstance(dtype, torch.dtype) and dtype in map(torch_dtype, DTYPE_NAMES):
         return dtype
     if dtype in ("auto", None):
         return torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: must be one of {sorted(DTYPES)}, got {dtype!r}")
-    return DTYPES[dtype]
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"dtype: must be one of {sorted(DTYPE_NAMES)}, got {dtype!r}")
+    return torch_dtype(dtype)
 
 
 def load_model(source: ModelSource, dtype: torch.dtype, device: str, max_model_len: int | None = None,

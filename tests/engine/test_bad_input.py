@@ -59,7 +59,7 @@ def test_bad_request_does_not_disturb_running_ones(llm):
     engine.step()
     with pytest.raises(InvalidRequestError):
         engine.add_request("bad", [], params)
-    with pytest.raises(InvalidRequestError, match="request_id"):
+    with pytest.raises(InvalidRequestError, match="req_id"):
         engine.add_request("good", [1, 2], params)
     outs = []
     while engine.has_unfinished_requests():
@@ -102,7 +102,7 @@ def test_unknown_model_and_corrupt_files(tmp_path, tiny_llama_dir):
 
 
 def test_cli_errors_exit_nonzero_without_traceback(tmp_path):
-    cmd = [sys.executable, "-m", "services.cli", "generate", "--prompt", "hi"]
+    cmd = [sys.executable, "-m", "cli.main", "generate", "--prompt", "hi"]
     for extra, needle in [(["--model", str(tmp_path / "nope")], "nope"), (["--temperature", "-1"], "temperature"),
                           (["--max-tokens", "0"], "max_tokens")]:
         proc = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=120)
@@ -111,7 +111,7 @@ def test_cli_errors_exit_nonzero_without_traceback(tmp_path):
 
 
 def test_cli_generate_prints_text_and_json(tiny_llama_dir):
-    cmd = [sys.executable, "-m", "services.cli", "generate", "--model", tiny_llama_dir, "--prompt", "hello",
+    cmd = [sys.executable, "-m", "cli.main", "generate", "--model", tiny_llama_dir, "--prompt", "hello",
            "--max-tokens", "5"]
     text = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
     import json

@@ -6,6 +6,7 @@ import torch
 
 from engine import InvalidRequestError, LLM, SamplingParams
 from engine.kv_transfer import KVPayload
+from engine.request import RequestMode
 from engine.model.loader import load_model
 from engine.model.source import resolve_model
 
@@ -34,8 +35,8 @@ def _run(engine, add) -> dict:
 
 
 def _prefill(engine) -> dict:
-    params = SamplingParams(temperature=0, max_tokens=1)
-    return _run(engine, lambda: [engine.add_request(f"p{i}", p, params, export_kv=True)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    return _run(engine, lambda: [engine.add_request(f"p{i}", p, params, mode=RequestMode.PREFILL_ONLY)
                                  for i, p in enumerate(PROMPTS)])
 
 
@@ -45,7 +46,8 @@ def _decode(engine, prefilled: dict, trim=lambda payload: payload) -> dict:
     def add():
         for i, p in enumerate(PROMPTS):
             out = prefilled[f"p{i}"]
-            engine.add_request(f"d{i}", p, params, output_token_ids=out.token_ids, kv_import=trim(out.kv_export))
+            engine.add_request(f"d{i}", p, params, mode=RequestMode.DECODE_ONLY, output_token_ids=out.token_ids,
+                               kv_import=trim(out.kv_export))
     return _run(engine, add)
 
 
@@ -61,6 +63,7 @@ def test_exported_kv_decodes_to_the_same_tokens(engines):
     outs = _decode(decode, prefilled)
     assert [outs[f"d{i}"].token_ids for i in range(len(PROMPTS))] == expected
     assert all(prefilled[f"p{i}"].token_ids == expected[i][:1] for i in range(len(PROMPTS)))
+    assert {o.finish_reason for o in prefilled.values()} == {"handoff"}
     # imported full blocks became local prefix-cache entries under the same names
     pool = decode.kv_manager.pool
     assert all(pool.get_cached_block(h) is not None for h in prefilled["p1"].kv_export.block_hashes)
@@ -86,7 +89,7 @@ def test_text_continues_across_the_handoff(engines):
     full = offline.generate({"prompt_token_ids": PROMPTS[0]}, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))[0]
     prefilled = _prefill(make())
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
-    engine.add_request("d", PROMPTS[0], params, output_token_ids=prefilled["p0"].token_ids,
+    engine.add_request("d", PROMPTS[0], params, mode=RequestMode.DECODE_ONLY, output_token_ids=prefilled["p0"].token_ids,
                        kv_import=prefilled["p0"].kv_export)
     deltas, final = [], None
     while engine.has_unfinished_requests():
@@ -105,8 +108,36 @@ def test_bad_imports_are_rejected(engines):
     with pytest.raises(InvalidRequestError, match="kv_import"):
         engine.add_request("x", PROMPTS[0], params, kv_import=good)  # covers every token: nothing to sample from
     with pytest.raises(InvalidRequestError, match="kv_import"):
-        engine.add_request("y", PROMPTS[0], params, output_token_ids=[5],
+        engine.add_request("y", PROMPTS[0], params, mode=RequestMode.DECODE_ONLY, output_token_ids=[5],
                            kv_import=KVPayload(good.num_tokens, good.blocks[:, :1]))
     with pytest.raises(InvalidRequestError, match="output_token_ids"):
-        engine.add_request("z", PROMPTS[0], params, output_token_ids=[-1])
+        engine.add_request("z", PROMPTS[0], params, mode=RequestMode.DECODE_ONLY, output_token_ids=[-1])
+    assert not engine.has_unfinished_requests()
+
+
+def test_a_prefill_whose_first_token_ends_the_request_finishes_without_handoff(engines):
+    make, expected = engines
+    engine = make()
+    outs = _run(engine, lambda: [
+        engine.add_request("one", PROMPTS[0], SamplingParams(temperature=0, max_tokens=1), mode=RequestMode.PREFILL_ONLY),
+        engine.add_request("stop", PROMPTS[1], SamplingParams(temperature=0, max_tokens=5,
+                                                              stop_token_ids=[expected[1][0]]),
+                           mode=RequestMode.PREFILL_ONLY)])
+    assert (outs["one"].finish_reason, outs["stop"].finish_reason) == ("length", "stop")
+    assert outs["one"].kv_export is None and outs["stop"].kv_export is None
+    assert outs["one"].token_ids == expected[0][:1] and outs["stop"].token_ids == expected[1][:1]
+
+
+def test_modes_are_checked_against_the_tokens_a_request_continues(engines):
+    make, _ = engines
+    engine = make()
+    params = SamplingParams(max_tokens=2)
+    with pytest.raises(InvalidRequestError, match="output_token_ids"):
+        engine.add_request("a", PROMPTS[0], params, mode=RequestMode.DECODE_ONLY)
+    with pytest.raises(InvalidRequestError, match="output_token_ids"):
+        engine.add_request("b", PROMPTS[0], params, output_token_ids=[5])
+    with pytest.raises(InvalidRequestError, match="output_token_ids"):
+        engine.add_request("c", PROMPTS[0], params, mode=RequestMode.PREFILL_ONLY, output_token_ids=[5])
+    with pytest.raises(InvalidRequestError, match="mode"):
+        engine.add_request("d", PROMPTS[0], params, mode="prefill")
     assert not engine.has_unfinished_requests()

@@ -1,0 +1,17 @@
+"""The engine's load, read between steps. A worker reports it as the WorkerLoad message,
+whose fields carry the same names (proto/pdserve/v1/common.proto)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int = 0
+    num_waiting: int = 0
+    num_queued_prefill_tokens: int = 0   # prompt tokens still to compute: the prefill work queued
+    num_free_kv_blocks: int = 0
+    num_total_kv_blocks: int = 0
+    num_preemptions: int = 0
+    num_prefix_queried_tokens: int = 0   # prompt tokens looked up in the prefix cache
+    num_prefix_hit_tokens: int = 0       # ...and found there
