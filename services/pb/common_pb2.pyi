@@ -2,7 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -96,23 +96,41 @@ class KVHandle(_message.Message):
     def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ..., tail_key: _Optional[str] = ..., num_tokens: _Optional[int] = ..., lease_id: _Optional[str] = ..., kvstore_address: _Optional[str] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "queued_prefill_tokens", "num_free_kv_blocks", "num_total_kv_blocks", "max_num_seqs", "draining")
+    __slots__ = ("num_running", "num_waiting", "num_queued_prefill_tokens", "num_free_kv_blocks", "num_total_kv_blocks", "max_num_seqs", "draining")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
-    QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_TOTAL_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
-    queued_prefill_tokens: int
+    num_queued_prefill_tokens: int
     num_free_kv_blocks: int
     num_total_kv_blocks: int
     max_num_seqs: int
     draining: bool
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., num_total_kv_blocks: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_queued_prefill_tokens: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., num_total_kv_blocks: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class GetLoadRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("req_id", "token_ids", "text", "finish_reason", "logprobs", "usage", "timings")
+    REQ_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    req_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    finish_reason: str
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    usage: Usage
+    timings: Timings
+    def __init__(self, req_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...

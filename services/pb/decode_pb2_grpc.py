@@ -5,7 +5,6 @@ import warnings
 
 from . import common_pb2 as pdserve_dot_v1_dot_common__pb2
 from . import decode_pb2 as pdserve_dot_v1_dot_decode__pb2
-from . import router_pb2 as pdserve_dot_v1_dot_router__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -39,7 +38,7 @@ class DecodeWorkerStub:
         self.Decode = channel.unary_stream(
                 '/pdserve.v1.DecodeWorker/Decode',
                 request_serializer=pdserve_dot_v1_dot_decode__pb2.DecodeRequest.SerializeToString,
-                response_deserializer=pdserve_dot_v1_dot_router__pb2.GenerateResponse.FromString,
+                response_deserializer=pdserve_dot_v1_dot_common__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.GetLoad = channel.unary_unary(
                 '/pdserve.v1.DecodeWorker/GetLoad',
@@ -70,7 +69,7 @@ def add_DecodeWorkerServicer_to_server(servicer, server):
             'Decode': grpc.unary_stream_rpc_method_handler(
                     servicer.Decode,
                     request_deserializer=pdserve_dot_v1_dot_decode__pb2.DecodeRequest.FromString,
-                    response_serializer=pdserve_dot_v1_dot_router__pb2.GenerateResponse.SerializeToString,
+                    response_serializer=pdserve_dot_v1_dot_common__pb2.GenerateResponse.SerializeToString,
             ),
             'GetLoad': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLoad,
@@ -104,7 +103,7 @@ class DecodeWorker:
             target,
             '/pdserve.v1.DecodeWorker/Decode',
             pdserve_dot_v1_dot_decode__pb2.DecodeRequest.SerializeToString,
-            pdserve_dot_v1_dot_router__pb2.GenerateResponse.FromString,
+            pdserve_dot_v1_dot_common__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdserve/v1/kvstore.proto\x12\npdserve.v1\"\x8f\x01\n\rKVBlockHeader\x12\x12\n\nblock_hash\x18\x01 \x01(\x0c\x12\x10\n\x08tail_key\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\r\x12\x13\n\x0blayer_start\x18\x05 \x01(\r\x12\x11\n\tlayer_end\x18\x06 \x01(\r\x12\x12\n\nnum_tokens\x18\x07 \x01(\r\"Q\n\x07KVBlock\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x19.pdserve.v1.KVBlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\"B\n\nPutRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\"\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x13.pdserve.v1.KVBlock\"4\n\x0bPutResponse\x12\x12\n\nnum_stored\x18\x01 \x01(\r\x12\x11\n\tnum_bytes\x18\x02 \x01(\x04\"5\n\nGetRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x11\n\ttail_keys\x18\x02 \x03(\t\"%\n\rLookupRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\"*\n\x0eLookupResponse\x12\x18\n\x10num_prefix_found\x18\x01 \x01(\r\"8\n\x12\x43reateLeaseRequest\x12\x0e\n\x06ttl_ms\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\t\")\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\r\":\n\x13ReleaseLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tdrop_tail\x18\x02 \x01(\x08\"(\n\x14ReleaseLeaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xc1\x01\n\x0cKVStoreStats\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x01 \x01(\x04\x12\x12\n\nused_bytes\x18\x02 \x01(\x04\x12\x12\n\nnum_blocks\x18\x03 \x01(\r\x12\x19\n\x11num_pinned_blocks\x18\x04 \x01(\r\x12\x19\n\x11num_active_leases\x18\x05 \x01(\r\x12\x10\n\x08num_hits\x18\x06 \x01(\x04\x12\x12\n\nnum_misses\x18\x07 \x01(\x04\x12\x15\n\rnum_evictions\x18\x08 \x01(\x04\x32\x8c\x03\n\x07KVStore\x12\x38\n\x03Put\x12\x16.pdserve.v1.PutRequest\x1a\x17.pdserve.v1.PutResponse(\x01\x12\x34\n\x03Get\x12\x16.pdserve.v1.GetRequest\x1a\x13.pdserve.v1.KVBlock0\x01\x12?\n\x06Lookup\x12\x19.pdserve.v1.LookupRequest\x1a\x1a.pdserve.v1.LookupResponse\x12@\n\x0b\x43reateLease\x12\x1e.pdserve.v1.CreateLeaseRequest\x1a\x11.pdserve.v1.Lease\x12Q\n\x0cReleaseLease\x12\x1f.pdserve.v1.ReleaseLeaseRequest\x1a .pdserve.v1.ReleaseLeaseResponse\x12;\n\x05Stats\x12\x18.pdserve.v1.StatsRequest\x1a\x18.pdserve.v1.KVStoreStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdserve/v1/kvstore.proto\x12\npdserve.v1\"\x8f\x01\n\rKVBlockHeader\x12\x12\n\nblock_hash\x18\x01 \x01(\x0c\x12\x10\n\x08tail_key\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\r\x12\x13\n\x0blayer_start\x18\x05 \x01(\r\x12\x11\n\tlayer_end\x18\x06 \x01(\r\x12\x12\n\nnum_tokens\x18\x07 \x01(\r\"Q\n\x07KVBlock\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x19.pdserve.v1.KVBlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\"B\n\nPutRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\"\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x13.pdserve.v1.KVBlock\"4\n\x0bPutResponse\x12\x12\n\nnum_stored\x18\x01 \x01(\r\x12\x11\n\tnum_bytes\x18\x02 \x01(\x04\"5\n\nGetRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x11\n\ttail_keys\x18\x02 \x03(\t\"%\n\rLookupRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\"*\n\x0eLookupResponse\x12\x18\n\x10num_prefix_found\x18\x01 \x01(\r\"4\n\x12\x43reateLeaseRequest\x12\x0e\n\x06ttl_ms\x18\x01 \x01(\r\x12\x0e\n\x06req_id\x18\x02 \x01(\t\")\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\r\":\n\x13ReleaseLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tdrop_tail\x18\x02 \x01(\x08\"(\n\x14ReleaseLeaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xc1\x01\n\x0cKVStoreStats\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x01 \x01(\x04\x12\x12\n\nused_bytes\x18\x02 \x01(\x04\x12\x12\n\nnum_blocks\x18\x03 \x01(\r\x12\x19\n\x11num_pinned_blocks\x18\x04 \x01(\r\x12\x19\n\x11num_active_leases\x18\x05 \x01(\r\x12\x10\n\x08num_hits\x18\x06 \x01(\x04\x12\x12\n\nnum_misses\x18\x07 \x01(\x04\x12\x15\n\rnum_evictions\x18\x08 \x01(\x04\x32\x8c\x03\n\x07KVStore\x12\x38\n\x03Put\x12\x16.pdserve.v1.PutRequest\x1a\x17.pdserve.v1.PutResponse(\x01\x12\x34\n\x03Get\x12\x16.pdserve.v1.GetRequest\x1a\x13.pdserve.v1.KVBlock0\x01\x12?\n\x06Lookup\x12\x19.pdserve.v1.LookupRequest\x1a\x1a.pdserve.v1.LookupResponse\x12@\n\x0b\x43reateLease\x12\x1e.pdserve.v1.CreateLeaseRequest\x1a\x11.pdserve.v1.Lease\x12Q\n\x0cReleaseLease\x12\x1f.pdserve.v1.ReleaseLeaseRequest\x1a .pdserve.v1.ReleaseLeaseResponse\x12;\n\x05Stats\x12\x18.pdserve.v1.StatsRequest\x1a\x18.pdserve.v1.KVStoreStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,17 +46,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOOKUPRESPONSE']._serialized_start=485
   _globals['_LOOKUPRESPONSE']._serialized_end=527
   _globals['_CREATELEASEREQUEST']._serialized_start=529
-  _globals['_CREATELEASEREQUEST']._serialized_end=585
-  _globals['_LEASE']._serialized_start=587
-  _globals['_LEASE']._serialized_end=628
-  _globals['_RELEASELEASEREQUEST']._serialized_start=630
-  _globals['_RELEASELEASEREQUEST']._serialized_end=688
-  _globals['_RELEASELEASERESPONSE']._serialized_start=690
-  _globals['_RELEASELEASERESPONSE']._serialized_end=730
-  _globals['_STATSREQUEST']._serialized_start=732
-  _globals['_STATSREQUEST']._serialized_end=746
-  _globals['_KVSTORESTATS']._serialized_start=749
-  _globals['_KVSTORESTATS']._serialized_end=942
-  _globals['_KVSTORE']._serialized_start=945
-  _globals['_KVSTORE']._serialized_end=1341
+  _globals['_CREATELEASEREQUEST']._serialized_end=581
+  _globals['_LEASE']._serialized_start=583
+  _globals['_LEASE']._serialized_end=624
+  _globals['_RELEASELEASEREQUEST']._serialized_start=626
+  _globals['_RELEASELEASEREQUEST']._serialized_end=684
+  _globals['_RELEASELEASERESPONSE']._serialized_start=686
+  _globals['_RELEASELEASERESPONSE']._serialized_end=726
+  _globals['_STATSREQUEST']._serialized_start=728
+  _globals['_STATSREQUEST']._serialized_end=742
+  _globals['_KVSTORESTATS']._serialized_start=745
+  _globals['_KVSTORESTATS']._serialized_end=938
+  _globals['_KVSTORE']._serialized_start=941
+  _globals['_KVSTORE']._serialized_end=1337
 # @@protoc_insertion_point(module_scope)

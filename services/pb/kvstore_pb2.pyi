@@ -71,12 +71,12 @@ class LookupResponse(_message.Message):
     def __init__(self, num_prefix_found: _Optional[int] = ...) -> None: ...
 
 class CreateLeaseRequest(_message.Message):
-    __slots__ = ("ttl_ms", "request_id")
+    __slots__ = ("ttl_ms", "req_id")
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
-    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    REQ_ID_FIELD_NUMBER: _ClassVar[int]
     ttl_ms: int
-    request_id: str
-    def __init__(self, ttl_ms: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    req_id: str
+    def __init__(self, ttl_ms: _Optional[int] = ..., req_id: _Optional[str] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("lease_id", "ttl_ms")

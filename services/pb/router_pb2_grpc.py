@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from . import common_pb2 as pdserve_dot_v1_dot_common__pb2
 from . import router_pb2 as pdserve_dot_v1_dot_router__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -37,7 +38,7 @@ class RouterStub:
         self.Generate = channel.unary_stream(
                 '/pdserve.v1.Router/Generate',
                 request_serializer=pdserve_dot_v1_dot_router__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=pdserve_dot_v1_dot_router__pb2.GenerateResponse.FromString,
+                response_deserializer=pdserve_dot_v1_dot_common__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/pdserve.v1.Router/ListModels',
@@ -67,7 +68,7 @@ def add_RouterServicer_to_server(servicer, server):
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
                     request_deserializer=pdserve_dot_v1_dot_router__pb2.GenerateRequest.FromString,
-                    response_serializer=pdserve_dot_v1_dot_router__pb2.GenerateResponse.SerializeToString,
+                    response_serializer=pdserve_dot_v1_dot_common__pb2.GenerateResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -101,7 +102,7 @@ class Router:
             target,
             '/pdserve.v1.Router/Generate',
             pdserve_dot_v1_dot_router__pb2.GenerateRequest.SerializeToString,
-            pdserve_dot_v1_dot_router__pb2.GenerateResponse.FromString,
+            pdserve_dot_v1_dot_common__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,
