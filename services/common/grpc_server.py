@@ -46,8 +46,9 @@ def grpc_options() -> list[tuple[str, int]]:
 
 
 def start_server(specs: list[ServiceSpec], host: str = "127.0.0.1", port: int = 0,
-                 max_workers: int = 32) -> RunningServer:
-    """Start serving `specs` on host:port (port 0 picks a free one); returns the bound port."""
+                 max_workers: int = 32, serving: bool = True) -> RunningServer:
+    """Start serving `specs` on host:port (port 0 picks a free one); returns the bound port.
+    `serving`: the health service's first status (a router that is not ready yet says so at once)."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=grpc_options())
     for spec in specs:
         spec.register(spec.servicer, server)
@@ -58,9 +59,9 @@ def start_server(specs: list[ServiceSpec], host: str = "127.0.0.1", port: int = 
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
-    server.start()
     running = RunningServer(server, bound, health_servicer, names)
-    running.set_serving(True)
+    running.set_serving(serving)  # before the first call can ask
+    server.start()
     return running
 
 

@@ -1,65 +1,56 @@
-"""The prefill worker: the engine in prefill mode behind PrefillWorker.Prefill.
+"""The prefill worker: prefill-only requests of the engine behind PrefillWorker.Prefill.
 
     1. lookup: the longest run of the prompt's block hashes already in the kvstore
     2. import those blocks (minus what the local prefix cache has), compute the rest
     3. write the new full blocks and the tail block to the kvstore under a lease
     4. answer with the first token and the KVHandle; local blocks are already free
+
+The engine ends each request after its first token (RequestMode.PREFILL_ONLY): with a
+real finish reason when that token ends it, else as a hand-off carrying the prompt's KV.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-import uuid
 
 import grpc
-import torch
 
-from engine import InvalidRequestError, RequestOutput
+from engine import RequestOutput
 from engine.kv_transfer import KVPayload
-from services.common.convert import logprob_to_proto, sampling_from_proto
-from services.common.engine_loop import EngineLoop
-from services.common.kv_wire import block_from_proto, payload_to_protos
-from services.common.worker import (RunningWorker, WorkerConfig, WorkerMetrics, serve_worker,
-                                    check_admission, now, worker_load)
+from engine.request import RequestMode, RequestStatus
+from services.common.convert import logprob_to_proto
 from services.kvstore.client import KVStoreClient, KVStoreFullError
 from services.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
+from services.worker.config import WorkerConfig
+from services.worker.engine_loop import EngineLoop
+from services.worker.kv_wire import payload_from_protos, payload_to_protos
+from services.worker.metrics import WorkerMetrics
+from services.worker.runtime import RunningWorker, serve_worker
+from services.worker.servicer import AdmittedRequest, WorkerServicer, now
 
 logger = logging.getLogger(__name__)
+_HANDOFF = RequestStatus.FINISHED_HANDOFF.value
 
 
-class PrefillServicer(prefill_pb2_grpc.PrefillWorkerServicer):
+class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
     def __init__(self, cfg: WorkerConfig, loop: EngineLoop, kvstore: KVStoreClient, metrics: WorkerMetrics):
-        self.cfg, self.loop, self.kvstore, self.metrics = cfg, loop, kvstore, metrics
-        self.engine = loop.engine
-        self.block_size = self.engine.config.cache.block_size
-        self.draining = False
-
-    def GetLoad(self, request, context):
-        return worker_load(self.loop, self.cfg, self.draining)
+        super().__init__(cfg, loop, metrics)
+        self.kvstore = kvstore
 
     def Prefill(self, request: prefill_pb2.PrefillRequest, context) -> prefill_pb2.PrefillResponse:
-        check_admission(self.loop, self.cfg, context, self.draining)
-        start = now()
-        req_id = request.request_id or uuid.uuid4().hex
-        prompt = list(request.prompt_token_ids)
-        try:
-            params = sampling_from_proto(request.sampling)
-            self.engine.validate(prompt, params)
-        except InvalidRequestError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        hashes = self.engine.prompt_block_hashes(prompt)[: (len(prompt) - 1) // self.block_size]
+        req = self.admit(request, context)
+        # the last prompt token is always computed here: it samples the first token
+        hashes = self.loop.info.prompt_block_hashes(req.prompt_token_ids)[
+            : (len(req.prompt_token_ids) - 1) // self.block_size]
         imported, num_in_store = self._import_prefix(hashes)
-        # A decode follows unless the first token is all the request may have.
-        handoff = params.max_tokens > 1 and len(prompt) + 1 < self.engine.max_model_len
-        final = self._run(req_id, prompt, params, imported, handoff, request.priority, context)
-        response = self._response(req_id, final, handoff)
-        if not response.finish_reason:
+        final = self._run(req, imported, context)
+        response = self._response(req.req_id, final)
+        if final.kv_export is not None:
             t = now()
-            response.kv_handle.CopyFrom(self._write_kv(req_id, final.kv_export, num_in_store))
+            response.kv_handle.CopyFrom(self._write_kv(req.req_id, final.kv_export, num_in_store))
             response.timings.kv_write_s = now() - t
             if not context.is_active():  # the router went away: nobody will release this lease
-                self._release_quietly(response.kv_handle.lease_id)
-        self._observe(final, start, response)
+                self.kvstore.release_lease_quietly(response.kv_handle.lease_id)
+        self._observe(final, req.start, response)
         return response
 
     def _import_prefix(self, hashes: list[bytes]) -> tuple[KVPayload | None, int]:
@@ -81,36 +72,30 @@ class PrefillServicer(prefill_pb2_grpc.PrefillWorkerServicer):
         except grpc.RpcError as e:
             logger.warning("kvstore get failed (%s); computing the whole prompt", e.code())
             return None, 0
-        found = 0
-        while found < len(blocks) and blocks[found].found:
-            found += 1
         self.metrics.kv_transfer.labels("read").observe(now() - t)
-        if found == 0:
+        payload = payload_from_protos(blocks, hashes, self.block_size, num_in_store * self.block_size)
+        if payload is None:
             return None, 0
-        tensors = [block_from_proto(b) for b in blocks[:found]]
-        self.metrics.kvstore_imported.inc(found * self.block_size)
-        return KVPayload(found * self.block_size, torch.stack(tensors), hashes[:found]), found
+        self.metrics.kvstore_imported.inc(payload.num_tokens)
+        return payload, len(payload.block_hashes)
 
-    def _run(self, req_id, prompt, params, imported, handoff, priority, context) -> RequestOutput:
-        if handoff:
-            params = dataclasses.replace(params, max_tokens=1)
-        stream = self.loop.submit(req_id, prompt, params, kv_import=imported, export_kv=handoff,
-                                  priority=priority)
-        if not context.add_callback(lambda: self.loop.abort(req_id)):  # no-op once the request is done
-            self.loop.abort(req_id)  # the caller already left
+    def _run(self, req: AdmittedRequest, imported: KVPayload | None, context) -> RequestOutput:
+        stream = self.loop.submit(req.req_id, req.prompt_token_ids, req.params, mode=RequestMode.PREFILL_ONLY,
+                                  kv_import=imported, priority=req.priority)
+        self.abort_when_caller_leaves(req.req_id, context)
         final = None
         while (out := stream.get()) is not None:
             final = out
-        if final is None or final.finish_reason == "abort":
+        if final is None or final.finish_reason == RequestStatus.FINISHED_ABORTED.value:
             self.metrics.requests.labels("aborted").inc()
-            context.abort(grpc.StatusCode.CANCELLED, f"request {req_id} was aborted")
+            context.abort(grpc.StatusCode.CANCELLED, f"request {req.req_id} was aborted")
         return final
 
-    def _response(self, req_id, final: RequestOutput, handoff: bool) -> prefill_pb2.PrefillResponse:
-        # in a handoff max_tokens was forced to 1: "length" then means "decode continues"
-        finish = "" if handoff and final.finish_reason == "length" else final.finish_reason
+    def _response(self, req_id: str, final: RequestOutput) -> prefill_pb2.PrefillResponse:
+        # on the wire, no finish reason means "a decode worker goes on"
+        finish = "" if final.finish_reason == _HANDOFF else final.finish_reason
         response = prefill_pb2.PrefillResponse(
-            request_id=req_id, first_token_id=final.token_ids[0], text=final.text, finish_reason=finish,
+            req_id=req_id, first_token_id=final.token_ids[0], text=final.text, finish_reason=finish,
             num_cached_tokens=final.num_cached_tokens)
         if final.logprobs:
             response.logprob.CopyFrom(logprob_to_proto(final.logprobs[0]))
@@ -131,18 +116,10 @@ class PrefillServicer(prefill_pb2_grpc.PrefillWorkerServicer):
         except (grpc.RpcError, KVStoreFullError) as e:
             logger.warning("kvstore write for %s failed (%s); its decode will recompute", req_id, e)
             self.metrics.kv_write_failures.inc()
-            self._release_quietly(handle.lease_id)
+            self.kvstore.release_lease_quietly(handle.lease_id)
             handle.lease_id = ""
         self.metrics.kv_transfer.labels("write").observe(now() - t)
         return handle
-
-    def _release_quietly(self, lease_id: str) -> None:
-        if not lease_id:
-            return
-        try:
-            self.kvstore.release_lease(lease_id, drop_tail=True)
-        except grpc.RpcError as e:
-            logger.warning("releasing lease %s failed (%s); it expires by itself", lease_id, e.code())
 
     def close(self) -> None:
         self.kvstore.close()

@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from services.common.worker import WorkerMetrics
+from services.worker.metrics import WorkerMetrics
 from services.kvstore.kv_metrics import KVStoreMetrics
 from services.kvstore.store import StoreStats
 from services.router.config import default_slo_classes

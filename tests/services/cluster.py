@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.common.worker import WorkerConfig
+from engine.config import CacheConfig, EngineConfig
+from services.worker.config import WorkerConfig
 from services.decode.server import serve as serve_decode
 from services.kvstore.client import KVStoreClient
 from services.kvstore.server import KVStoreConfig
@@ -46,9 +47,9 @@ def start_cluster(model: str, loaded, num_prefill: int = 2, num_decode: int = 1,
     cluster = Cluster(serve_kvstore(KVStoreConfig(capacity_bytes=kvstore_capacity, metrics_port=None,
                                                   ucx_port=ucx_port)))
     try:
-        cfg = WorkerConfig(model=model, kvstore_address=cluster.kvstore.address, metrics_port=0,
-                           kv_cache_memory_bytes=kv_cache_memory_bytes, kvstore_transport=kvstore_transport,
-                           **worker_overrides)
+        engine = EngineConfig(model=model, cache=CacheConfig(kv_cache_memory_bytes=kv_cache_memory_bytes))
+        cfg = WorkerConfig(engine=engine, kvstore_address=cluster.kvstore.address, metrics_port=0,
+                           kvstore_transport=kvstore_transport, **worker_overrides)
         cluster.prefills = [serve_prefill(cfg, loaded) for _ in range(num_prefill)]
         cluster.decodes = [serve_decode(cfg, loaded) for _ in range(num_decode)]
         cluster.router = serve_router(RouterConfig(

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine import LLM, SamplingParams
 from engine.model.loader import load_model
@@ -109,17 +111,17 @@ def test_colocated_router_sends_every_prompt_to_decode_workers(tiny, tiny_llama_
         c.stop()
 
 
-def _prefill_direct(worker, prompt, request_id: str, max_tokens: int = MAX_TOKENS):
+def _prefill_direct(worker, prompt, req_id: str, max_tokens: int = MAX_TOKENS):
     with channel(worker.address) as ch:
         return prefill_pb2_grpc.PrefillWorkerStub(ch).Prefill(prefill_pb2.PrefillRequest(
-            request_id=request_id, prompt_token_ids=prompt,
+            req_id=req_id, prompt_token_ids=prompt,
             sampling=common_pb2.SamplingParams(temperature=0, max_tokens=max_tokens)))
 
 
-def _decode_direct(worker, prompt, first: int, handle, request_id: str):
+def _decode_direct(worker, prompt, first: int, handle, req_id: str):
     with channel(worker.address) as ch:
         return list(decode_pb2_grpc.DecodeWorkerStub(ch).Decode(decode_pb2.DecodeRequest(
-            request_id=request_id, prompt_token_ids=prompt, first_token_id=first, kv_handle=handle,
+            req_id=req_id, prompt_token_ids=prompt, first_token_id=first, kv_handle=handle,
             sampling=common_pb2.SamplingParams(temperature=0, max_tokens=MAX_TOKENS))))
 
 
@@ -182,16 +184,52 @@ def test_bad_input_is_invalid_argument(cluster, offline, sampling, prompt, slo, 
     assert _tokens(_generate(cluster.router.address, SHORT[0])) == offline[tuple(SHORT[0])].token_ids
 
 
+def _scrape(port: int) -> tuple[str, dict[str, float]]:
+    """A worker's /metrics text, and its samples as 'name' or 'name{label="value"}' -> value."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return body, samples
+
+
 def test_workers_serve_their_metrics(cluster):
-    import urllib.request
-    _generate(cluster.router.address, LONG[0])
+    long_msgs = _generate(cluster.router.address, LONG[0])    # a prefill worker, then the decode
+    short_msgs = _generate(cluster.router.address, SHORT[0])  # the decode alone
+    decode = cluster.decodes[0]
+    ok = 'pdserve_worker_requests_total{outcome="ok"}'
+    deadline = time.monotonic() + 10  # the decode counts a request once its stream has ended
+    while _scrape(decode.metrics_port)[1].get(ok) != 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     for worker in cluster.workers():
-        body = urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics", timeout=5).read().decode()
+        body, _ = _scrape(worker.metrics_port)
         for name in ("pdserve_worker_ttft_seconds", "pdserve_worker_itl_seconds", "pdserve_kv_blocks_free",
                      "pdserve_requests_running", "pdserve_prefix_cache_hit_tokens", "pdserve_recompute_fallbacks_total"):
             assert name in body
-    decode_body = urllib.request.urlopen(f"http://127.0.0.1:{cluster.decodes[0].metrics_port}/metrics").read().decode()
+    decode_body, d = _scrape(decode.metrics_port)
     assert 'pdserve_kv_transfer_seconds_count{direction="read"} 1.0' in decode_body
+
+    # The prefills, together: one request, one first token, no token after it.
+    prefills = [_scrape(p.metrics_port)[1] for p in cluster.prefills]
+    total = lambda name: sum(s.get(name, 0.0) for s in prefills)  # noqa: E731
+    assert total("pdserve_worker_ttft_seconds_count") == 1
+    assert total("pdserve_worker_itl_seconds_count") == 0
+    assert total("pdserve_prefill_tokens_total") == len(LONG[0])
+    assert total("pdserve_decode_tokens_total") == 0
+    assert total(ok) == 1
+
+    # The decode: the long prompt continues from the prefill's first token (the router sends
+    # that one itself), so its first message has no gap before it here; the short prompt is
+    # prefilled here, so its first message is this worker's first token.
+    long_steps, short_steps = len(long_msgs) - 1, len(short_msgs)
+    assert long_steps > 1 and short_steps > 1
+    assert d["pdserve_worker_ttft_seconds_count"] == 1
+    assert d["pdserve_worker_itl_seconds_count"] == (long_steps - 1) + (short_steps - 1)
+    assert d["pdserve_decode_tokens_total"] == len(_tokens(long_msgs)) - 1 + len(_tokens(short_msgs))
+    assert d["pdserve_prefill_tokens_total"] == len(SHORT[0])
+    assert d[ok] == 2
 
 
 def test_smollm2_through_the_platform(smollm2_path):

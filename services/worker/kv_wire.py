@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import torch
 
+from engine.dtypes import DTYPE_NAMES, DTYPE_SIZES, dtype_name, torch_dtype
 from engine.kv_transfer import KVPayload
 from services.pb import kvstore_pb2
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
 def block_to_proto(block: torch.Tensor, num_tokens: int, block_hash: bytes = b"",
                    tail_key: str = "") -> kvstore_pb2.KVBlock:
     header = kvstore_pb2.KVBlockHeader(block_hash=block_hash, tail_key=tail_key,
-                                       dtype=DTYPE_NAMES[block.dtype], shape=list(block.shape),
+                                       dtype=dtype_name(block.dtype), shape=list(block.shape),
                                        layer_start=0, layer_end=block.shape[0], num_tokens=num_tokens)
     data = block.contiguous().view(torch.uint8).numpy().tobytes()
     return kvstore_pb2.KVBlock(header=header, data=data, found=True)
@@ -26,12 +24,12 @@ def block_to_proto(block: torch.Tensor, num_tokens: int, block_hash: bytes = b""
 
 def block_from_proto(msg: kvstore_pb2.KVBlock) -> torch.Tensor:
     header = msg.header
-    if header.dtype not in DTYPES:
-        raise ValueError(f"KV block dtype {header.dtype!r} is not one of {sorted(DTYPES)}")
-    dtype = DTYPES[header.dtype]
-    expected = torch.Size(header.shape).numel() * torch.empty((), dtype=dtype).element_size()
+    if header.dtype not in DTYPE_NAMES:
+        raise ValueError(f"KV block dtype {header.dtype!r} is not one of {sorted(DTYPE_NAMES)}")
+    expected = torch.Size(header.shape).numel() * DTYPE_SIZES[header.dtype]
     if len(msg.data) != expected:
         raise ValueError(f"KV block has {len(msg.data)} bytes, its header says {expected}")
+    dtype = torch_dtype(header.dtype)
     return torch.frombuffer(bytearray(msg.data), dtype=torch.uint8).view(dtype).reshape(tuple(header.shape))
 
 
@@ -46,3 +44,23 @@ def payload_to_protos(payload: KVPayload, block_size: int, tail_key: str,
         msgs.append(block_to_proto(payload.blocks[num_full], payload.num_tokens % block_size, tail_key=tail_key))
     return msgs
 
+
+def payload_from_protos(blocks: list[kvstore_pb2.KVBlock], block_hashes: list[bytes], block_size: int,
+                        num_tokens: int) -> KVPayload | None:
+    """The inverse of payload_to_protos for a kvstore answer: the leading blocks it found.
+
+        asked:  [h0][h1][h2][h3][tail]      (num_tokens covers all of them)
+        found:  [h0][h1][--][h3][tail]  ->  KVPayload of h0, h1: 2 * block_size tokens
+
+    A gap ends the usable prefix (KV is only valid after every token before it); the
+    tail counts only when every full block before it arrived. None when nothing did.
+    """
+    usable = 0
+    while usable < len(blocks) and blocks[usable].found:
+        usable += 1
+    if usable == 0:
+        return None
+    num_full = min(usable, len(block_hashes))
+    covered = num_tokens if usable == len(blocks) else num_full * block_size
+    tensors = torch.stack([block_from_proto(b) for b in blocks[:usable]])
+    return KVPayload(covered, tensors, list(block_hashes[:num_full]))

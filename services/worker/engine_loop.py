@@ -4,6 +4,8 @@ The engine is not thread-safe, so every change to it (add, abort, a query) is a 
 the loop thread runs between two steps. Each request's outputs go to its own queue; the
 RPC thread that submitted it reads them. Steps continue while RPC threads do slow I/O
 (fetching KV from the kvstore, writing it back), so no transfer stalls the running batch.
+RPC threads read only `info` (immutable) and `stats` (a frozen snapshot, replaced after
+each step), never the engine.
 """
 from __future__ import annotations
 
@@ -12,36 +14,25 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 from engine import EngineCore, RequestOutput
+from engine.info import EngineInfo
+from engine.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 
-_FINISHED = object()
-
-
-@dataclass
-class LoopStats:
-    num_running: int
-    num_waiting: int
-    num_queued_prefill_tokens: int
-    num_free_kv_blocks: int
-    num_total_kv_blocks: int
-    prefix_cache_queried_tokens: int
-    prefix_cache_hit_tokens: int
-
 
 class EngineLoop:
-    def __init__(self, engine: EngineCore, on_step: Callable[[LoopStats], None] | None = None):
-        self.engine = engine
+    def __init__(self, engine: EngineCore, on_step: Callable[[EngineStats], None] | None = None):
+        self._engine = engine
+        self.info: EngineInfo = engine.info
+        self.stats: EngineStats = engine.stats()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, queue.SimpleQueue] = {}
         self._wakeup = threading.Event()
         self._stopping = False
         self._on_step = on_step
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-        self.stats = self._read_stats()
 
     def start(self) -> None:
         self._thread.start()
@@ -59,8 +50,8 @@ class EngineLoop:
         return future
 
     def submit(self, req_id: str, prompt_token_ids: list[int], params, **kwargs) -> queue.SimpleQueue:
-        """Queue a request; returns the queue its outputs arrive on (ends with None).
-        Raises the engine's InvalidRequestError for a bad request."""
+        """Queue a request (`kwargs` as EngineCore.add_request takes them); returns the queue
+        its outputs arrive on (ends with None). Raises the engine's InvalidRequestError."""
         stream: queue.SimpleQueue = queue.SimpleQueue()
 
         def add(engine: EngineCore) -> None:
@@ -76,19 +67,19 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stopping:
             self._run_commands()
-            if not self.engine.has_unfinished_requests():
+            if not self._engine.has_unfinished_requests():
                 self._wakeup.wait(timeout=0.5)
                 self._wakeup.clear()
                 continue
             try:
-                outputs = self.engine.step()
+                outputs = self._engine.step()
             except Exception:  # a failed step must not leave RPC threads waiting forever
                 logger.exception("engine step failed; aborting its requests")
                 self._fail_all()
                 continue
             for out in outputs:
                 self._deliver(out)
-            self.stats = self._read_stats()
+            self.stats = self._engine.stats()
             if self._on_step is not None:
                 self._on_step(self.stats)
         self._fail_all()
@@ -100,7 +91,7 @@ class EngineLoop:
             except queue.Empty:
                 return
             try:
-                future.set_result(fn(self.engine))
+                future.set_result(fn(self._engine))
             except Exception as e:  # handed to the caller, who raises it in its own thread
                 future.set_exception(e)
 
@@ -115,11 +106,5 @@ class EngineLoop:
 
     def _fail_all(self) -> None:
         for req_id in list(self._streams):
-            self.engine.abort_request(req_id)
+            self._engine.abort_request(req_id)
             self._streams.pop(req_id).put(None)
-
-    def _read_stats(self) -> LoopStats:
-        s = self.engine.stats()
-        return LoopStats(s["num_running"], s["num_waiting"], s["num_queued_prefill_tokens"],
-                         s["num_free_blocks"], s["num_total_blocks"], s["prefix_cache_queried_tokens"],
-                         s["prefix_cache_hit_tokens"])

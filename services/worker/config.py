@@ -1,0 +1,75 @@
+"""A worker's configuration: the engine's own config dataclasses plus what the worker adds,
+and the `pdserve prefill|decode` flags, which take every default from those dataclasses."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.dtypes import DTYPE_NAMES
+from services.common import defaults
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    host: str = defaults.HOST
+    port: int = 0
+    metrics_port: int | None = None
+    kvstore_address: str = ""
+    kvstore_transport: str = "grpc"
+    max_waiting: int = 256  # admission bound: beyond it the worker answers RESOURCE_EXHAUSTED
+    lease_ttl_ms: int = 60_000
+    drain_timeout_s: float = 30.0  # on shutdown: how long in-flight requests may take to finish
+
+
+_ENGINE, _SCHEDULER, _WORKER = EngineConfig(), SchedulerConfig(), WorkerConfig()
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int) -> None:
+    parser.add_argument("--model", default=_ENGINE.model)
+    parser.add_argument("--dtype", default=_ENGINE.dtype, choices=DTYPE_NAMES)
+    parser.add_argument("--device", default=_ENGINE.device)
+    parser.add_argument("--attention-backend", default=_ENGINE.attention_backend, choices=["torch", "triton"])
+    parser.add_argument("--host", default=_WORKER.host)
+    parser.add_argument("--port", type=int, default=default_port)
+    parser.add_argument("--metrics-port", type=int, default=_WORKER.metrics_port)
+    parser.add_argument("--kvstore", default=defaults.KVSTORE_ADDRESS, help="KV cache service address")
+    parser.add_argument("--kvstore-transport", default=_WORKER.kvstore_transport, choices=["grpc", "ucx"])
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=_ENGINE.cache.kv_cache_memory_bytes)
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--max-num-seqs", type=int, default=_SCHEDULER.max_num_seqs)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help=f"tokens per engine step (default {_SCHEDULER.max_num_batched_tokens}; with "
+                             "--no-chunked-prefill, the max model len)")
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=_SCHEDULER.long_prefill_token_threshold)
+    parser.add_argument("--max-model-len", type=int, default=_SCHEDULER.max_model_len)
+    parser.add_argument("--no-chunked-prefill", action="store_true",
+                        help="schedule each prompt whole in one step; --max-num-batched-tokens must "
+                             "then be at least the max model len")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for this worker")
+    parser.add_argument("--drain-timeout-s", type=float, default=_WORKER.drain_timeout_s,
+                        help="on SIGTERM: how long in-flight requests may take to finish")
+
+
+def worker_config_from_args(args) -> WorkerConfig:
+    scheduler = SchedulerConfig(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=_max_num_batched_tokens(args),
+        long_prefill_token_threshold=args.long_prefill_token_threshold, max_model_len=args.max_model_len,
+        enable_chunked_prefill=not args.no_chunked_prefill)
+    cache = dataclasses.replace(_ENGINE.cache, enable_prefix_caching=not args.no_prefix_caching,
+                                kv_cache_memory_bytes=args.kv_cache_memory_bytes)
+    engine = dataclasses.replace(_ENGINE, model=args.model, dtype=args.dtype, device=args.device,
+                                 attention_backend=args.attention_backend, cache=cache, scheduler=scheduler)
+    return WorkerConfig(engine=engine, host=args.host, port=args.port, metrics_port=args.metrics_port,
+                        kvstore_address=args.kvstore, kvstore_transport=args.kvstore_transport,
+                        drain_timeout_s=args.drain_timeout_s)
+
+
+def _max_num_batched_tokens(args) -> int | None:
+    """Unchunked, the budget must hold the longest prompt: None lets the engine use max_model_len,
+    which is only known once the model and the KV pool are sized."""
+    if args.max_num_batched_tokens is not None:
+        return args.max_num_batched_tokens
+    return None if args.no_chunked_prefill else _SCHEDULER.max_num_batched_tokens

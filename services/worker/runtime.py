@@ -1,0 +1,71 @@
+"""Starting and stopping a worker process: the engine on its loop, the servicer behind a
+gRPC server, /metrics, and the `pdserve prefill|decode` command."""
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine import EngineCore
+from services.common.grpc_server import RunningServer, ServiceSpec, start_server
+from services.common.process import configure_logging, set_cpu_threads, wait_for_shutdown
+from services.worker.config import WorkerConfig, add_worker_arguments, worker_config_from_args
+from services.worker.engine_loop import EngineLoop
+from services.worker.metrics import WorkerMetrics
+from services.worker.servicer import WorkerServicer
+
+
+@dataclass
+class RunningWorker:
+    server: RunningServer
+    loop: EngineLoop
+    servicer: WorkerServicer
+    metrics_port: int | None
+    drain_timeout_s: float = 30.0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    def stop(self) -> None:
+        """Drain: stop taking work (health NOT_SERVING), let in-flight calls finish, stop."""
+        self.servicer.draining = True
+        self.server.stop(grace=self.drain_timeout_s)
+        self.loop.stop()
+        self.servicer.metrics.metrics.close()
+        self.servicer.close()
+
+
+def build_engine(cfg: WorkerConfig, loaded=None) -> EngineCore:
+    return EngineCore(cfg.engine, progress=False, loaded=loaded)
+
+
+def serve_worker(cfg: WorkerConfig, loaded, role: str, service_name: str, register,
+                 make_servicer: Callable[[EngineLoop, WorkerMetrics], WorkerServicer]) -> RunningWorker:
+    """`loaded`: weights already in memory (several workers over one model, as in tests)."""
+    metrics = WorkerMetrics(role)
+    loop = EngineLoop(build_engine(cfg, loaded), on_step=metrics.update)
+    loop.start()
+    servicer = make_servicer(loop, metrics)
+    server = start_server([ServiceSpec(service_name, register, servicer)], cfg.host, cfg.port)
+    metrics_port = metrics.metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None
+    logging.getLogger(__name__).info("%s worker on %s:%d (model %s)", role, cfg.host, server.port, cfg.engine.model)
+    return RunningWorker(server, loop, servicer, metrics_port, cfg.drain_timeout_s)
+
+
+def worker_cli(role: str, serve: Callable[[WorkerConfig], RunningWorker], default_port: int):
+    """The `add_arguments` and `run` of `pdserve <role>`."""
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        add_worker_arguments(parser, default_port)
+
+    def run(args) -> int:
+        configure_logging(role)
+        set_cpu_threads(args.threads)
+        running = serve(worker_config_from_args(args))
+        print(f"{role} worker serving on {args.host}:{running.server.port}", flush=True)
+        wait_for_shutdown()
+        logging.getLogger(__name__).info("draining and stopping")
+        running.stop()
+        return 0
+    return add_arguments, run

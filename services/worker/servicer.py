@@ -1,0 +1,79 @@
+"""What the prefill and decode servicers share: admission, the parse-and-validate prelude
+of every request, the load report and leaving when the caller leaves."""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+import grpc
+
+from engine import InvalidRequestError, SamplingParams
+from engine.stats import EngineStats
+from services.common.convert import sampling_from_proto
+from services.pb import common_pb2
+from services.worker.config import WorkerConfig
+from services.worker.engine_loop import EngineLoop
+from services.worker.metrics import WorkerMetrics
+
+
+def now() -> float:
+    return time.monotonic()
+
+
+@dataclass(frozen=True)
+class AdmittedRequest:
+    """A request that passed admission and validation, as the servicers go on with it."""
+    req_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int
+    start: float  # when the worker took it (monotonic)
+
+
+def load_to_proto(stats: EngineStats, max_num_seqs: int, draining: bool) -> common_pb2.WorkerLoad:
+    """The engine's stats as the router reads them: the fields WorkerLoad shares, by name."""
+    shared = {f.name: getattr(stats, f.name) for f in common_pb2.WorkerLoad.DESCRIPTOR.fields
+              if hasattr(stats, f.name)}
+    return common_pb2.WorkerLoad(**shared, max_num_seqs=max_num_seqs, draining=draining)
+
+
+class WorkerServicer:
+    """The base of both servicers. RPC threads read the loop's `info` and `stats` only;
+    everything that touches the engine goes through the loop."""
+
+    def __init__(self, cfg: WorkerConfig, loop: EngineLoop, metrics: WorkerMetrics):
+        self.cfg, self.loop, self.metrics = cfg, loop, metrics
+        self.block_size = loop.info.block_size
+        self.draining = False
+
+    def GetLoad(self, request, context) -> common_pb2.WorkerLoad:
+        return load_to_proto(self.loop.stats, self.loop.info.max_num_seqs, self.draining)
+
+    def admit(self, request, context: grpc.ServicerContext) -> AdmittedRequest:
+        """Admission, then the request's fields parsed and validated as the engine would;
+        aborts the RPC with the right code otherwise."""
+        self._check_admission(context)
+        start = now()
+        prompt = list(request.prompt_token_ids)
+        try:
+            params = sampling_from_proto(request.sampling)
+            self.loop.info.validate(prompt, params)
+        except InvalidRequestError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return AdmittedRequest(request.req_id or uuid.uuid4().hex, prompt, params, request.priority, start)
+
+    def abort_when_caller_leaves(self, req_id: str, context: grpc.ServicerContext) -> None:
+        if not context.add_callback(lambda: self.loop.abort(req_id)):  # (a no-op once the request is done)
+            self.loop.abort(req_id)  # the caller already left
+
+    def close(self) -> None:
+        """Release the servicer's own clients (kvstore connections)."""
+
+    def _check_admission(self, context: grpc.ServicerContext) -> None:
+        if self.draining:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining")
+        num_waiting = self.loop.stats.num_waiting
+        if num_waiting >= self.cfg.max_waiting:
+            context.set_trailing_metadata((("retry-after-ms", "500"),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"worker queue full ({num_waiting} waiting); retry later")

@@ -1,0 +1,60 @@
+"""The worker command line: flags into WorkerConfig, WorkerConfig into the engine."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from engine.config import EngineConfig
+
+from engine.model.loader import load_model
+from engine.model.source import resolve_model
+from services.worker.config import add_worker_arguments, worker_config_from_args
+from services.worker.runtime import build_engine
+from services.common.defaults import KVSTORE_ADDRESS
+
+
+def _config(*argv: str):
+    parser = argparse.ArgumentParser()
+    add_worker_arguments(parser, default_port=0)
+    return worker_config_from_args(parser.parse_args(list(argv)))
+
+
+def test_chunked_prefill_is_on_by_default_with_a_fixed_budget():
+    cfg = _config()
+    scheduler = cfg.engine.scheduler
+    assert scheduler.enable_chunked_prefill and scheduler.max_num_batched_tokens == 2048
+
+
+def test_no_chunked_prefill_leaves_the_budget_to_max_model_len():
+    cfg = _config("--no-chunked-prefill")
+    scheduler = cfg.engine.scheduler
+    assert not scheduler.enable_chunked_prefill and scheduler.max_num_batched_tokens is None
+
+
+def test_an_explicit_budget_is_kept_without_chunked_prefill():
+    cfg = _config("--no-chunked-prefill", "--max-num-batched-tokens", "4096")
+    assert cfg.engine.scheduler.max_num_batched_tokens == 4096
+
+
+def test_no_chunked_prefill_builds_a_valid_engine(tiny_llama_dir):
+    loaded = load_model(resolve_model(tiny_llama_dir), torch.float32, "cpu", progress=False)
+    cfg = _config("--model", tiny_llama_dir, "--no-chunked-prefill", "--max-model-len", "300")
+    scheduler = build_engine(cfg, loaded).scheduler.config
+    assert not scheduler.enable_chunked_prefill
+    assert scheduler.max_num_batched_tokens == scheduler.max_model_len == 300
+
+
+def test_flag_defaults_are_the_engine_config_defaults():
+    cfg = _config()
+    assert cfg.engine == EngineConfig()
+    assert (cfg.port, cfg.kvstore_address) == (0, KVSTORE_ADDRESS)
+
+
+def test_flags_reach_the_engine_config():
+    cfg = _config("--model", "m", "--dtype", "bfloat16", "--max-num-seqs", "8", "--no-prefix-caching",
+                  "--kv-cache-memory-bytes", "1024", "--long-prefill-token-threshold", "64")
+    engine = cfg.engine
+    assert (engine.model, engine.dtype, engine.scheduler.max_num_seqs) == ("m", "bfloat16", 8)
+    assert (engine.cache.enable_prefix_caching, engine.cache.kv_cache_memory_bytes) == (False, 1024)
+    assert engine.scheduler.long_prefill_token_threshold == 64
