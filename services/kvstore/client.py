@@ -7,16 +7,20 @@ be shared by many threads.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 
 import grpc
 
+from services.common.address import split_host_port
 from services.common.grpc_server import channel
 from services.kvstore.errors import KVStoreError, KVStoreFullError  # noqa: F401  (part of this API)
-from services.kvstore.grpc_servicer import UCX_PORT_METADATA
 from services.kvstore.transport import BlockTransport, GrpcTransport
+from services.kvstore.ucx_frames import UCX_PORT_METADATA
 from services.pb import kvstore_pb2, kvstore_pb2_grpc
+
+logger = logging.getLogger(__name__)
 
 TRANSPORTS = ("grpc", "ucx")
 
@@ -29,7 +33,7 @@ class KVStoreClient:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport: {transport!r} is not one of {TRANSPORTS}")
         if ucx_address is not None:
-            _split(ucx_address, "ucx_address")
+            split_host_port(ucx_address, "ucx_address")
         self.address, self.transport = address, transport
         self._ucx_address = ucx_address
         self._timeout_s = timeout_s
@@ -43,8 +47,8 @@ class KVStoreClient:
         request = kvstore_pb2.LookupRequest(block_hashes=block_hashes)
         return self._stub.Lookup(request, timeout=self._timeout_s).num_prefix_found
 
-    def create_lease(self, ttl_ms: int, request_id: str = "") -> str:
-        request = kvstore_pb2.CreateLeaseRequest(ttl_ms=ttl_ms, request_id=request_id)
+    def create_lease(self, ttl_ms: int, req_id: str = "") -> str:
+        request = kvstore_pb2.CreateLeaseRequest(ttl_ms=ttl_ms, req_id=req_id)
         return self._stub.CreateLease(request, timeout=self._timeout_s).lease_id
 
     def put(self, blocks: list[kvstore_pb2.KVBlock], lease_id: str = "") -> int:
@@ -61,6 +65,18 @@ class KVStoreClient:
         """True the first time; False when already released or expired."""
         request = kvstore_pb2.ReleaseLeaseRequest(lease_id=lease_id, drop_tail=drop_tail)
         return self._stub.ReleaseLease(request, timeout=self._timeout_s).released
+
+    def release_lease_quietly(self, lease_id: str) -> bool:
+        """release_lease for a caller that cannot act on a failure: the lease then expires
+        by itself, only later, so a failure is logged, not raised. No-op for ""."""
+        if not lease_id:
+            return False
+        try:
+            return self.release_lease(lease_id, drop_tail=True)
+        except grpc.RpcError as e:
+            logger.warning("releasing lease %s at %s failed (%s); it expires by itself",
+                           lease_id, self.address, e.code())
+            return False
 
     def stats(self) -> kvstore_pb2.KVStoreStats:
         return self._stub.Stats(kvstore_pb2.StatsRequest(), timeout=self._timeout_s)
@@ -83,7 +99,7 @@ class KVStoreClient:
             return GrpcTransport(self._stub, self._timeout_s)
         # Imported only here: a gRPC-only process never loads UCX.
         from services.kvstore.ucx_client import UcxTransport
-        host, port = _split(self._ucx_address or self._discover_ucx_address(), "ucx_address")
+        host, port = split_host_port(self._ucx_address or self._discover_ucx_address(), "ucx_address")
         return UcxTransport(host, port, self._timeout_s)
 
     def _discover_ucx_address(self) -> str:
@@ -92,12 +108,5 @@ class KVStoreClient:
         if not ports:
             raise KVStoreError(grpc.StatusCode.UNAVAILABLE, f"the kvstore at {self.address} serves no UCX "
                                                                 "(start it with --ucx-port)")
-        return f"{_split(self.address, 'address')[0]}:{ports[0]}"
-
-
-def _split(address: str, field: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{field}: {address!r} is not host:port")
-    return host.strip("[]"), int(port)
+        return f"{split_host_port(self.address, 'address')[0]}:{ports[0]}"
 

@@ -13,9 +13,9 @@ import grpc
 
 from services.kvstore.errors import KVStoreError
 from services.kvstore.handlers import KVStoreHandlers
+from services.kvstore.ucx_frames import UCX_PORT_METADATA
 from services.pb import kvstore_pb2_grpc
 
-UCX_PORT_METADATA = "pdserve-kvstore-ucx-port"
 SERVICE_NAME = "pdserve.v1.KVStore"
 
 

@@ -69,7 +69,7 @@ class KVStoreHandlers:
         if ttl_ms > self.leases.max_ttl_ms:
             raise InvalidArgument("ttl_ms", f"{ttl_ms} is above the maximum {self.leases.max_ttl_ms}")
         lease_id = self.store.create_lease(ttl_ms)
-        logger.debug("lease %s for request %r, %d ms", lease_id, request.request_id, ttl_ms)
+        logger.debug("lease %s for request %r, %d ms", lease_id, request.req_id, ttl_ms)
         return kvstore_pb2.Lease(lease_id=lease_id, ttl_ms=ttl_ms)
 
     def release_lease(self, request: kvstore_pb2.ReleaseLeaseRequest) -> kvstore_pb2.ReleaseLeaseResponse:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 import re
-import signal
 import sys
-import threading
 
+from services.common.defaults import KVSTORE_PORT
+from services.common.process import configure_logging, wait_for_shutdown
 from services.kvstore.errors import KVStoreError
 from services.kvstore.server import KVStoreConfig, check_backend, serve
 
@@ -51,7 +51,8 @@ def _backend(text: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=50060, help="gRPC port (default: 50060; 0: a free one)")
+    parser.add_argument("--port", type=_port, default=KVSTORE_PORT,
+                        help=f"gRPC port (default: {KVSTORE_PORT}; 0: a free one)")
     parser.add_argument("--metrics-port", type=_port, default=None,
                         help="serve Prometheus /metrics on this port (default: off; 0: a free one)")
     parser.add_argument("--capacity-bytes", type=parse_bytes, default=parse_bytes("1GiB"),
@@ -74,35 +75,24 @@ def config_from_args(args: argparse.Namespace) -> KVStoreConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Serves until SIGINT/SIGTERM (call from the main thread), then stops cleanly."""
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    configure_logging("kvstore")
     try:
         running = serve(config_from_args(args))
     except (KVStoreError, OSError, RuntimeError) as e:  # Redis unreachable, port taken (grpc raises
         # RuntimeError for that): say so, without a traceback
-        _restore(previous)
         print(f"pdserve kvstore: error: cannot start: {e}", file=sys.stderr)
         return 1
-    except BaseException:
-        _restore(previous)
-        raise
     backend = re.sub(r"//[^@/]*@", "//***@", args.backend)  # no Redis password in logs
     parts = [f"kvstore serving on {running.address}", f"backend {backend}", f"capacity {args.capacity_bytes}"]
     parts += [f"ucx {running.ucx_address}"] if running.ucx_address else []
     parts += [f"metrics :{running.metrics_port}"] if running.metrics_port is not None else []
     print(", ".join(parts), flush=True)
     try:
-        stop.wait()
+        wait_for_shutdown()
     finally:
         running.stop()
-        _restore(previous)
     print("kvstore stopped", flush=True)
     return 0
-
-
-def _restore(previous: dict) -> None:
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
 
 
 def main(argv: list[str] | None = None) -> int:

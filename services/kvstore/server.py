@@ -7,8 +7,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prometheus_client import start_http_server
-
 from services.common.grpc_server import RunningServer, ServiceSpec, start_server
 from services.kvstore.grpc_servicer import SERVICE_NAME, KVStoreServicer
 from services.kvstore.handlers import KVStoreHandlers, LeasePolicy
@@ -91,16 +89,13 @@ class RunningKVStore:
     servicer: KVStoreServicer
     _grpc: RunningServer
     _ucx: object | None
-    _http: object | None
     _sweeper: LeaseSweeper
 
     def stop(self, grace: float | None = 2.0) -> None:
         self._grpc.stop(grace)
         if self._ucx is not None:
             self._ucx.stop()
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+        self.metrics.metrics.close()  # a no-op without a /metrics port
         self._sweeper.stop()
         self.store.close()
 
@@ -119,10 +114,7 @@ def serve(config: KVStoreConfig, clock: Callable[[], float] | None = None) -> Ru
         servicer = KVStoreServicer(handlers, ucx.port if ucx else None)
         spec = ServiceSpec(SERVICE_NAME, kvstore_pb2_grpc.add_KVStoreServicer_to_server, servicer)
         grpc_server = start_server([spec], host=config.host, port=config.port)
-        http = None
-        if config.metrics_port is not None:
-            # Not Metrics.serve(): it drops the HTTP server, and stop() must close the port.
-            http, _ = start_http_server(config.metrics_port, addr=config.host, registry=metrics.metrics.registry)
+        metrics_port = None if config.metrics_port is None else metrics.metrics.serve(config.host, config.metrics_port)
     except BaseException:  # a port already taken: free what started before re-raising
         if grpc_server is not None:
             grpc_server.stop(0)
@@ -132,6 +124,6 @@ def serve(config: KVStoreConfig, clock: Callable[[], float] | None = None) -> Ru
         raise
     sweeper = LeaseSweeper(store, config.sweep_interval_ms / 1000)
     return RunningKVStore(
-        address=f"{config.host}:{grpc_server.port}", metrics_port=http.server_port if http else None,
+        address=f"{config.host}:{grpc_server.port}", metrics_port=metrics_port,
         ucx_address=f"{config.host}:{ucx.port}" if ucx else None, store=store, metrics=metrics,
-        servicer=servicer, _grpc=grpc_server, _ucx=ucx, _http=http, _sweeper=sweeper)
+        servicer=servicer, _grpc=grpc_server, _ucx=ucx, _sweeper=sweeper)

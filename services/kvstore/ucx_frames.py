@@ -6,12 +6,18 @@ UCX message (ucxx's send_obj/recv_obj frame each with its length), behind a kind
 
 An error frame carries the gRPC status name and the details, so a UCX caller sees the
 same codes and messages as a gRPC one. One request at a time per connection.
+
+A server's UCX port travels as gRPC initial metadata of Stats, under UCX_PORT_METADATA
+(the KVStore contract has no field for it): both the servicer and the client read it
+here, so the client never imports the server.
 """
 from __future__ import annotations
 
 import grpc
 
 from services.kvstore.errors import InvalidArgument, KVStoreError, from_status
+
+UCX_PORT_METADATA = "pdserve-kvstore-ucx-port"
 
 PUT = b"P"
 PUT_END = b"E"

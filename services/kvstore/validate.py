@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 
+from engine.dtypes import DTYPE_SIZES
 from services.kvstore.errors import InvalidArgument
 from services.kvstore.store import StoredBlock, hash_key, tail_key
 from services.pb import kvstore_pb2
 
-DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MAX_HASH_BYTES = 64     # sha256 is 32, xxh128 16: anything longer is not a block hash
 MAX_TAIL_KEY_BYTES = 512
 MAX_SHAPE_DIMS = 8

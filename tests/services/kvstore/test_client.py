@@ -2,13 +2,14 @@
 the same calls, answers and errors whichever carries the blocks."""
 from __future__ import annotations
 
+import logging
 import threading
 
 import grpc
 import pytest
 import torch
 
-from services.common.kv_wire import block_from_proto, block_to_proto
+from services.worker.kv_wire import block_from_proto, block_to_proto
 from services.kvstore.client import KVStoreClient, KVStoreFullError
 from tests.services.kvstore.conftest import WIRE_BLOCK_BYTES, free_port, wire_block
 
@@ -39,7 +40,7 @@ def test_worker_blocks_round_trip_bit_exact(start_kvstore, connect):
     torch.manual_seed(0)
     full = torch.randn(3, 2, 16, 2, 8, dtype=torch.bfloat16)
     tail = torch.randn(3, 2, 16, 2, 8, dtype=torch.float32)
-    lease = client.create_lease(10_000, request_id="req-1")
+    lease = client.create_lease(10_000, req_id="req-1")
     assert client.put([block_to_proto(full, 16, block_hash=b"\x01" * 32),
                        block_to_proto(tail, 5, tail_key="req-1/tail")], lease_id=lease) == 2
     assert client.lookup([b"\x01" * 32, b"\x02" * 32]) == 1
@@ -146,6 +147,24 @@ def test_client_arguments_are_checked():
         KVStoreClient("127.0.0.1:1", transport="rdma")
     with pytest.raises(ValueError, match="ucx_address"):
         KVStoreClient("127.0.0.1:1", transport="ucx", ucx_address="no-port")
+
+
+def test_release_lease_quietly_logs_what_it_cannot_release(start_kvstore, caplog):
+    running = start_kvstore()
+    client = KVStoreClient(running.address, timeout_s=10)  # leases go over gRPC whatever the transport
+    try:
+        lease = client.create_lease(10_000)
+        assert client.release_lease_quietly(lease) is True
+        assert client.release_lease_quietly(lease) is False
+        running.stop()
+        with caplog.at_level(logging.WARNING, logger="services.kvstore.client"):
+            assert client.release_lease_quietly("") is False  # no lease: no call, nothing to say
+            assert caplog.records == []
+            assert client.release_lease_quietly("gone") is False  # the store is down: logged, not raised
+        assert "lease gone" in caplog.text and "UNAVAILABLE" in caplog.text
+        assert "expires by itself" in caplog.text
+    finally:
+        client.close()
 
 
 def test_a_stopped_server_is_unavailable_over_either_transport(start_kvstore, connect):

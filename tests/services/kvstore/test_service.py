@@ -95,6 +95,14 @@ def test_metrics_follow_the_traffic(start_kvstore, clock):
     assert (after["pdserve_kvstore_used_bytes"], after["pdserve_kvstore_blocks"]) == (2 * WIRE_BLOCK_BYTES, 2)
 
 
+def test_stop_frees_the_metrics_port(start_kvstore):
+    running = start_kvstore(metrics_port=0)
+    assert "pdserve_kvstore_hits_total" in scrape(running.metrics_port)
+    running.stop()
+    with pytest.raises(OSError):  # connection refused: nothing listens there any more
+        scrape(running.metrics_port)
+
+
 def _wait_for(condition, timeout_s: float = 10.0) -> None:
     """Polls for something a background thread does; fails (never passes) on timeout."""
     deadline = time.monotonic() + timeout_s
