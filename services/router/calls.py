@@ -3,19 +3,16 @@ cancellation: cancelling the request cancels the gRPC call, which aborts the req
 the worker (it frees its blocks, and a decode releases its lease)."""
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterator
 
 import grpc
 
-from services.common.grpc_server import channel
-from services.pb import decode_pb2, kvstore_pb2, kvstore_pb2_grpc, prefill_pb2, router_pb2
+from services.kvstore.client import KVStoreClient
+from services.pb import common_pb2, decode_pb2, prefill_pb2
 from services.router.cancel import Cancellation, Cancelled
 from services.router.discovery import DECODE, PREFILL
 from services.router.workers import WorkerRegistry
-
-logger = logging.getLogger(__name__)
 
 # A failed worker call worth one more try on another worker. CANCELLED here means the
 # worker aborted the request (e.g. it is shutting down), not our client: that case is
@@ -30,7 +27,7 @@ WORKER_DOWN = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, g
 class WorkerCalls:
     def __init__(self, registry: WorkerRegistry, release_timeout_s: float = 5.0):
         self._registry = registry
-        self._kvstores: dict[str, grpc.Channel] = {}
+        self._kvstores: dict[str, KVStoreClient] = {}
         self._lock = threading.Lock()
         self._release_timeout_s = release_timeout_s
 
@@ -50,7 +47,7 @@ class WorkerCalls:
             unregister()
 
     def decode(self, address: str, request: decode_pb2.DecodeRequest, timeout_s: float | None,
-               cancel: Cancellation) -> Iterator[router_pb2.GenerateResponse]:
+               cancel: Cancellation) -> Iterator[common_pb2.GenerateResponse]:
         """The decode's messages; raises as `prefill` does. Closing the iterator early
         cancels the call."""
         call = self._registry.stub(DECODE, address).Decode(request, timeout=timeout_s)
@@ -68,22 +65,16 @@ class WorkerCalls:
     def release_lease(self, kvstore_address: str, lease_id: str) -> None:
         """Unpin the KV a prefill left for a decode that never took it. Failing here only
         delays the release: the lease expires by itself."""
-        try:
-            stub = kvstore_pb2_grpc.KVStoreStub(self._kvstore(kvstore_address))
-            stub.ReleaseLease(kvstore_pb2.ReleaseLeaseRequest(lease_id=lease_id, drop_tail=True),
-                              timeout=self._release_timeout_s)
-        except grpc.RpcError as e:
-            logger.warning("releasing lease %s at %s failed (%s); it expires by itself",
-                           lease_id, kvstore_address, e.code())
+        self._kvstore(kvstore_address).release_lease_quietly(lease_id)
 
     def close(self) -> None:
         with self._lock:
-            channels, self._kvstores = list(self._kvstores.values()), {}
-        for ch in channels:
-            ch.close()
+            clients, self._kvstores = list(self._kvstores.values()), {}
+        for client in clients:
+            client.close()
 
-    def _kvstore(self, address: str) -> grpc.Channel:
+    def _kvstore(self, address: str) -> KVStoreClient:
         with self._lock:
             if address not in self._kvstores:
-                self._kvstores[address] = channel(address)
+                self._kvstores[address] = KVStoreClient(address, timeout_s=self._release_timeout_s)
             return self._kvstores[address]

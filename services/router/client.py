@@ -25,11 +25,11 @@ class RouterClient:
         self._stub = router_pb2_grpc.RouterStub(self._channel)
 
     def generate(self, prompt: str | list[int], sampling: SamplingParams | None = None,
-                 slo_class: str = "interactive", request_id: str = "", model: str = "",
-                 timeout_s: float | None = None) -> Iterator[router_pb2.GenerateResponse]:
+                 slo_class: str = "interactive", req_id: str = "", model: str = "",
+                 timeout_s: float | None = None) -> Iterator[common_pb2.GenerateResponse]:
         """The router's stream: iterate it for messages; `.cancel()` it to abort the request.
         Raises grpc.RpcError (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE, ...)."""
-        request = router_pb2.GenerateRequest(request_id=request_id, slo_class=slo_class, model=model)
+        request = router_pb2.GenerateRequest(req_id=req_id, slo_class=slo_class, model=model)
         if isinstance(prompt, str):
             request.text = prompt
         else:
@@ -39,11 +39,11 @@ class RouterClient:
         return self._stub.Generate(request, timeout=timeout_s)
 
     def generate_text(self, prompt: str | list[int], sampling: SamplingParams | None = None,
-                      slo_class: str = "interactive", request_id: str = "",
+                      slo_class: str = "interactive", req_id: str = "",
                       timeout_s: float | None = None) -> Generation:
         """The whole generation: (text, token_ids, finish_reason, usage)."""
-        text, token_ids, final = [], [], router_pb2.GenerateResponse()
-        for msg in self.generate(prompt, sampling, slo_class, request_id, timeout_s=timeout_s):
+        text, token_ids, final = [], [], common_pb2.GenerateResponse()
+        for msg in self.generate(prompt, sampling, slo_class, req_id, timeout_s=timeout_s):
             text.append(msg.text)
             token_ids.extend(msg.token_ids)
             if msg.finish_reason:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from services.common.defaults import DEFAULT_MODEL, HOST, ROUTER_PORT
+
 
 @dataclass(frozen=True)
 class SLOClass:
@@ -45,7 +47,7 @@ class SaturationConfig:
 
 @dataclass(frozen=True)
 class RouterConfig:
-    model: str = "smollm2"
+    model: str = DEFAULT_MODEL
     prefill_addresses: tuple[str, ...] = ()
     decode_addresses: tuple[str, ...] = ()
     kvstore_address: str = ""       # where leases live when a KVHandle does not say
@@ -53,8 +55,8 @@ class RouterConfig:
     slo_classes: dict[str, SLOClass] = field(default_factory=default_slo_classes)
     default_slo_class: str = DEFAULT_SLO_CLASS
     max_model_len: int | None = None  # None: the model's context (config.json / GGUF metadata)
-    host: str = "127.0.0.1"
-    port: int = 50051
+    host: str = HOST
+    port: int = ROUTER_PORT
     metrics_port: int | None = None  # None: no /metrics server (the Metrics object still counts)
     poll_interval_s: float = 0.2
     poll_timeout_s: float = 1.0

@@ -1,9 +1,12 @@
-"""Where the workers are. Locally a static list; in a cluster (later) Kubernetes
-EndpointSlices. The registry asks on every poll, so a discovery that changes its answer
-adds and removes workers without a restart."""
+"""Where the workers are: locally a static list (StaticDiscovery, from the --prefill and
+--decode flags); in a cluster the ready endpoints of Kubernetes EndpointSlices
+(k8s_discovery.py). The registry asks on every poll, so a discovery that changes its
+answer adds and removes workers without a restart."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+
+from services.common.address import parse_addresses  # noqa: F401  (the flags' parser, re-exported)
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -25,18 +28,3 @@ class StaticDiscovery(Discovery):
     def addresses(self, pool: str) -> tuple[str, ...]:
         return self._pools[pool]
 
-
-def parse_addresses(values: list[str] | None) -> tuple[str, ...]:
-    """Repeatable and/or comma-separated host:port flags into one tuple (order kept, no repeats)."""
-    found: list[str] = []
-    for value in values or []:
-        for address in value.split(","):
-            address = address.strip()
-            if not address:
-                continue
-            host, sep, port = address.rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ValueError(f"worker address {address!r}: expected host:port")
-            if address not in found:
-                found.append(address)
-    return tuple(found)

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import grpc
 
-from services.pb import decode_pb2, prefill_pb2, router_pb2
+from services.pb import common_pb2, decode_pb2, prefill_pb2
 from services.router.calls import RETRYABLE, WORKER_DOWN, WorkerCalls
 from services.router.cancel import Cancellation
 from services.router.discovery import DECODE, PREFILL
@@ -43,7 +43,7 @@ class GenerateFlow:
         self.retry_after_ms = retry_after_ms
 
     def run(self, req: RoutedRequest, arrival: float, cancel: Cancellation,
-            time_left: Callable[[], float | None]) -> Iterator[router_pb2.GenerateResponse]:
+            time_left: Callable[[], float | None]) -> Iterator[common_pb2.GenerateResponse]:
         """Raises RouterError (the client's error) or Cancelled."""
         if req.path != DIRECT and not self.pools[PREFILL].up_workers():
             req = self._without_prefill_pool(req)
@@ -66,9 +66,8 @@ class GenerateFlow:
         return replace(req, path=DIRECT)
 
     def _direct(self, req, out: ResponseStream, cancel, time_left):
-        decode_req = decode_pb2.DecodeRequest(request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
-                                              sampling=req.sampling, slo_class=req.slo_class,
-                                              priority=req.slo.priority)
+        decode_req = decode_pb2.DecodeRequest(req_id=req.req_id, prompt_token_ids=req.prompt_token_ids,
+                                              sampling=req.sampling, priority=req.slo.priority)
         yield from self._decode(req, decode_req, len(req.prompt_token_ids), out, cancel, time_left)
 
     def _disaggregated(self, req, out: ResponseStream, cancel, time_left):
@@ -81,11 +80,8 @@ class GenerateFlow:
             if reply.finish_reason:
                 return
             decode_req = decode_pb2.DecodeRequest(
-                request_id=req.request_id, prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
-                slo_class=req.slo_class, priority=req.slo.priority, first_token_id=reply.first_token_id,
-                kv_handle=reply.kv_handle)
-            if reply.HasField("logprob"):
-                decode_req.first_logprob.CopyFrom(reply.logprob)
+                req_id=req.req_id, prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
+                priority=req.slo.priority, first_token_id=reply.first_token_id, kv_handle=reply.kv_handle)
             for msg in self._decode(req, decode_req, 0, out, cancel, time_left):
                 taken = True
                 yield msg
@@ -94,9 +90,8 @@ class GenerateFlow:
                 self.calls.release_lease(reply.kv_handle.kvstore_address or self.kvstore_address, lease_id)
 
     def _prefill(self, req: RoutedRequest, out: ResponseStream, cancel, time_left) -> prefill_pb2.PrefillResponse:
-        request = prefill_pb2.PrefillRequest(request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
-                                             sampling=req.sampling, slo_class=req.slo_class,
-                                             priority=req.slo.priority)
+        request = prefill_pb2.PrefillRequest(req_id=req.req_id, prompt_token_ids=req.prompt_token_ids,
+                                             sampling=req.sampling, priority=req.slo.priority)
         failed: list[str] = []
         last_error: RouterError | None = None
         for attempt in range(MAX_ATTEMPTS):

@@ -5,9 +5,11 @@ import argparse
 import logging
 import os
 
+from services.common.address import parse_addresses
+from services.common.defaults import KVSTORE_ADDRESS
 from services.common.process import configure_logging, wait_for_shutdown
-from services.router.config import RouterConfig, SaturationConfig, default_slo_classes, load_slo_classes
-from services.router.discovery import parse_addresses
+from services.router.config import (DEFAULT_SLO_CLASS, RouterConfig, SaturationConfig, default_slo_classes,
+                                    load_slo_classes)
 from services.router.http.config import API_KEY_ENV, HttpConfig
 from services.router.k8s_discovery import add_discovery_arguments, discovery_from_args
 
@@ -15,36 +17,40 @@ logger = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2", help="the served model: HF folder, .gguf file or alias")
+    # defaults come from the config dataclasses: one place per setting
+    parser.add_argument("--model", default=RouterConfig.model, help="the served model: HF folder, .gguf file or alias")
     parser.add_argument("--prefill", action="append", default=[], metavar="HOST:PORT",
                         help="prefill worker address (repeatable, or a comma-separated list); "
                              "none: colocated, the decode workers prefill every prompt")
     parser.add_argument("--decode", action="append", default=[], metavar="HOST:PORT",
                         help="decode worker address (repeatable, or a comma-separated list)")
-    parser.add_argument("--kvstore", default="127.0.0.1:50060", help="KV cache service address (lease releases)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=50051)
+    parser.add_argument("--kvstore", default=KVSTORE_ADDRESS, help="KV cache service address (lease releases)")
+    parser.add_argument("--host", default=RouterConfig.host)
+    parser.add_argument("--port", type=int, default=RouterConfig.port)
     parser.add_argument("--metrics-port", type=int, default=None, help="serve /metrics on this port")
-    parser.add_argument("--short-prompt-tokens", type=int, default=256,
+    parser.add_argument("--short-prompt-tokens", type=int, default=RouterConfig.short_prompt_tokens,
                         help="prompts of at most this many tokens go straight to a decode worker")
     parser.add_argument("--slo-config", default=None,
                         help='JSON file of SLO classes: {"interactive": {"ttft_ms": .., "itl_ms": .., '
                              '"priority": 0, "max_queue_ms": ..}, ...} (default: interactive and batch)')
     parser.add_argument("--max-model-len", type=int, default=None, help="default: the model's context")
-    parser.add_argument("--poll-interval-s", type=float, default=0.2, help="worker load poll period")
+    parser.add_argument("--poll-interval-s", type=float, default=RouterConfig.poll_interval_s,
+                        help="worker load poll period")
     parser.add_argument("--max-worker-waiting", type=int, default=SaturationConfig.max_waiting,
                         help="a worker with this many requests waiting is saturated")
     parser.add_argument("--max-in-flight-per-worker", type=int, default=SaturationConfig.max_in_flight_per_worker,
                         help="requests this router keeps outstanding on one worker at most")
-    parser.add_argument("--retry-after-ms", type=int, default=500, help="the hint sent with RESOURCE_EXHAUSTED")
-    parser.add_argument("--http-port", type=_port_or_off, default=8000,
+    parser.add_argument("--retry-after-ms", type=int, default=RouterConfig.retry_after_ms,
+                        help="the hint sent with RESOURCE_EXHAUSTED")
+    parser.add_argument("--http-port", type=port_or_off, default=HttpConfig.port,
                         help="OpenAI-compatible HTTP API port, on --host ('off': gRPC only)")
     parser.add_argument("--api-key", default=None,
                         help=f"require 'Authorization: Bearer KEY' on the HTTP API (default: ${API_KEY_ENV})")
     add_discovery_arguments(parser)
 
 
-def _port_or_off(value: str) -> int | None:
+def port_or_off(value: str) -> int | None:
+    """A port, or None for 'off' (`pdserve up --http-port` parses the same way)."""
     if value.lower() in ("off", "none"):
         return None
     port = int(value)
@@ -59,7 +65,7 @@ def config_from_args(args) -> RouterConfig:
         raise ValueError("--decode: the router needs at least one decode worker "
                          "(without --prefill, they prefill every prompt themselves: colocated)")
     slo_classes = load_slo_classes(args.slo_config) if args.slo_config else default_slo_classes()
-    default_class = "interactive" if "interactive" in slo_classes else min(
+    default_class = DEFAULT_SLO_CLASS if DEFAULT_SLO_CLASS in slo_classes else min(
         slo_classes, key=lambda name: slo_classes[name].priority)
     return RouterConfig(
         model=args.model, prefill_addresses=prefill, decode_addresses=decode, kvstore_address=args.kvstore,

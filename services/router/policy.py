@@ -52,7 +52,7 @@ class SaturationPolicy:
 def prefill_backlog(w: WorkerView) -> int:
     """Prompt tokens waiting on a prefill worker. The worker's report is one poll old and
     this router's own outstanding tokens are exact for its requests: take the larger."""
-    return max(w.queued_prefill_tokens, w.in_flight_tokens)
+    return max(w.num_queued_prefill_tokens, w.in_flight_tokens)
 
 
 class WorkerPolicy(ABC):

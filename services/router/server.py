@@ -1,11 +1,13 @@
 """The router service: Router.Generate and Router.ListModels over gRPC, with health,
 reflection and /metrics, and beside them the OpenAI-compatible HTTP API (`http/`), served
-by the same validator and flow. `serve(config)` wires the parts (see docs/router.md):
+by the same Front. `serve(config)` wires the parts (see docs/router.md):
 
-    RouterServicer ─┐
-    http (FastAPI) ─┴▶ RequestValidator ─▶ GenerateFlow ─▶ Pool(prefill) / Pool(decode) ─▶ WorkerCalls
+    RouterServicer ─┐ GenerateInput
+    http (FastAPI) ─┴──────────────▶ Front: RequestValidator, outcome counts
+                                       └▶ GenerateFlow ─▶ Pool(prefill) / Pool(decode) ─▶ WorkerCalls
                                           │ policies, admission gate
-                        LoadPoller ─▶ WorkerRegistry ◀─ Discovery
+                       LoadPoller ─▶ WorkerRegistry ◀─ Discovery
+                           └ each round ─▶ Readiness ─▶ gRPC health, HTTP /health
 """
 from __future__ import annotations
 
@@ -16,37 +18,42 @@ from dataclasses import dataclass
 import grpc
 
 from engine import InvalidRequestError
+from services.common.convert import sampling_from_proto
+from services.common.defaults import HOST
 from services.common.grpc_server import RunningServer, ServiceSpec, start_server
 from services.pb import router_pb2, router_pb2_grpc
 from services.router.admission import AdmissionGate
 from services.router.calls import WorkerCalls
-from services.router.cancel import Cancellation, Cancelled
+from services.router.cancel import Cancellation
 from services.router.config import RouterConfig
 from services.router.discovery import DECODE, PREFILL, Discovery, StaticDiscovery
 from services.router.errors import RouterError
 from services.router.flow import GenerateFlow
+from services.router.front import Front
 from services.router.http.backend import Backend
 from services.router.http.config import HttpConfig
 from services.router.http.server import HttpServer
-from services.router.metrics import NO_CLASS, RouterMetrics
+from services.router.metrics import RouterMetrics
 from services.router.model_info import ModelInfo, describe_model, tokenizer_for
 from services.router.policy import MostRoomDecode, PathPolicy, PrefixAffinityPrefill, SaturationPolicy
 from services.router.poller import LoadPoller
 from services.router.pools import Pool
-from services.router.request import RequestValidator
+from services.router.readiness import Readiness
+from services.router.request import GenerateInput, RequestValidator
 from services.router.workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
 
 _NO_DEADLINE_S = 365 * 24 * 3600.0
-_OUTCOMES = {grpc.StatusCode.RESOURCE_EXHAUSTED: "rejected", grpc.StatusCode.UNAVAILABLE: "unavailable",
-             grpc.StatusCode.INVALID_ARGUMENT: "invalid"}
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
-    def __init__(self, cfg: RouterConfig, model: ModelInfo, validator: RequestValidator, flow: GenerateFlow,
-                 metrics: RouterMetrics):
-        self.cfg, self.model, self.validator, self.flow, self.metrics = cfg, model, validator, flow, metrics
+    def __init__(self, cfg: RouterConfig, model: ModelInfo, front: Front):
+        self.cfg, self.model, self.front = cfg, model, front
+
+    @property
+    def metrics(self) -> RouterMetrics:
+        return self.front.metrics
 
     def ListModels(self, request, context) -> router_pb2.ListModelsResponse:
         return router_pb2.ListModelsResponse(models=[router_pb2.ModelInfo(
@@ -55,30 +62,20 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     def Generate(self, request, context):
         arrival = time.monotonic()
         try:
-            req = self.validator.validate(request)
+            req = self.front.validate(_input(request))
         except InvalidRequestError as e:
-            self.metrics.requests.labels(NO_CLASS, "invalid").inc()
+            self.front.count_invalid()
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         cancel = Cancellation()
         # runs when the RPC ends (a no-op on calls already done); False: it has ended already
         if not context.add_callback(cancel.cancel):
             cancel.cancel()
-        outcome = "cancelled"  # unless it ends otherwise: a closed generator means the client left
         try:
-            yield from self.flow.run(req, arrival, cancel, lambda: self._time_left(context))
-            outcome = "ok"
-        except Cancelled:
-            return
+            yield from self.front.run(req, arrival, cancel, lambda: self._time_left(context))
         except RouterError as e:
-            outcome = _OUTCOMES.get(e.code, "error")
             if e.retry_after_ms is not None:
                 context.set_trailing_metadata(e.trailing_metadata())
             context.abort(e.code, e.message)
-        except Exception:
-            outcome = "error"
-            raise
-        finally:
-            self.metrics.requests.labels(req.slo_class, outcome).inc()
 
     def _time_left(self, context) -> float | None:
         """A worker call's timeout: the client's remaining deadline, capped by the config."""
@@ -87,6 +84,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if left is None or left > _NO_DEADLINE_S:  # grpc reports "no deadline" as ~292 years
             return limit
         return left if limit is None else min(left, limit)
+
+
+def _input(msg: router_pb2.GenerateRequest) -> GenerateInput:
+    """Raises InvalidRequestError for a bad sampling field (the engine's own checks)."""
+    which = msg.WhichOneof("prompt")
+    prompt = msg.text if which == "text" else tuple(msg.token_ids.ids) if which == "token_ids" else ()
+    return GenerateInput(prompt, sampling_from_proto(msg.sampling), msg.req_id, msg.slo_class, msg.model)
 
 
 @dataclass
@@ -99,7 +103,8 @@ class RunningRouter:
     metrics: RouterMetrics
     metrics_port: int | None
     pools: dict[str, Pool]
-    host: str = "127.0.0.1"
+    readiness: Readiness
+    host: str = HOST
     http: HttpServer | None = None  # the OpenAI-compatible API, when enabled
 
     @property
@@ -108,7 +113,7 @@ class RunningRouter:
 
     @property
     def address(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "[::]", "") else self.host
+        host = HOST if self.host in ("0.0.0.0", "::", "[::]", "") else self.host
         return f"{host}:{self.server.port}"
 
     def poll_now(self) -> None:
@@ -116,10 +121,10 @@ class RunningRouter:
         self.poller.poll_once()
 
     def stop(self, grace_s: float = 5.0) -> None:
+        self.poller.stop()  # first: a last round must not turn the stopping server's health back on
         if self.http is not None:
             self.http.stop(grace_s)
         self.server.stop(grace_s)
-        self.poller.stop()
         self.calls.close()
         self.registry.close()
 
@@ -137,8 +142,9 @@ def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None,
     registry = WorkerRegistry(discovery or StaticDiscovery(cfg.prefill_addresses, cfg.decode_addresses),
                               on_change=lambda pool: gates[pool].wake())
     pools = _pools(cfg, registry, gates, metrics)
+    readiness = Readiness(registry)
     poller = LoadPoller(registry, cfg.poll_interval_s, cfg.poll_timeout_s,
-                        after_round=lambda: metrics.update_workers(registry))
+                        after_round=lambda: _after_round(metrics, registry, readiness))
     poller.poll_once()  # know who is up before the first request
     poller.start()
     calls = WorkerCalls(registry)
@@ -146,14 +152,17 @@ def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None,
     validator = RequestValidator(model, tokenizer, cfg.slo_classes, cfg.default_slo_class,
                                  PathPolicy(cfg.short_prompt_tokens, cfg.slo_classes,
                                             colocated=discovery is None and not cfg.prefill_addresses))
-    servicer = RouterServicer(cfg, model, validator, flow, metrics)
+    front = Front(validator, flow, metrics)
+    servicer = RouterServicer(cfg, model, front)
     server = http_server = None
     try:
         server = start_server([ServiceSpec("pdserve.v1.Router", router_pb2_grpc.add_RouterServicer_to_server,
-                                           servicer)], cfg.host, cfg.port, max_workers=cfg.max_concurrent_streams)
+                                           servicer)], cfg.host, cfg.port, max_workers=cfg.max_concurrent_streams,
+                              serving=readiness.ready())
+        readiness.publish_to(server)
         metrics_port = metrics.metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None
         if http is not None:
-            backend = Backend(model, tokenizer, validator, flow, metrics, registry, cfg.worker_timeout_s, time.time())
+            backend = Backend(model, tokenizer, front, readiness, cfg.worker_timeout_s, time.time())
             http_server = HttpServer(http, backend).start()
     except Exception:  # e.g. a port in use: leave no poller thread, channels or ports behind
         if server is not None:
@@ -165,8 +174,13 @@ def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None,
     logger.info("router on %s:%d: %d prefill, %d decode workers%s (model %s)", cfg.host, server.port,
                 len(cfg.prefill_addresses), len(cfg.decode_addresses),
                 " (colocated: no prefill pool)" if validator.paths.colocated else "", model.name)
-    return RunningRouter(server, servicer, registry, poller, calls, metrics, metrics_port, pools, cfg.host,
-                         http_server)
+    return RunningRouter(server, servicer, registry, poller, calls, metrics, metrics_port, pools, readiness,
+                         cfg.host, http_server)
+
+
+def _after_round(metrics: RouterMetrics, registry: WorkerRegistry, readiness: Readiness) -> None:
+    metrics.update_workers(registry)
+    readiness.update()
 
 
 def _pools(cfg: RouterConfig, registry: WorkerRegistry, gates: dict[str, AdmissionGate],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from services.pb import common_pb2, prefill_pb2, router_pb2
+from services.pb import common_pb2, prefill_pb2
 from services.router.metrics import RouterMetrics
 from services.router.request import RoutedRequest
 
@@ -46,22 +46,22 @@ class ResponseStream:
             self.first_call = time.monotonic()
             self.metrics.queue.labels(*self.labels).observe(self.first_call - self.arrival)
 
-    def first_from_prefill(self, reply: prefill_pb2.PrefillResponse) -> router_pb2.GenerateResponse:
+    def first_from_prefill(self, reply: prefill_pb2.PrefillResponse) -> common_pb2.GenerateResponse:
         self._prefill_timings.CopyFrom(reply.timings)
         self._cached_prompt_tokens = reply.num_cached_tokens
-        msg = router_pb2.GenerateResponse(request_id=self.req.request_id, token_ids=[reply.first_token_id],
+        msg = common_pb2.GenerateResponse(req_id=self.req.req_id, token_ids=[reply.first_token_id],
                                           text=reply.text, finish_reason=reply.finish_reason)
         if reply.HasField("logprob"):
             msg.logprobs.append(reply.logprob)
         return self._account(msg)
 
-    def forward(self, worker_msg: router_pb2.GenerateResponse) -> router_pb2.GenerateResponse:
-        msg = router_pb2.GenerateResponse()
+    def forward(self, worker_msg: common_pb2.GenerateResponse) -> common_pb2.GenerateResponse:
+        msg = common_pb2.GenerateResponse()
         msg.CopyFrom(worker_msg)
-        msg.request_id = self.req.request_id
+        msg.req_id = self.req.req_id
         return self._account(msg)
 
-    def _account(self, msg: router_pb2.GenerateResponse) -> router_pb2.GenerateResponse:
+    def _account(self, msg: common_pb2.GenerateResponse) -> common_pb2.GenerateResponse:
         if msg.token_ids:
             self._observe_tokens(len(msg.token_ids))
         if msg.finish_reason:
@@ -79,7 +79,7 @@ class ResponseStream:
         self.last_token = t
         self.num_tokens += num_tokens
 
-    def _finish(self, msg: router_pb2.GenerateResponse) -> None:
+    def _finish(self, msg: common_pb2.GenerateResponse) -> None:
         self._finished = True
         cached = msg.usage.cached_prompt_tokens if self._cached_prompt_tokens is None else self._cached_prompt_tokens
         msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=len(self.req.prompt_token_ids),

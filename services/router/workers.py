@@ -29,20 +29,24 @@ _RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_rec
 class WorkerView:
     address: str
     up: bool = False
+    # as the worker last reported them (WorkerLoad, under the same names)
     num_running: int = 0
     num_waiting: int = 0
-    queued_prefill_tokens: int = 0
+    num_queued_prefill_tokens: int = 0
     num_free_kv_blocks: int = 0
     num_total_kv_blocks: int = 0
     max_num_seqs: int = 0
     draining: bool = False
-    in_flight: int = 0          # requests this router has outstanding on the worker
+    # what this router itself has outstanding on the worker
+    in_flight: int = 0
     in_flight_tokens: int = 0   # their prompt tokens
 
 
+_LOAD_FIELDS = tuple(f.name for f in common_pb2.WorkerLoad.DESCRIPTOR.fields)
+
+
 def view_from_load(address: str, load: common_pb2.WorkerLoad, up: bool = True) -> WorkerView:
-    return WorkerView(address, up, load.num_running, load.num_waiting, load.queued_prefill_tokens,
-                      load.num_free_kv_blocks, load.num_total_kv_blocks, load.max_num_seqs, load.draining)
+    return WorkerView(address, up, **{name: getattr(load, name) for name in _LOAD_FIELDS})
 
 
 class _Worker:

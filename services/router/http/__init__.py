@@ -2,7 +2,7 @@
 same routing core; see docs/openai.md.
 
     config.py    HttpConfig                 schemas.py  request bodies (pydantic)
-    translate.py body -> GenerateRequests   backend.py  the router core it calls
+    translate.py body -> GenerateInputs     backend.py  the router core it calls
     runs.py      choices in threads <-> event loop
     replies.py   response bodies and chunks (logprobs.py: both logprob formats)
     errors.py    OpenAI error JSON          auth.py     the API key check

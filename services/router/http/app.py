@@ -1,8 +1,8 @@
 """The FastAPI app: OpenAI's completions, chat completions and models, plus /health and
 /metrics. One request's way:
 
-    body (pydantic) ─▶ translate: Job (a GenerateRequest per choice) ─▶ validate each,
-    as Router.Generate does ─▶ RunGroup: every choice through the routing flow ─▶
+    body (pydantic) ─▶ translate: Job (a GenerateInput per choice) ─▶ validate each,
+    by the same Front as Router.Generate ─▶ RunGroup: every choice through the routing flow ─▶
     Reply: one JSON body, or SSE chunks ("data: {json}\\n\\n" ... "data: [DONE]\\n\\n")
 
 A stream's headers wait for every choice's first message, so a refusal (429, 503) is
@@ -44,7 +44,7 @@ _CLIENT_CLOSED = 499  # nobody reads it: the status logged for a client that wen
 
 def create_app(backend: Backend, cfg: HttpConfig, executor: Executor) -> FastAPI:
     app = FastAPI(title="pdserve", docs_url=None, redoc_url=None, openapi_url=None)
-    install_handlers(app, on_invalid_body=backend.count_invalid)
+    install_handlers(app, on_invalid_body=backend.front.count_invalid)
     if cfg.api_key is not None:
         app.add_middleware(ApiKeyGuard, api_key=cfg.api_key)
     api = _Api(backend, cfg, executor)
@@ -79,14 +79,15 @@ class _Api:
         return self._card()
 
     async def health(self) -> JSONResponse:
-        """Ready only when a request could be served: a prefill and a decode worker answer."""
-        up = self.backend.workers_up()
-        ready = all(up.values())
+        """200 when the router is ready (readiness.py: a decode worker is reachable), else 503."""
+        up = self.backend.readiness.workers_up()
+        ready = self.backend.readiness.ready(up)
         return JSONResponse({"status": "ok" if ready else "unavailable", "workers_up": up},
                             status_code=200 if ready else 503)
 
     async def metrics(self) -> Response:
-        return Response(generate_latest(self.backend.metrics.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(self.backend.front.metrics.metrics.registry),
+                        media_type=CONTENT_TYPE_LATEST)
 
     def _card(self) -> dict:
         m = self.backend.model
@@ -116,15 +117,17 @@ class _Api:
             raise
 
     def _prepare(self, make_job: Callable[[], Job]):
+        front = self.backend.front
         try:
             job = make_job()
         except ApiError as e:
             if e.status in (400, 404):
-                self.backend.count_invalid()
+                front.count_invalid()
             raise
         try:
-            return job, [self.backend.validate(r) for r in job.requests]
+            return job, [front.validate(inp) for inp in job.inputs]
         except InvalidRequestError as e:
+            front.count_invalid()
             raise from_invalid(e, job.rename) from None
 
 

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.common.defaults import HOST, ROUTER_HTTP_PORT
+
 API_KEY_ENV = "PDSERVE_API_KEY"
 
 
 @dataclass(frozen=True)
 class HttpConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000              # 0: any free port (tests)
+    host: str = HOST
+    port: int = ROUTER_HTTP_PORT  # 0: any free port (tests)
     api_key: str | None = field(default=None, repr=False)  # set: all but /health, /metrics need "Bearer <key>"
     max_choices: int = 64         # n × prompts of one request: each choice is a request on the workers
     max_threads: int = 256        # each running choice holds one thread while the routing flow blocks

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 
-from services.pb import common_pb2, router_pb2
+from services.pb import common_pb2
 from services.router.http.logprobs import ChatLogprobs, LegacyLogprobs, TokenText
 from services.router.http.translate import Job
 
@@ -35,11 +35,11 @@ class Reply(ABC):
     def __init__(self, job: Job, model: str, text_of: TokenText):
         self.job = job
         self.model = model
-        self.id = f"{self.id_prefix}-{job.request_id}"
+        self.id = f"{self.id_prefix}-{job.req_id}"
         self.created = int(time.time())
-        self.choices = [_Choice(None if job.logprobs is None else self._logprobs(text_of)) for _ in job.requests]
+        self.choices = [_Choice(None if job.logprobs is None else self._logprobs(text_of)) for _ in job.inputs]
 
-    def add(self, index: int, msg: router_pb2.GenerateResponse) -> dict:
+    def add(self, index: int, msg: common_pb2.GenerateResponse) -> dict:
         """Take one message of choice `index`; returns its chunk (for streaming)."""
         choice = self.choices[index]
         choice.text.append(msg.text)

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import Executor
 
-from services.pb import router_pb2
+from services.pb import common_pb2
 from services.router.cancel import Cancellation
 from services.router.http.backend import Backend
 from services.router.request import RoutedRequest
@@ -25,7 +25,7 @@ from services.router.request import RoutedRequest
 logger = logging.getLogger(__name__)
 
 _END = object()
-Message = tuple[int, router_pb2.GenerateResponse]
+Message = tuple[int, common_pb2.GenerateResponse]
 
 
 class RunGroup:

@@ -1,9 +1,11 @@
-"""An OpenAI request as the router's requests: one `GenerateRequest` per choice.
+"""An OpenAI request as the router's requests: one `GenerateInput` per choice, built
+straight from the pydantic body (no protobuf on this path: the router's validator takes
+the same typed input from both fronts).
 
     completions: prompt (text | ids | a batch of either) × n  ->  choices, prompt-major:
                  choice i = prompt i // n, run i % n (seed + i % n when a seed is given)
-    chat:        messages -> the model's chat template -> token ids (no special tokens
-                 added: the template has them), exactly as engine.LLM.chat, × n
+    chat:        messages -> the model's chat template -> token ids (engine.chat, the same
+                 function as engine.LLM.chat), × n
 
 Everything the engine cannot honour is refused here, naming the field (400).
 """
@@ -12,10 +14,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from services.pb import common_pb2, router_pb2
-from services.router.http.errors import bad_request, model_not_found
+from engine import InvalidRequestError, SamplingParams
+from engine.chat import encode_chat_prompt
+from services.router.http.errors import bad_request, from_invalid, model_not_found
 from services.router.http.schemas import ChatCompletionRequest, CompletionRequest, _GenerateRequest
 from services.router.model_info import ModelInfo
+from services.router.request import GenerateInput
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat's is the rest of the context
 MAX_LOGPROBS = 20           # the engine's limit
@@ -25,8 +29,8 @@ _INT64_MAX = (1 << 63) - 1
 @dataclass(frozen=True)
 class Job:
     """What one HTTP request asks of the router."""
-    request_id: str
-    requests: tuple[router_pb2.GenerateRequest, ...]  # one per choice, in choice order
+    req_id: str
+    inputs: tuple[GenerateInput, ...]                  # one per choice, in choice order
     prompt_of: tuple[int, ...]                         # each choice's prompt (usage counts a prompt once)
     stream: bool
     include_usage: bool
@@ -72,14 +76,11 @@ def chat_job(body: ChatCompletionRequest, model: ModelInfo, tokenizer, slo_heade
 def chat_prompt(body: ChatCompletionRequest, tokenizer) -> list[int]:
     if not body.messages:
         raise bad_request("messages", "must hold at least one message")
-    if not getattr(tokenizer, "chat_template", None):
-        raise bad_request("messages", "this model has no chat template")
     conversation = [{"role": m.role, "content": _text(m.content, i)} for i, m in enumerate(body.messages)]
     try:
-        text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
-    except Exception as e:  # the template's own checks (e.g. role order) raise from Jinja
-        raise bad_request("messages", f"the chat template refused them: {e}") from None
-    return list(tokenizer.encode(text, add_special_tokens=False))
+        return encode_chat_prompt(tokenizer, conversation)[1]
+    except InvalidRequestError as e:
+        raise from_invalid(e, {}) from None
 
 
 def _text(content, index: int) -> str:
@@ -125,7 +126,7 @@ def _prompts(prompt) -> list[str | list[int]]:
 
 
 def _sampling(body: _GenerateRequest, max_tokens: int, logprobs: int | None) -> dict:
-    """The sampling fields that are set (unset ones take the engine's defaults on the workers)."""
+    """The sampling fields that are set (unset ones take SamplingParams' defaults, the engine's)."""
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     values = dict(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                   min_p=body.min_p, seed=body.seed, logprobs=logprobs)
@@ -141,38 +142,26 @@ def _job(body: _GenerateRequest, prompts: list, sampling: dict, slo_header: str 
     if n * len(prompts) > max_choices:
         raise bad_request("n" if len(prompts) == 1 else "prompt",
                           f"{n * len(prompts)} choices asked for; at most {max_choices} per request")
+    # run i gets seed + i, and the workers' wire carries seeds as int64
     if body.seed is not None and not 0 <= body.seed <= _INT64_MAX - n:
         raise bad_request("seed", f"must be in [0, 2^63 - n), got {body.seed}")
-    request_id = uuid.uuid4().hex
+    req_id = uuid.uuid4().hex
     num_choices = n * len(prompts)
-    requests = []
+    slo_class = body.slo_class or slo_header or ""
+    inputs = []
     for i in range(num_choices):
         run_sampling = dict(sampling, seed=sampling["seed"] + i % n) if "seed" in sampling else sampling
-        run_id = request_id if num_choices == 1 else f"{request_id}-{i}"
-        requests.append(_request(run_id, prompts[i // n], run_sampling, body, slo_header, rename))
+        run_id = req_id if num_choices == 1 else f"{req_id}-{i}"
+        prompt = prompts[i // n]
+        inputs.append(GenerateInput(prompt if isinstance(prompt, str) else tuple(prompt),
+                                    _params(run_sampling, rename), run_id, slo_class, body.model))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return Job(request_id, tuple(requests), tuple(i // n for i in range(num_choices)), bool(body.stream),
+    return Job(req_id, tuple(inputs), tuple(i // n for i in range(num_choices)), bool(body.stream),
                include_usage, logprobs, rename)
 
 
-def _request(request_id: str, prompt, sampling: dict, body: _GenerateRequest, slo_header: str | None,
-             rename: dict[str, str]) -> router_pb2.GenerateRequest:
-    msg = router_pb2.GenerateRequest(request_id=request_id, model=body.model,
-                                     slo_class=body.slo_class or slo_header or "")
-    if isinstance(prompt, str):
-        msg.text = prompt
-    else:
-        _check_int32(rename.get("prompt_token_ids", "prompt_token_ids"), prompt)
-        msg.token_ids.CopyFrom(common_pb2.TokenIds(ids=prompt))
-    for name in ("max_tokens", "top_k"):
-        if name in sampling:
-            _check_int32(rename.get(name, name), [sampling[name]])
-    _check_int32("stop_token_ids", sampling["stop_token_ids"])
-    msg.sampling.CopyFrom(common_pb2.SamplingParams(**sampling))
-    return msg
-
-
-def _check_int32(param: str, values) -> None:
-    # the wire's int32 fields would refuse these with a message naming no field
-    if any(not -(1 << 31) <= v < (1 << 31) for v in values):
-        raise bad_request(param, "a value is out of range")
+def _params(sampling: dict, rename: dict[str, str]) -> SamplingParams:
+    try:
+        return SamplingParams(**sampling)
+    except InvalidRequestError as e:  # the engine's own checks, under this API's field names
+        raise from_invalid(e, rename) from None

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from services.common.grpc_server import RunningServer, ServiceSpec, start_server
-from services.pb import (common_pb2, decode_pb2_grpc, kvstore_pb2, kvstore_pb2_grpc, prefill_pb2,
-                         prefill_pb2_grpc, router_pb2)
+from services.pb import (common_pb2, decode_pb2_grpc, kvstore_pb2, kvstore_pb2_grpc,
+                         prefill_pb2, prefill_pb2_grpc)
 from services.router.config import RouterConfig
 from services.router.server import RunningRouter, serve
 
@@ -89,10 +89,10 @@ class FakePrefill(_Controls, prefill_pb2_grpc.PrefillWorkerServicer):
         # as the real worker: a request of one token ends with it, no decode follows
         finish = "length" if request.sampling.HasField("max_tokens") and request.sampling.max_tokens == 1 else ""
         handle = common_pb2.KVHandle(block_hashes=[b"block-%d" % i for i in range(len(prompt) // 16)],
-                                     tail_key=f"{request.request_id}/tail", num_tokens=len(prompt),
-                                     lease_id=f"lease-{request.request_id}", kvstore_address=self.kvstore_address)
+                                     tail_key=f"{request.req_id}/tail", num_tokens=len(prompt),
+                                     lease_id=f"lease-{request.req_id}", kvstore_address=self.kvstore_address)
         return prefill_pb2.PrefillResponse(
-            request_id=request.request_id, first_token_id=first, text=piece(first),
+            req_id=request.req_id, first_token_id=first, text=piece(first),
             finish_reason=self.finish_reason or finish, kv_handle=handle, num_cached_tokens=self.num_cached_tokens,
             timings=common_pb2.Timings(**PREFILL_TIMINGS))
 
@@ -120,7 +120,7 @@ class FakeDecode(_Controls, decode_pb2_grpc.DecodeWorkerServicer):
                 context.abort(grpc.StatusCode.UNAVAILABLE, "injected mid-stream failure")
             if i == self.end_after:
                 return
-            msg = router_pb2.GenerateResponse(request_id=request.request_id, token_ids=[token], text=piece(token))
+            msg = common_pb2.GenerateResponse(req_id=request.req_id, token_ids=[token], text=piece(token))
             if i == len(tokens) - 1:
                 msg.finish_reason = "length"
                 msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=len(prompt), completion_tokens=max_tokens,

@@ -112,7 +112,7 @@ def test_workers_failing_polls_are_down_until_they_answer_again(cluster, client)
 def test_failing_prefill_worker_is_retried_once_on_the_other(cluster, client, code):
     failing, healthy = cluster.prefills
     failing.fail_with = code
-    healthy.load.queued_prefill_tokens = 10_000  # so the failing one is tried first
+    healthy.load.num_queued_prefill_tokens = 10_000  # so the failing one is tried first
     cluster.router.poll_now()
     msgs = _generate(client, LONG)
     assert _tokens(msgs) == expected_tokens(len(LONG), 4) and msgs[-1].usage.completion_tokens == 4
@@ -220,8 +220,8 @@ def test_cancel_between_prefill_and_decode_releases_the_lease_once(cluster):
     (decode,) = [d for d in cluster.decodes if d.requests]
     wait_until(decode.saw_cancel.is_set, "the decode saw its call cancelled")
     wait_until(lambda: _outcome(cluster, "cancelled") == 1, "the router finished the request")
-    request_id = decode.requests[0].request_id
-    assert cluster.kvstore.releases == [(f"lease-{request_id}", True)]
+    req_id = decode.requests[0].req_id
+    assert cluster.kvstore.releases == [(f"lease-{req_id}", True)]
     client.close()
 
 
@@ -264,7 +264,7 @@ def test_router_serves_queued_interactive_before_batch(make_cluster):
 
     def generate(name, slo_class):
         with RouterClient(cluster.router.address) as client:
-            results[name] = _tokens(_generate(client, SHORT, slo_class=slo_class, request_id=name))
+            results[name] = _tokens(_generate(client, SHORT, slo_class=slo_class, req_id=name))
     threads = [threading.Thread(target=generate, args=("first", "interactive"))]
     threads[0].start()
     wait_until(decode.holding.is_set, "the first request holds the only slot")
@@ -275,5 +275,5 @@ def test_router_serves_queued_interactive_before_batch(make_cluster):
     decode.hold.set()
     for t in threads:
         t.join(timeout=30)
-    assert [r.request_id for r in decode.requests] == ["first", "interactive", "batch"]
+    assert [r.req_id for r in decode.requests] == ["first", "interactive", "batch"]
     assert results == {name: expected_tokens(len(SHORT), 4) for name in ("first", "batch", "interactive")}

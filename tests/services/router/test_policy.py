@@ -26,15 +26,15 @@ def test_path_by_prompt_length_and_class():
 
 
 def test_least_queued_prefill_tokens():
-    workers = [_w("a", queued_prefill_tokens=500), _w("b", queued_prefill_tokens=100),
-               _w("c", queued_prefill_tokens=300)]
+    workers = [_w("a", num_queued_prefill_tokens=500), _w("b", num_queued_prefill_tokens=100),
+               _w("c", num_queued_prefill_tokens=300)]
     assert LeastQueuedPrefill().choose(workers, PROMPT).address == "b"
     assert LeastQueuedPrefill().choose([], PROMPT) is None
 
 
 def test_router_in_flight_tokens_count_before_the_next_poll():
     # b reported less, but this router has just sent it 900 tokens the report does not show yet
-    workers = [_w("a", queued_prefill_tokens=500), _w("b", queued_prefill_tokens=100, in_flight_tokens=900)]
+    workers = [_w("a", num_queued_prefill_tokens=500), _w("b", num_queued_prefill_tokens=100, in_flight_tokens=900)]
     assert LeastQueuedPrefill().choose(workers, PROMPT).address == "a"
 
 
@@ -65,9 +65,9 @@ def test_prefix_affinity_yields_to_the_least_loaded_when_overloaded():
     policy = PrefixAffinityPrefill(max_extra_tokens=1000)
     workers = [_w("a"), _w("b")]
     prompt = _affinity_pair(policy, workers)["a"]
-    within = [_w("a", queued_prefill_tokens=1000), _w("b")]
+    within = [_w("a", num_queued_prefill_tokens=1000), _w("b")]
     assert policy.choose(within, prompt).address == "a"
-    beyond = [_w("a", queued_prefill_tokens=1001), _w("b")]
+    beyond = [_w("a", num_queued_prefill_tokens=1001), _w("b")]
     assert policy.choose(beyond, prompt).address == "b"
 
 
@@ -83,7 +83,7 @@ def test_prefix_affinity_moves_when_its_worker_is_gone_and_comes_back():
 
 def test_short_prompt_has_no_affinity():
     policy = PrefixAffinityPrefill(max_extra_tokens=1000)
-    workers = [_w("a", queued_prefill_tokens=5), _w("b")]
+    workers = [_w("a", num_queued_prefill_tokens=5), _w("b")]
     assert policy.preferred(workers, list(range(15))) is None
     assert policy.choose(workers, list(range(15))).address == "b"
 
@@ -112,7 +112,7 @@ def test_decode_avoids_a_worker_busy_prefilling_long_prompts():
     # colocated: a has fewer streams but 2k prompt tokens still to prefill, which stall each of its steps
     policy = MostRoomDecode()
     busy = dict(max_num_seqs=64, num_free_kv_blocks=80, num_total_kv_blocks=100)
-    workers = [_w("a", num_running=1, queued_prefill_tokens=2048, **busy), _w("b", num_running=3, **busy)]
+    workers = [_w("a", num_running=1, num_queued_prefill_tokens=2048, **busy), _w("b", num_running=3, **busy)]
     assert policy.choose(workers).address == "b"
     # the tokens this router just sent count before the worker reports them
     workers = [_w("a", num_running=1, in_flight_tokens=2048, **busy), _w("b", num_running=3, **busy)]
@@ -126,7 +126,7 @@ def test_decode_avoids_a_worker_busy_prefilling_long_prompts():
     (dict(num_waiting=3), True),
     (dict(num_waiting=2), False),
     (dict(in_flight=4), True),
-    (dict(queued_prefill_tokens=1000), True),
+    (dict(num_queued_prefill_tokens=1000), True),
     (dict(in_flight_tokens=1000), True),
     (dict(num_free_kv_blocks=0, num_total_kv_blocks=100), True),
     (dict(num_free_kv_blocks=0, num_total_kv_blocks=0), False),  # not reported yet

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import SamplingParams
-from services.pb import router_pb2
+from services.pb import common_pb2
 from services.router.policy import PrefixAffinityPrefill
 from services.router.workers import WorkerView
 from tests.services.router.fakes import DECODE_TIMINGS, PREFILL_TIMINGS, address_of, expected_tokens, piece
@@ -14,7 +14,7 @@ SHORT = list(range(100, 120))   # 20 tokens: at most short_prompt_tokens (32)
 LONG = list(range(200, 260))    # 60 tokens: prefill, then decode
 
 
-def _collect(client, prompt, max_tokens=5, **kw) -> list[router_pb2.GenerateResponse]:
+def _collect(client, prompt, max_tokens=5, **kw) -> list[common_pb2.GenerateResponse]:
     return list(client.generate(prompt, SamplingParams(temperature=0, max_tokens=max_tokens), timeout_s=30, **kw))
 
 
@@ -23,14 +23,14 @@ def _tokens(msgs) -> list[int]:
 
 
 def test_short_prompt_goes_straight_to_decode(cluster, client):
-    msgs = _collect(client, SHORT, request_id="short-1")
+    msgs = _collect(client, SHORT, req_id="short-1")
     assert _tokens(msgs) == expected_tokens(len(SHORT), 5)
     assert all(not p.requests for p in cluster.prefills)
     (request,) = [r for d in cluster.decodes for r in d.requests]
     assert not request.HasField("first_token_id") and not request.HasField("kv_handle")
-    assert list(request.prompt_token_ids) == SHORT and request.request_id == "short-1"
-    assert request.slo_class == "interactive" and request.sampling.max_tokens == 5
-    assert {m.request_id for m in msgs} == {"short-1"}
+    assert list(request.prompt_token_ids) == SHORT and request.req_id == "short-1"
+    assert request.priority == 0 and request.sampling.max_tokens == 5  # the interactive class travels as its priority
+    assert {m.req_id for m in msgs} == {"short-1"}
 
 
 def test_long_prompt_prefills_then_decodes_first_token_first(cluster, client):
@@ -40,11 +40,11 @@ def test_long_prompt_prefills_then_decodes_first_token_first(cluster, client):
     assert _tokens(msgs) == expected_tokens(len(LONG), 5)
     (prefill_req,) = [r for p in cluster.prefills for r in p.requests]
     (decode_req,) = [r for d in cluster.decodes for r in d.requests]
-    assert list(prefill_req.prompt_token_ids) == LONG and prefill_req.slo_class == "batch"
-    assert decode_req.first_token_id == first and decode_req.slo_class == "batch"
-    assert decode_req.kv_handle.lease_id == f"lease-{prefill_req.request_id}"
-    assert decode_req.request_id == prefill_req.request_id != ""  # assigned by the router
-    assert {m.request_id for m in msgs} == {prefill_req.request_id}
+    assert list(prefill_req.prompt_token_ids) == LONG and prefill_req.priority == 1  # batch
+    assert decode_req.first_token_id == first and decode_req.priority == 1
+    assert decode_req.kv_handle.lease_id == f"lease-{prefill_req.req_id}"
+    assert decode_req.req_id == prefill_req.req_id != ""  # assigned by the router
+    assert {m.req_id for m in msgs} == {prefill_req.req_id}
     assert cluster.kvstore.releases == []  # the decode took the lease over
 
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from engine import InvalidRequestError, SamplingParams
 from services.common.grpc_server import channel
 from services.pb import common_pb2, router_pb2, router_pb2_grpc
+from services.router.config import default_slo_classes
+from services.router.model_info import ModelInfo
+from services.router.policy import PathPolicy
+from services.router.request import GenerateInput, RequestValidator
 from tests.services.router.fakes import expected_tokens
 
 GOOD = [5, 6, 7]
@@ -59,3 +64,34 @@ def test_max_model_len_from_config_lowers_the_limit(make_cluster):
         list(router_pb2_grpc.RouterStub(ch).Generate(
             router_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(ids=list(range(64)))), timeout=30))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_model_len" in e.value.details()
+
+
+def _validator(vocab_size: int = 49152) -> RequestValidator:
+    classes = default_slo_classes()
+    return RequestValidator(ModelInfo("m", "org/m", 2048, vocab_size), tokenizer=None, slo_classes=classes,
+                            default_slo_class="interactive", paths=PathPolicy(32, classes))
+
+
+@pytest.mark.parametrize("sampling,field", [
+    (SamplingParams(max_tokens=2**40), "max_tokens"),
+    (SamplingParams(top_k=2**31), "top_k"),
+    (SamplingParams(stop_token_ids=[5, 2**31]), "stop_token_ids"),
+])
+def test_values_the_worker_hop_cannot_carry_are_refused_naming_the_field(sampling, field):
+    # the engine takes any int; the router -> worker wire only int32 (HTTP clients can send more)
+    with pytest.raises(InvalidRequestError) as e:
+        _validator().validate(GenerateInput(tuple(GOOD), sampling))
+    assert e.value.field == field
+
+
+def test_token_ids_are_bounded_by_the_wire_when_the_vocabulary_is_unknown():
+    with pytest.raises(InvalidRequestError) as e:
+        _validator(vocab_size=0).validate(GenerateInput((5, 2**31), SamplingParams()))
+    assert e.value.field == "prompt_token_ids"
+
+
+def test_one_input_from_either_front_routes_the_same():
+    req = _validator().validate(GenerateInput(tuple(GOOD), SamplingParams(max_tokens=3, seed=7), req_id="r-1",
+                                              slo_class="batch"))
+    assert (req.req_id, req.prompt_token_ids, req.slo_class) == ("r-1", tuple(GOOD), "batch")
+    assert req.sampling.max_tokens == 3 and req.sampling.seed == 7 and not req.sampling.HasField("logprobs")

@@ -26,9 +26,9 @@ def test_in_flight_counts_survive_load_reports_and_release_once():
         assert not _view(registry, PREFILL, "127.0.0.1:1").up  # unknown until it answers a poll
         release = registry.reserve(PREFILL, "127.0.0.1:1", tokens=300)
         assert changes == []  # reserving never wakes anyone
-        registry.report(PREFILL, "127.0.0.1:1", common_pb2.WorkerLoad(queued_prefill_tokens=50, max_num_seqs=4))
+        registry.report(PREFILL, "127.0.0.1:1", common_pb2.WorkerLoad(num_queued_prefill_tokens=50, max_num_seqs=4))
         v = _view(registry, PREFILL, "127.0.0.1:1")
-        assert (v.up, v.queued_prefill_tokens, v.max_num_seqs, v.in_flight, v.in_flight_tokens) == (True, 50, 4, 1, 300)
+        assert (v.up, v.num_queued_prefill_tokens, v.max_num_seqs, v.in_flight, v.in_flight_tokens) == (True, 50, 4, 1, 300)
         release()
         release()
         v = _view(registry, PREFILL, "127.0.0.1:1")

@@ -1,0 +1,52 @@
+"""What both fronts, gRPC Router.Generate and the HTTP API, do with a request between
+parsing it and answering it: validate it, run it through the flow, and count how it ended
+(`router_requests_total` by SLO class and outcome). Each front only turns its own wire form
+into a `GenerateInput` and the results into its own replies."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from services.pb import common_pb2
+from services.router.cancel import Cancellation, Cancelled
+from services.router.errors import RouterError
+from services.router.flow import GenerateFlow
+from services.router.metrics import NO_CLASS, RouterMetrics
+from services.router.request import GenerateInput, RequestValidator, RoutedRequest
+
+# how a request that failed with a RouterError is counted; any other code is an "error"
+OUTCOMES = {grpc.StatusCode.RESOURCE_EXHAUSTED: "rejected", grpc.StatusCode.UNAVAILABLE: "unavailable",
+            grpc.StatusCode.INVALID_ARGUMENT: "invalid"}
+
+
+class Front:
+    def __init__(self, validator: RequestValidator, flow: GenerateFlow, metrics: RouterMetrics):
+        self.validator, self.flow, self.metrics = validator, flow, metrics
+
+    def validate(self, inp: GenerateInput) -> RoutedRequest:
+        """Raises InvalidRequestError naming the field; the front refusing it calls count_invalid."""
+        return self.validator.validate(inp)
+
+    def count_invalid(self) -> None:
+        """A request refused as malformed, before its SLO class was known; the fronts count
+        their own parse errors here too (a bad sampling field, an unparsable body)."""
+        self.metrics.requests.labels(NO_CLASS, "invalid").inc()
+
+    def run(self, req: RoutedRequest, arrival: float, cancel: Cancellation,
+            time_left: Callable[[], float | None]) -> Iterator[common_pb2.GenerateResponse]:
+        """The request's messages; raises RouterError. A cancelled run just ends."""
+        outcome = "cancelled"  # unless it ends otherwise: a closed generator means the client left
+        try:
+            yield from self.flow.run(req, arrival, cancel, time_left)
+            outcome = "ok"
+        except Cancelled:
+            return
+        except RouterError as e:
+            outcome = OUTCOMES.get(e.code, "error")
+            raise
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            self.metrics.requests.labels(req.slo_class, outcome).inc()
