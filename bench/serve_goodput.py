@@ -26,13 +26,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from services.bench.arrivals import ArrivalConfig  # noqa: E402
-from services.bench.datasets import DatasetConfig  # noqa: E402
-from services.bench.local_platform import local_platform  # noqa: E402
-from services.bench.main import BenchConfig, run_bench  # noqa: E402
-from services.bench.metrics import SLO  # noqa: E402
-from services.bench.targets import TargetConfig  # noqa: E402
-from services.launcher import PlatformConfig  # noqa: E402
+from cli.bench.arrivals import ArrivalConfig  # noqa: E402
+from cli.bench.datasets import DatasetConfig  # noqa: E402
+from cli.bench.local_platform import local_platform  # noqa: E402
+from cli.bench.main import BenchConfig, run_bench  # noqa: E402
+from cli.bench.metrics import SLO  # noqa: E402
+from cli.bench.targets import TargetConfig  # noqa: E402
+from cli.launcher import PlatformConfig  # noqa: E402
 
 MODES = {"disaggregated": (1, 1), "colocated": (0, 2)}  # (prefill workers, decode workers)
 TARGET_SHARE = 0.9

@@ -1,7 +1,7 @@
 """Experiments 1 and 4, isolation and chunked prefill: the ITL of steady interactive
 streams while bursts of long prompts arrive, disaggregated against colocated.
 
-Each mode is a `pdserve up` platform of real processes on loopback (services/bench/
+Each mode is a `pdserve up` platform of real processes on loopback (cli/bench/
 local_platform.py), each worker pinned to its own core (`--cpus-per-worker`, one torch
 thread per core), the router and kvstore floating:
 
@@ -39,13 +39,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from services.bench.arrivals import ArrivalConfig  # noqa: E402
-from services.bench.datasets import DatasetConfig, LengthDist  # noqa: E402
-from services.bench.local_platform import local_platform  # noqa: E402
-from services.bench.main import BenchConfig, run_bench  # noqa: E402
-from services.bench.report import table  # noqa: E402
-from services.bench.targets import TargetConfig  # noqa: E402
-from services.launcher import PlatformConfig  # noqa: E402
+from cli.bench.arrivals import ArrivalConfig  # noqa: E402
+from cli.bench.datasets import DatasetConfig, LengthDist  # noqa: E402
+from cli.bench.local_platform import local_platform  # noqa: E402
+from cli.bench.main import BenchConfig, run_bench  # noqa: E402
+from cli.bench.report import table  # noqa: E402
+from cli.bench.targets import TargetConfig  # noqa: E402
+from cli.launcher import PlatformConfig  # noqa: E402
 
 MODES = {
     "disaggregated": {"num_prefill": 1, "num_decode": 1, "worker_args": ()},

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from services.common.kv_wire import block_to_proto  # noqa: E402
+from services.worker.kv_wire import block_to_proto  # noqa: E402
 from services.kvstore.client import KVStoreClient  # noqa: E402
 from services.kvstore.server import KVStoreConfig, serve  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 Three local clusters (in this process, on loopback: kvstore, prefill worker(s), one
 decode worker, router; one set of weights), each measured with `pdserve bench serve`'s
-code (services/bench) over gRPC, one request at a time:
+code (cli/bench) over gRPC, one request at a time:
 
 - off:     prefix caching off in the engines and every request's system prompt its own,
            so nothing can be reused anywhere: the full prompt is computed every time;
@@ -34,11 +34,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.model.loader import load_model  # noqa: E402
 from engine.model.source import resolve_model  # noqa: E402
-from services.bench.arrivals import ArrivalConfig  # noqa: E402
-from services.bench.datasets import DatasetConfig, LengthDist  # noqa: E402
-from services.bench.main import BenchConfig, run_bench  # noqa: E402
-from services.bench.targets import TargetConfig  # noqa: E402
-from services.common.worker import WorkerConfig  # noqa: E402
+from cli.bench.arrivals import ArrivalConfig  # noqa: E402
+from cli.bench.datasets import DatasetConfig, LengthDist  # noqa: E402
+from cli.bench.main import BenchConfig, run_bench  # noqa: E402
+from cli.bench.targets import TargetConfig  # noqa: E402
+from engine.config import CacheConfig, EngineConfig  # noqa: E402
+from services.worker.config import WorkerConfig  # noqa: E402
 from services.decode.server import serve as serve_decode  # noqa: E402
 from services.kvstore.server import KVStoreConfig  # noqa: E402
 from services.kvstore.server import serve as serve_kvstore  # noqa: E402
@@ -63,8 +64,8 @@ class LocalCluster:
 def start(model: str, loaded, num_prefill: int, prefix_caching: bool, kv_bytes: int) -> LocalCluster:
     c = LocalCluster(serve_kvstore(KVStoreConfig(capacity_bytes=4 * kv_bytes, metrics_port=None)))
     try:
-        cfg = WorkerConfig(model=model, kvstore_address=c.kvstore.address, kv_cache_memory_bytes=kv_bytes,
-                           enable_prefix_caching=prefix_caching)
+        cache = CacheConfig(kv_cache_memory_bytes=kv_bytes, enable_prefix_caching=prefix_caching)
+        cfg = WorkerConfig(engine=EngineConfig(model=model, cache=cache), kvstore_address=c.kvstore.address)
         c.prefills = [serve_prefill(cfg, loaded) for _ in range(num_prefill)]
         c.decode = serve_decode(cfg, loaded)
         c.routers = [serve_router(RouterConfig(model=model, prefill_addresses=(p.address,),

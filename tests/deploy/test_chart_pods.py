@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from services.cli import build_parser
+from cli.main import build_parser
 from services.router.config import load_slo_classes
 from tests.deploy.chart import (COMPONENTS, FULLNAME, VALUES, container, expand_env, port_number, render,
                                 values)

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from services.bench.arrivals import ArrivalConfig, schedule
+from cli.bench.arrivals import ArrivalConfig, schedule
 
 
 def test_poisson_mean_rate_with_a_seeded_rng():

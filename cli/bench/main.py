@@ -12,11 +12,12 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 
-from services.bench.arrivals import PROCESSES, ArrivalConfig, schedule
-from services.bench.datasets import DATASETS, DISTRIBUTIONS, DatasetConfig, LengthDist, load_requests
-from services.bench.metrics import SLO, RequestRecord, record_from, summarize
-from services.bench.report import table, write_json
-from services.bench.targets import BACKENDS, Outcome, TargetConfig, make_target
+from cli.bench.arrivals import PROCESSES, ArrivalConfig, schedule
+from cli.bench.datasets import DATASETS, DISTRIBUTIONS, DatasetConfig, LengthDist, load_requests
+from cli.bench.metrics import SLO, RequestRecord, record_from, summarize
+from cli.bench.report import table, write_json
+from cli.bench.targets import BACKENDS, DEFAULT_URLS, Outcome, TargetConfig, make_target
+from services.router.http.config import API_KEY_ENV
 
 MAX_IN_FLIGHT = 1024  # threads: the cap on requests in flight without --max-concurrency
 
@@ -129,7 +130,7 @@ def run_bench(cfg: BenchConfig, quiet: bool = False) -> BenchResult:
             "label": cfg.label, "config": asdict(cfg), "target": info, "summary": summary,
             "requests": [r.to_json() for r in records]})
         if cfg.plots:
-            from services.bench.plots import latency_cdfs, timeline
+            from cli.bench.plots import latency_cdfs, timeline
             result.files["cdf_png"] = latency_cdfs(records, base + "_cdf.png", cfg.label)
             result.files["timeline_png"] = timeline(records, base + "_timeline.png", cfg.label)
         if out is not None:
@@ -142,10 +143,10 @@ def add_arguments(p) -> None:
     g.add_argument("--backend", choices=BACKENDS, default="grpc",
                    help="grpc: the router's Generate; openai: any OpenAI-compatible /v1/completions")
     g.add_argument("--url", default=None,
-                   help="grpc: host:port (default 127.0.0.1:50051); "
-                        "openai: base URL (default http://127.0.0.1:8000/v1)")
+                   help=f"grpc: host:port (default {DEFAULT_URLS['grpc']}); "
+                        f"openai: base URL (default {DEFAULT_URLS['openai']})")
     g.add_argument("--model", default="", help="openai: the model name (default: the first /v1/models lists)")
-    g.add_argument("--api-key", default=os.environ.get("PDSERVE_API_KEY", "unused"))
+    g.add_argument("--api-key", default=os.environ.get(API_KEY_ENV, "unused"))
     g.add_argument("--slo-class", default="", help="the requests' SLO class (router)")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS")
@@ -193,7 +194,7 @@ def add_arguments(p) -> None:
 
 
 def config_from_args(args) -> BenchConfig:
-    url = args.url or ("127.0.0.1:50051" if args.backend == "grpc" else "http://127.0.0.1:8000/v1")
+    url = args.url or DEFAULT_URLS[args.backend]
     return BenchConfig(
         target=TargetConfig(backend=args.backend, url=url, model=args.model, api_key=args.api_key,
                             slo_class=args.slo_class, temperature=args.temperature,

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from services.bench.arrivals import ArrivalConfig
-from services.bench.datasets import DatasetConfig, LengthDist
-from services.bench.main import BenchConfig, add_arguments, config_from_args, run_bench
-from services.bench.metrics import SLO
-from services.bench.targets import TargetConfig
-from tests.services.openai.support import base_url
+from cli.bench.arrivals import ArrivalConfig
+from cli.bench.datasets import DatasetConfig, LengthDist
+from cli.bench.main import BenchConfig, add_arguments, config_from_args, run_bench
+from cli.bench.metrics import SLO
+from cli.bench.targets import TargetConfig
+from tests.services.router.http.support import base_url
 from tests.services.test_disaggregated import assert_nothing_leaked
 
 NUM = 6
@@ -78,6 +78,6 @@ def test_cli_shared_prefix_at_max_concurrency(bench_cluster, tmp_path, capsys):
 
 @pytest.mark.parametrize("backend,url", [("grpc", "127.0.0.1:1"), ("openai", "http://127.0.0.1:1/v1")])
 def test_unreachable_target_is_an_error_not_a_traceback(backend, url, capsys):
-    from services.bench.main import main
+    from cli.bench.main import main
     assert main(["--backend", backend, "--url", url, "--num-requests", "1", "--no-progress"]) == 2
     assert "cannot reach" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import torch
 
 from engine.model.loader import load_model
 from engine.model.source import resolve_model
-from tests.services.openai.support import start_http_cluster
+from tests.services.router.http.support import start_http_cluster
 
 
 @pytest.fixture(scope="package")

@@ -7,9 +7,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from services.bench.datasets import BenchRequest
+from cli.bench.datasets import BenchRequest
+from services.common.defaults import HOST, ROUTER_ADDRESS, ROUTER_HTTP_PORT
 
 BACKENDS = ("grpc", "openai")
+# each backend's default: the router `pdserve up` starts
+DEFAULT_URLS = {"grpc": ROUTER_ADDRESS, "openai": f"http://{HOST}:{ROUTER_HTTP_PORT}/v1"}
 TIMING_FIELDS = ("router_queue_s", "prefill_queue_s", "prefill_s", "kv_write_s", "kv_read_s", "decode_join_s",
                  "ttft_s")
 
@@ -17,7 +20,7 @@ TIMING_FIELDS = ("router_queue_s", "prefill_queue_s", "prefill_s", "kv_write_s",
 @dataclass(frozen=True)
 class TargetConfig:
     backend: str = "grpc"
-    url: str = "127.0.0.1:50051"  # grpc: host:port; openai: base URL (http://host:port/v1)
+    url: str = DEFAULT_URLS["grpc"]  # grpc: host:port; openai: base URL (http://host:port/v1)
     model: str = ""               # openai: the model name (default: the first of /v1/models)
     api_key: str = "unused"
     slo_class: str = ""           # sent as the request's SLO class when set

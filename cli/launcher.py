@@ -4,6 +4,10 @@ kvstore, N prefill workers, M decode workers and the router, each a `pdserve <ro
 process. Like a cluster giving each pod its own GPU, each worker gets its own CPU cores
 (affinity and torch threads). Logs are streamed with a per-process prefix; Ctrl-C, or
 any process dying, stops them all.
+
+Startup waits on gRPC health only: kvstore and workers first, each until its own health
+service says SERVING; then the router, whose first load poll (made before it serves) so
+sees every worker, until its health says it is ready (services/router/readiness.py).
 """
 from __future__ import annotations
 
@@ -13,28 +17,29 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from collections import Counter
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from services.common.defaults import (DEFAULT_MODEL, HOST, KVSTORE_PORT, METRICS_BASE_PORT, PREFILL_PORT,
+                                      ROUTER_HTTP_PORT, ROUTER_PORT)
 from services.common.grpc_server import is_serving
+from services.router.config import RouterConfig
+
+ROUTER = "router"
 
 
 @dataclass(frozen=True)
 class PlatformConfig:
-    model: str = "smollm2"
+    model: str = DEFAULT_MODEL
     num_prefill: int = 1
     num_decode: int = 1
-    host: str = "127.0.0.1"
-    router_port: int = 50051
-    http_port: int | None = 8000  # the OpenAI-compatible API; None: off
-    kvstore_port: int = 50060
-    worker_base_port: int = 50070
-    metrics_base_port: int = 9400
+    host: str = HOST
+    router_port: int = ROUTER_PORT
+    http_port: int | None = ROUTER_HTTP_PORT  # the OpenAI-compatible API; None: off
+    kvstore_port: int = KVSTORE_PORT
+    worker_base_port: int = PREFILL_PORT      # prefill workers, then decode workers, one port each
+    metrics_base_port: int = METRICS_BASE_PORT
     cpus_per_worker: int | None = None
-    short_prompt_tokens: int = 256
+    short_prompt_tokens: int = RouterConfig.short_prompt_tokens
     worker_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
 
@@ -60,7 +65,7 @@ def split_cpus(available: list[int], num_workers: int, per_worker: int | None) -
 
 
 def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
-    cli = [sys.executable, "-m", "services.cli"]
+    cli = [sys.executable, "-m", "cli.main"]
     kvstore = f"{cfg.host}:{cfg.kvstore_port}"
     specs = [ProcessSpec("kvstore", [*cli, "kvstore", "--host", cfg.host, "--port", str(cfg.kvstore_port),
                                      "--metrics-port", str(cfg.metrics_base_port)], kvstore, cfg.metrics_base_port)]
@@ -76,14 +81,14 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
                                         "--threads", str(len(cpus)), *cfg.worker_args],
                                  f"{cfg.host}:{port}", metrics_port, cpus))
     router_metrics = cfg.metrics_base_port + 1 + len(roles)
-    router = [*cli, "router", "--model", cfg.model, "--host", cfg.host, "--port", str(cfg.router_port),
+    router = [*cli, ROUTER, "--model", cfg.model, "--host", cfg.host, "--port", str(cfg.router_port),
               "--metrics-port", str(router_metrics), "--kvstore", kvstore,
               "--short-prompt-tokens", str(cfg.short_prompt_tokens),
               "--decode", ",".join(addresses["decode"])]
     if addresses["prefill"]:  # none: colocated, the decode workers prefill every prompt
         router += ["--prefill", ",".join(addresses["prefill"])]
     router += ["--http-port", "off" if cfg.http_port is None else str(cfg.http_port)]
-    specs.append(ProcessSpec("router", router, f"{cfg.host}:{cfg.router_port}", router_metrics))
+    specs.append(ProcessSpec(ROUTER, router, f"{cfg.host}:{cfg.router_port}", router_metrics))
     return specs
 
 
@@ -94,9 +99,16 @@ class Platform:
         self.procs: dict[str, subprocess.Popen] = {}
         self._print_lock = threading.Lock()
 
-    def start(self) -> None:
-        for spec in self.specs:
-            self.procs[spec.name] = self._spawn(spec)
+    def start(self, timeout_s: float) -> None:
+        """Start every process and return once the platform serves: kvstore and workers
+        first; the router once they all serve, so that its first poll already finds every
+        worker (a request sent right away is not routed as if the pools were smaller)."""
+        deadline = time.monotonic() + timeout_s
+        backends = [s for s in self.specs if s.name != ROUTER]
+        for group in (backends, [s for s in self.specs if s.name == ROUTER]):
+            for spec in group:
+                self.procs[spec.name] = self._spawn(spec)
+            self._wait_serving(group, deadline, timeout_s)
 
     def _spawn(self, spec: ProcessSpec) -> subprocess.Popen:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -113,36 +125,19 @@ class Platform:
             with self._print_lock:
                 print(f"[{name:>9}] {line}", end="", file=self.out, flush=True)
 
-    def wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        pending = {s.name: s.address for s in self.specs}
+    def _wait_serving(self, specs: list[ProcessSpec], deadline: float, timeout_s: float) -> None:
+        """Until each of `specs` says SERVING on its gRPC health service (the router: ready)."""
+        pending = {s.name: s.address for s in specs}
         while True:
             dead = self.dead()
             if dead:
                 raise RuntimeError(f"{dead} exited during startup (code {self.procs[dead].returncode})")
             pending = {n: a for n, a in pending.items() if not is_serving(a, timeout=0.5)}
-            if not pending and self._router_sees_all_workers():
+            if not pending:
                 return
             if time.monotonic() > deadline:
-                waiting_for = ", ".join(sorted(pending)) or "the router's polls of every worker"
-                raise TimeoutError(f"not healthy after {timeout_s:.0f} s: {waiting_for}")
+                raise TimeoutError(f"not healthy after {timeout_s:.0f} s: {', '.join(sorted(pending))}")
             time.sleep(0.2)
-
-    def _router_sees_all_workers(self) -> bool:
-        """Serving is not enough: a request sent before the router's next poll of a worker
-        that came up after the router would find the pool empty."""
-        router = next((s for s in self.specs if s.name == "router"), None)
-        if router is None:
-            return True
-        expected = Counter(s.name.split("-")[0] for s in self.specs if s.name.startswith(("prefill-", "decode-")))
-        host = router.address.rsplit(":", 1)[0]
-        try:
-            body = urllib.request.urlopen(f"http://{host}:{router.metrics_port}/metrics", timeout=1).read().decode()
-        except OSError:
-            return False
-        up = {sample.labels["pool"]: sample.value for family in text_string_to_metric_families(body)
-              if family.name == "pdserve_router_workers_up" for sample in family.samples}
-        return all(up.get(pool, 0) >= n for pool, n in expected.items())
 
     def dead(self) -> str | None:
         return next((n for n, p in self.procs.items() if p.poll() is not None), None)
@@ -165,9 +160,8 @@ def run_platform(cfg: PlatformConfig) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    platform.start()
     try:
-        platform.wait_healthy(cfg.startup_timeout_s)
+        platform.start(cfg.startup_timeout_s)
         _print_endpoints(platform.specs, cfg)
         while not stop.is_set():
             dead = platform.dead()

@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from services.bench.datasets import (FIRST_TOKEN_ID, DatasetConfig, LengthDist, load_requests, mooncake_requests,
+from cli.bench.datasets import (FIRST_TOKEN_ID, DatasetConfig, LengthDist, load_requests, mooncake_requests,
                                      random_requests, sharegpt_requests, shared_prefix_requests)
 
 

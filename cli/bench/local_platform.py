@@ -1,7 +1,7 @@
 """A `pdserve up` platform for a benchmark run: the same processes, each worker pinned to
 its own cores, on free loopback ports, logs to a file, started and stopped by the caller.
 
-    with local_platform(PlatformConfig(model="smollm2", num_prefill=0, num_decode=2),
+    with local_platform(PlatformConfig(num_prefill=0, num_decode=2),
                         log_path="/tmp/colocated.log") as p:
         run_bench(BenchConfig(target=TargetConfig("grpc", p.router_address), ...))
 """
@@ -13,7 +13,7 @@ import random
 import socket
 from dataclasses import replace
 
-from services.launcher import Platform, PlatformConfig, plan
+from cli.launcher import Platform, PlatformConfig, plan
 
 
 def _free_range(n: int, rng: random.Random, attempts: int = 200) -> int:
@@ -60,9 +60,9 @@ class RunningPlatform:
     def warm_up(self) -> None:
         """A few short prompts and one just over the direct-path threshold, so measured
         runs pay no first-call costs on either path."""
-        from services.bench.datasets import DatasetConfig, LengthDist
-        from services.bench.main import BenchConfig, run_bench
-        from services.bench.targets import TargetConfig
+        from cli.bench.datasets import DatasetConfig, LengthDist
+        from cli.bench.main import BenchConfig, run_bench
+        from cli.bench.targets import TargetConfig
         for n, length in ((4, 32), (1, self.cfg.short_prompt_tokens + 16)):
             result = run_bench(BenchConfig(target=TargetConfig("grpc", self.router_address, timeout_s=600),
                                            dataset=DatasetConfig("random", num_requests=n, input_len=LengthDist(length),
@@ -80,9 +80,8 @@ def local_platform(cfg: PlatformConfig, log_path: str, cpus: list[int] | None = 
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
     with open(log_path, "w") as log:
         platform = Platform(plan(cfg, cpus or sorted(os.sched_getaffinity(0))), out=log)
-        platform.start()
         try:
-            platform.wait_healthy(cfg.startup_timeout_s)
+            platform.start(cfg.startup_timeout_s)
             yield RunningPlatform(platform, cfg)
         finally:
             platform.stop()

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from services.bench.targets import Outcome
+from cli.bench.targets import Outcome
 
 PERCENTILES = (50, 90, 99)
 

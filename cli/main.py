@@ -7,10 +7,15 @@ import json
 import shlex
 import sys
 
+from cli.launcher import PlatformConfig, run_platform
+from engine.config import DEFAULT_MODEL, EngineConfig
+from services.router.config import DEFAULT_SLO_CLASS
+from services.router.main import port_or_off
+
 
 def _generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text from one prompt with the offline engine")
-    p.add_argument("--model", default="smollm2", help="HF folder, .gguf file or alias (default: smollm2)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"HF folder, .gguf file or alias (default: {DEFAULT_MODEL})")
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -21,12 +26,12 @@ def _generate_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     p.add_argument("--logprobs", type=int, default=None, help="top-N logprobs per token (with --json)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
+    p.add_argument("--dtype", default=EngineConfig.dtype, choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default=EngineConfig.device)
+    p.add_argument("--attention-backend", default=EngineConfig.attention_backend, choices=["torch", "triton"])
     p.add_argument("--json", action="store_true", help="print the full output as JSON")
     p.add_argument("--url", default=None, help="a router's gRPC address (host:port): stream through the platform")
-    p.add_argument("--slo-class", default="interactive", help="with --url: the request's SLO class")
+    p.add_argument("--slo-class", default=DEFAULT_SLO_CLASS, help="with --url: the request's SLO class")
     p.set_defaults(func=_run_generate)
 
 
@@ -38,7 +43,7 @@ def _run_generate(args) -> int:
     if not args.prompt:
         raise InvalidRequestError("prompt", "is empty")
     if args.url:
-        from services.remote_generate import generate_remote
+        from cli.remote_generate import generate_remote
         return generate_remote(args, params)
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, attention_backend=args.attention_backend)
     if args.chat:
@@ -64,33 +69,34 @@ def _service_parser(sub, name: str, help_text: str, module: str) -> None:
 
 
 def _up_parser(sub) -> None:
+    # PlatformConfig's defaults are the flags' defaults: one place per setting
     p = sub.add_parser("up", help="start kvstore, prefill and decode workers and the router locally")
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--prefill", type=int, default=1,
+    p.add_argument("--model", default=PlatformConfig.model)
+    p.add_argument("--prefill", type=int, default=PlatformConfig.num_prefill,
                    help="number of prefill workers (0: colocated, each decode worker prefills its own prompts)")
-    p.add_argument("--decode", type=int, default=1, help="number of decode workers")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=50051, help="the router's gRPC port")
-    p.add_argument("--http-port", default="8000", help="the router's OpenAI-compatible HTTP port ('off': none)")
-    p.add_argument("--kvstore-port", type=int, default=50060)
-    p.add_argument("--worker-base-port", type=int, default=50070)
-    p.add_argument("--metrics-base-port", type=int, default=9400)
-    p.add_argument("--cpus-per-worker", type=int, default=None)
-    p.add_argument("--short-prompt-tokens", type=int, default=256)
+    p.add_argument("--decode", type=int, default=PlatformConfig.num_decode, help="number of decode workers")
+    p.add_argument("--host", default=PlatformConfig.host)
+    p.add_argument("--port", type=int, default=PlatformConfig.router_port, help="the router's gRPC port")
+    p.add_argument("--http-port", type=port_or_off, default=PlatformConfig.http_port,
+                   help="the router's OpenAI-compatible HTTP port ('off': none)")
+    p.add_argument("--kvstore-port", type=int, default=PlatformConfig.kvstore_port)
+    p.add_argument("--worker-base-port", type=int, default=PlatformConfig.worker_base_port)
+    p.add_argument("--metrics-base-port", type=int, default=PlatformConfig.metrics_base_port)
+    p.add_argument("--cpus-per-worker", type=int, default=PlatformConfig.cpus_per_worker)
+    p.add_argument("--short-prompt-tokens", type=int, default=PlatformConfig.short_prompt_tokens)
     p.add_argument("--worker-args", default="",
                    help="extra arguments for every worker, one string (e.g. '--no-chunked-prefill')")
     p.set_defaults(func=_run_up)
 
 
 def _run_up(args) -> int:
-    from services.launcher import PlatformConfig, run_platform
     if args.prefill < 0:
         raise ValueError("--prefill: must be >= 0")
     if args.decode < 1:
         raise ValueError("--decode: needs at least one worker")
     return run_platform(PlatformConfig(
         model=args.model, num_prefill=args.prefill, num_decode=args.decode, host=args.host, router_port=args.port,
-        http_port=None if args.http_port == "off" else int(args.http_port),
+        http_port=args.http_port,
         kvstore_port=args.kvstore_port, worker_base_port=args.worker_base_port,
         metrics_base_port=args.metrics_base_port, cpus_per_worker=args.cpus_per_worker,
         short_prompt_tokens=args.short_prompt_tokens, worker_args=tuple(shlex.split(args.worker_args))))
@@ -106,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     _service_parser(sub, "decode", "run a decode worker", "services.decode.main")
     _service_parser(sub, "router", "run the router", "services.router.main")
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
-    _service_parser(bench, "serve", "benchmark a serving endpoint (router gRPC or OpenAI HTTP)", "services.bench.main")
+    _service_parser(bench, "serve", "benchmark a serving endpoint (router gRPC or OpenAI HTTP)", "cli.bench.main")
     return parser
 
 

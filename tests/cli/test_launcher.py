@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from services.launcher import PlatformConfig, plan, split_cpus
+from cli.launcher import PlatformConfig, plan, split_cpus
 
 
 def test_cores_are_split_among_workers():
@@ -54,7 +54,7 @@ def _free_ports(n: int) -> list[int]:
 def test_up_serves_requests_and_stops_everything_on_ctrl_c(tiny_llama_dir):
     router, kvstore, metrics, http = _free_ports(4)
     workers = _free_ports(2)
-    cmd = [sys.executable, "-m", "services.cli", "up", "--model", tiny_llama_dir, "--port", str(router),
+    cmd = [sys.executable, "-m", "cli.main", "up", "--model", tiny_llama_dir, "--port", str(router),
            "--kvstore-port", str(kvstore), "--http-port", str(http), "--worker-base-port", str(min(workers)),
            "--metrics-base-port", str(metrics), "--short-prompt-tokens", "8"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -67,7 +67,7 @@ def test_up_serves_requests_and_stops_everything_on_ctrl_c(tiny_llama_dir):
             if "pdserve is up" in line or time.monotonic() > deadline:
                 break
         assert any("pdserve is up" in line for line in lines), "".join(lines)
-        out = subprocess.run([sys.executable, "-m", "services.cli", "generate", "--url", f"127.0.0.1:{router}",
+        out = subprocess.run([sys.executable, "-m", "cli.main", "generate", "--url", f"127.0.0.1:{router}",
                               "--model", tiny_llama_dir, "--prompt", "a long enough prompt to need prefill",
                               "--max-tokens", "5", "--json"], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr

@@ -14,10 +14,8 @@ def generate_remote(args, params) -> int:
     prompt = args.prompt
     if args.chat:
         from engine import load_tokenizer
-        tokenizer = load_tokenizer(args.model)
-        prompt = tokenizer.encode(tokenizer.apply_chat_template(
-            [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=False),
-            add_special_tokens=False)
+        from engine.chat import encode_chat_prompt
+        _, prompt = encode_chat_prompt(load_tokenizer(args.model), [{"role": "user", "content": args.prompt}])
     text, token_ids, record = [], [], {}
     try:
         for msg in client.generate(prompt, params, slo_class=args.slo_class):
@@ -26,7 +24,7 @@ def generate_remote(args, params) -> int:
             if not args.json:
                 print(msg.text, end="", flush=True)
             if msg.finish_reason:
-                record = {"request_id": msg.request_id, "finish_reason": msg.finish_reason,
+                record = {"req_id": msg.req_id, "finish_reason": msg.finish_reason,
                           "usage": {"prompt_tokens": msg.usage.prompt_tokens,
                                     "completion_tokens": msg.usage.completion_tokens,
                                     "cached_prompt_tokens": msg.usage.cached_prompt_tokens}}
