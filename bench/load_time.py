@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PDSERVE = """
 import time, torch
 t = time.perf_counter()
+from engine.config import DEFAULT_MODEL
 from engine.model.loader import load_model
 from engine.model.source import resolve_model
 load_model(resolve_model({model!r}), torch.float32, "cpu", progress=False)
@@ -46,7 +47,7 @@ def timed(code: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     timed(PDSERVE.format(model=args.model))  # warm the page cache

@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from engine.config import DEFAULT_MODEL  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 from engine.model.source import resolve_model  # noqa: E402
 
@@ -66,7 +67,7 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
-    llm = LLM("smollm2", max_num_seqs=args.concurrency, progress=False)
+    llm = LLM(DEFAULT_MODEL, max_num_seqs=args.concurrency, progress=False)
     prompts, outputs = make_workload(llm.engine.loaded.arch.vocab_size, args.num_prompts, args.seed)
     engine_s, tokens = run_engine(llm, prompts, outputs)
     result = {"num_prompts": args.num_prompts, "concurrency": args.concurrency,
@@ -75,7 +76,7 @@ def main() -> None:
               "torch_threads": torch.get_num_threads()}
     if not args.skip_hf:
         del llm
-        hf_s, _ = run_hf(resolve_model("smollm2").path, prompts, outputs, args.concurrency, pad_id=2)
+        hf_s, _ = run_hf(resolve_model(DEFAULT_MODEL).path, prompts, outputs, args.concurrency, pad_id=2)
         result.update(hf_s=round(hf_s, 2), hf_output_tok_s=round(tokens / hf_s, 2),
                       ratio_vs_hf=round(hf_s / engine_s, 2))
     print(json.dumps(result))

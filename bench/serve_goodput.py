@@ -26,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from engine.config import DEFAULT_MODEL  # noqa: E402
 from cli.bench.arrivals import ArrivalConfig  # noqa: E402
 from cli.bench.datasets import DatasetConfig  # noqa: E402
 from cli.bench.local_platform import local_platform  # noqa: E402
@@ -95,7 +96,7 @@ def sustained_rate(rows) -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2")
+    p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--rates", default="0.25,0.5,0.75,1.0,1.5", help="req/s, ascending")
     p.add_argument("--duration-s", type=float, default=60.0, help="each rate's trace length (about)")

@@ -39,6 +39,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from engine.config import DEFAULT_MODEL  # noqa: E402
 from cli.bench.arrivals import ArrivalConfig  # noqa: E402
 from cli.bench.datasets import DatasetConfig, LengthDist  # noqa: E402
 from cli.bench.local_platform import local_platform  # noqa: E402
@@ -125,7 +126,7 @@ def _long_view(s: dict) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2")
+    p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--interactive-rate", type=float, default=0.5, help="req/s of interactive streams")
     p.add_argument("--interactive-requests", type=int, default=30)

@@ -21,6 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from engine.config import DEFAULT_MODEL  # noqa: E402
 from cli.bench.arrivals import ArrivalConfig  # noqa: E402
 from cli.bench.datasets import DatasetConfig, LengthDist  # noqa: E402
 from cli.bench.local_platform import local_platform  # noqa: E402
@@ -52,7 +53,7 @@ def measure(address: str, prompt_len: int, args, result_dir: str) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2")
+    p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--prompt-lens", default="512,1024,2048")
     p.add_argument("--num-requests", type=int, default=3, help="per length, one at a time")
     p.add_argument("--output-len", type=int, default=4)

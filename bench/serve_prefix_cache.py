@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from engine.config import DEFAULT_MODEL  # noqa: E402
 from engine.model.loader import load_model  # noqa: E402
 from engine.model.source import resolve_model  # noqa: E402
 from cli.bench.arrivals import ArrivalConfig  # noqa: E402
@@ -115,7 +116,7 @@ def condition(model, loaded, args, name: str) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2")
+    p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--prefix-len", type=int, default=1024)
     p.add_argument("--suffix-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=8)

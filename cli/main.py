@@ -9,6 +9,7 @@ import sys
 
 from cli.launcher import PlatformConfig, run_platform
 from engine.config import DEFAULT_MODEL, EngineConfig
+from engine.dtypes import DTYPE_NAMES
 from services.router.config import DEFAULT_SLO_CLASS
 from services.router.main import port_or_off
 
@@ -26,7 +27,7 @@ def _generate_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     p.add_argument("--logprobs", type=int, default=None, help="top-N logprobs per token (with --json)")
-    p.add_argument("--dtype", default=EngineConfig.dtype, choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default=EngineConfig.dtype, choices=DTYPE_NAMES)
     p.add_argument("--device", default=EngineConfig.device)
     p.add_argument("--attention-backend", default=EngineConfig.attention_backend, choices=["torch", "triton"])
     p.add_argument("--json", action="store_true", help="print the full output as JSON")
