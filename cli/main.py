@@ -29,7 +29,7 @@ def _generate_parser(sub) -> None:
     p.add_argument("--logprobs", type=int, default=None, help="top-N logprobs per token (with --json)")
     p.add_argument("--dtype", default=EngineConfig.dtype, choices=DTYPE_NAMES)
     p.add_argument("--device", default=EngineConfig.device)
-    p.add_argument("--attention-backend", default=EngineConfig.attention_backend, choices=["torch", "triton"])
+    p.add_argument("--attention-backend", default=EngineConfig.attention_backend, choices=["cpu", "torch", "triton"])
     p.add_argument("--json", action="store_true", help="print the full output as JSON")
     p.add_argument("--url", default=None, help="a router's gRPC address (host:port): stream through the platform")
     p.add_argument("--slo-class", default=DEFAULT_SLO_CLASS, help="with --url: the request's SLO class")

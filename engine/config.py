@@ -53,7 +53,7 @@ class EngineConfig:
     model: str = DEFAULT_MODEL
     dtype: str = "float32"
     device: str = "cpu"
-    attention_backend: str = "torch"
+    attention_backend: str = "cpu"  # the C++ kernels; "torch": the pure torch reference; "triton": GPU
     seed: int = 0
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -35,6 +35,9 @@ class EngineCore:
         self.source = resolve_model(config.model)
         self.dtype = parse_dtype(config.dtype)
         device = torch.device(config.device)
+        if config.attention_backend == "cpu" and device.type != "cpu":
+            raise ValueError(f"attention_backend 'cpu' runs on the CPU only; on device {config.device!r} "
+                             "use 'triton' (or 'torch', the pure torch reference)")
         backend = get_attention_backend(config.attention_backend)
         self.loaded = loaded or load_model(self.source, self.dtype, config.device,
                                            config.scheduler.max_model_len, progress)

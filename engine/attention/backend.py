@@ -45,10 +45,13 @@ class AttentionBackend(ABC):
 
 
 def get_attention_backend(name: str) -> AttentionBackend:
+    if name == "cpu":
+        from engine.attention.cpu_backend import CpuAttentionBackend
+        return CpuAttentionBackend()
     if name == "torch":
         from engine.attention.torch_backend import TorchAttentionBackend
         return TorchAttentionBackend()
     if name == "triton":
         from engine.attention.triton_backend import TritonAttentionBackend
         return TritonAttentionBackend()
-    raise ValueError(f"attention_backend: unknown backend {name!r} (choose 'torch' or 'triton')")
+    raise ValueError(f"attention_backend: unknown backend {name!r} (choose 'cpu', 'torch' or 'triton')")

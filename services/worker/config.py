@@ -31,7 +31,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int) -> 
     parser.add_argument("--model", default=_ENGINE.model)
     parser.add_argument("--dtype", default=_ENGINE.dtype, choices=DTYPE_NAMES)
     parser.add_argument("--device", default=_ENGINE.device)
-    parser.add_argument("--attention-backend", default=_ENGINE.attention_backend, choices=["torch", "triton"])
+    parser.add_argument("--attention-backend", default=_ENGINE.attention_backend, choices=["cpu", "torch", "triton"])
     parser.add_argument("--host", default=_WORKER.host)
     parser.add_argument("--port", type=int, default=default_port)
     parser.add_argument("--metrics-port", type=int, default=_WORKER.metrics_port)
