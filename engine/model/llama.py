@@ -11,6 +11,7 @@ from torch import nn
 
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.config import ModelArchConfig
+from engine.model.packed_linear import PackedLinear, prepack_linears
 from engine.model.rope import RotaryEmbedding
 
 
@@ -93,5 +94,13 @@ class LlamaForCausalLM(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, positions, kv_cache, meta, backend)
         x = self.norm(x[logits_indices])
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, weight).float()
+        if self.lm_head is None:  # tied to the embedding, not prepacked
+            return F.linear(x, self.embed_tokens.weight).float()
+        return self.lm_head(x).float()
+
+    def prepack(self) -> None:
+        """Prepack every linear layer's weight for CPU decode steps (see packed_linear.py),
+        the LM head too, tied or not. Idempotent."""
+        prepack_linears(self)
+        if self.lm_head is None:
+            self.lm_head = PackedLinear(self.embed_tokens.weight, None)

@@ -9,6 +9,7 @@ import torch
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from engine.model.llama import LlamaForCausalLM
+from engine.model.packed_linear import can_prepack
 from engine.sample.sampler import sample
 from engine.sampling_params import SamplingParams
 from engine.worker.kv_cache import export_blocks, import_blocks
@@ -37,6 +38,8 @@ class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], block_size: int,
                  backend: AttentionBackend, device: torch.device, seed: int = 0):
         self.model = model
+        if can_prepack(device, model.embed_tokens.weight.dtype):
+            model.prepack()
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.backend = backend
