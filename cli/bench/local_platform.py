@@ -35,14 +35,16 @@ def _free_range(n: int, rng: random.Random, attempts: int = 200) -> int:
     raise RuntimeError(f"no {n} consecutive free loopback ports")
 
 
-def with_free_ports(cfg: PlatformConfig) -> PlatformConfig:
-    """`cfg` with its gRPC and metrics ports moved to free ranges (no HTTP API)."""
+def with_free_ports(cfg: PlatformConfig, http: bool = False) -> PlatformConfig:
+    """`cfg` with its gRPC and metrics ports moved to free ranges; the HTTP API on a free
+    port when `http`, else none."""
     rng = random.Random()
     num_workers = cfg.num_prefill + cfg.num_decode
-    grpc_base = _free_range(num_workers + 2, rng)
+    grpc_base = _free_range(num_workers + 3, rng)
     metrics_base = _free_range(num_workers + 2, rng)
     return replace(cfg, host="127.0.0.1", router_port=grpc_base, kvstore_port=grpc_base + 1,
-                   worker_base_port=grpc_base + 2, metrics_base_port=metrics_base, http_port=None)
+                   worker_base_port=grpc_base + 2, metrics_base_port=metrics_base,
+                   http_port=grpc_base + 2 + num_workers if http else None)
 
 
 class RunningPlatform:
@@ -73,10 +75,11 @@ class RunningPlatform:
 
 
 @contextlib.contextmanager
-def local_platform(cfg: PlatformConfig, log_path: str, cpus: list[int] | None = None):
+def local_platform(cfg: PlatformConfig, log_path: str, cpus: list[int] | None = None, http: bool = False):
     """Start the platform (workers split over `cpus`, default this process's), wait until
-    every process serves, yield a RunningPlatform, stop every process on the way out."""
-    cfg = with_free_ports(cfg)
+    every process serves, yield a RunningPlatform, stop every process on the way out.
+    `http`: also serve the OpenAI API (RunningPlatform.cfg.http_port)."""
+    cfg = with_free_ports(cfg, http)
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
     with open(log_path, "w") as log:
         platform = Platform(plan(cfg, cpus or sorted(os.sched_getaffinity(0))), out=log)

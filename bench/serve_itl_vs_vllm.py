@@ -1,0 +1,111 @@
+"""Served calm latency against vLLM's OpenAI server, measured by guidellm (a benchmark
+nobody here wrote): 64-token prompts, 128 output tokens, 2 concurrent streams, no other
+load. Each platform gets the same 2 cores. pdserve runs twice: as `pdserve up` starts it
+(1 prefill + 1 decode worker, one core each) and colocated (one decode worker on both
+cores, which prefills its own prompts); then vLLM serves the same model (an HF folder
+saved by bench/offline_throughput.py). Prints one JSON line with ITL/TTFT p50/p90 per
+platform and the ITL p90 ratios against vLLM.
+
+    .venv/bin/python bench/serve_itl_vs_vllm.py --guidellm $TMPDIR/guidellm/bin/guidellm \\
+        --vllm-python $TMPDIR/vllm-peer/bin/python [--requests 12]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from cli.bench.local_platform import local_platform  # noqa: E402
+from cli.launcher import PlatformConfig  # noqa: E402
+from engine.config import DEFAULT_MODEL  # noqa: E402
+
+
+def guidellm(binary: str, base_url: str, hf_dir: str, requests: int, out_dir: str, name: str) -> dict:
+    out = os.path.join(out_dir, f"{name}.json")
+    cmd = [binary, "run", "--backend", f"kind=openai_http,target={base_url}", "--tokenizer",
+           f"kind=hf_auto,model={hf_dir}", "--profile", "kind=concurrent,streams=2", "--data",
+           "kind=synthetic_text,prompt_tokens=64,output_tokens=128", "--constraint",
+           f"kind=max_requests,count={requests}", "--output", f"kind=json,path={out}",
+           "--disable-progress", "--disable-console"]
+    subprocess.run(cmd, check=True, capture_output=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    with open(out) as f:
+        metrics = json.load(f)["benchmarks"][0]["metrics"]
+    row = {}
+    for key, name_ in (("inter_token_latency_ms", "itl"), ("time_to_first_token_ms", "ttft")):
+        pct = metrics[key]["successful"]["percentiles"]
+        row[f"{name_}_p50_ms"], row[f"{name_}_p90_ms"] = round(pct["p50"], 1), round(pct["p90"], 1)
+    return row
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_vllm_server(python: str, hf_dir: str, log_path: str):
+    port = _free_port()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="2",
+               VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_NO_USAGE_STATS="1")
+    log = open(log_path, "w")
+    proc = subprocess.Popen([python, "-m", "vllm.entrypoints.openai.api_server", "--model", hf_dir,
+                             "--served-model-name", DEFAULT_MODEL, "--dtype", "float32", "--max-model-len", "2048",
+                             "--host", "127.0.0.1", "--port", str(port)], env=env, stdout=log, stderr=log)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM server exited ({proc.returncode}); see {log_path}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return proc, port
+        except OSError:
+            time.sleep(2)
+    proc.kill()
+    raise TimeoutError("vLLM server did not start in 15 minutes")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--guidellm", required=True, help="the guidellm executable (its own environment)")
+    parser.add_argument("--vllm-python", default=None)
+    parser.add_argument("--hf-dir", default=os.path.join(tempfile.gettempdir(), "pdserve-smollm2-hf"))
+    parser.add_argument("--requests", type=int, default=12)
+    parser.add_argument("--out-dir", default="bench/results/serve_itl_vs_vllm")
+    args = parser.parse_args()
+    os.makedirs(args.out_dir, exist_ok=True)
+    if not os.path.isfile(os.path.join(args.hf_dir, "config.json")):
+        from engine.model.source import resolve_model
+        from offline_throughput import save_hf_folder
+        save_hf_folder(resolve_model(DEFAULT_MODEL).path, args.hf_dir)
+    result = {}
+    for name, cfg in (("pdserve_1p1d", PlatformConfig(num_prefill=1, num_decode=1)),
+                      ("pdserve_colocated_2cores", PlatformConfig(num_prefill=0, num_decode=1, cpus_per_worker=2))):
+        with local_platform(cfg, os.path.join(args.out_dir, f"{name}.log"), http=True) as platform:
+            base = f"http://127.0.0.1:{platform.cfg.http_port}"
+            guidellm(args.guidellm, base, args.hf_dir, 2, args.out_dir, f"{name}-warmup")
+            result[name] = guidellm(args.guidellm, base, args.hf_dir, args.requests, args.out_dir, name)
+    if args.vllm_python:
+        proc, port = run_vllm_server(args.vllm_python, args.hf_dir, os.path.join(args.out_dir, "vllm.log"))
+        try:
+            base = f"http://127.0.0.1:{port}"
+            guidellm(args.guidellm, base, args.hf_dir, 2, args.out_dir, "vllm-warmup")
+            result["vllm"] = guidellm(args.guidellm, base, args.hf_dir, args.requests, args.out_dir, "vllm")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+        for name in ("pdserve_1p1d", "pdserve_colocated_2cores"):
+            result[f"{name}_itl_p90_vs_vllm"] = round(result[name]["itl_p90_ms"] / result["vllm"]["itl_p90_ms"], 2)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
