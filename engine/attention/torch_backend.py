@@ -51,14 +51,20 @@ class TorchAttentionBackend(AttentionBackend):
         nd = meta.num_decodes
         out = torch.empty_like(query)
         if nd:
-            self._decode(query[:nd], key_cache, value_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
-                         scale, out[:nd], self._decode_groups(meta))
+            self._decode_batch(query[:nd], key_cache, value_cache, meta, scale, out[:nd])
         if nd == meta.num_seqs:
             return out
         loc = meta.query_start_loc[nd:]
         out[nd:] = paged_prefill_attention_ref(query[nd:], key_cache, value_cache, meta.block_tables[nd:],
                                                loc - loc[0], meta.seq_lens[nd:], scale)
         return out
+
+    def _decode_batch(self, query, key_cache, value_cache, meta: AttentionMetadata, scale: float,
+                      out: torch.Tensor) -> None:
+        """Attention of the step's decodes (the first meta.num_decodes sequences) into `out`."""
+        nd = meta.num_decodes
+        self._decode(query, key_cache, value_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale, out,
+                     self._decode_groups(meta))
 
     def _decode_groups(self, meta: AttentionMetadata) -> list[torch.Tensor] | None:
         """The step's decode index groups; None when one gather serves them all."""
