@@ -196,9 +196,6 @@ class EngineCore:
                          list(self.kv_manager.block_hashes(request, num_tokens // bs)))
 
     # ---- introspection ---------------------------------------------------------------
-    def prompt_block_hashes(self, token_ids: list[int]) -> list[bytes]:
-        return self.info.prompt_block_hashes(token_ids)
-
     def num_local_prefix_blocks(self, block_hashes: list[bytes]) -> int:
         return len(self.kv_manager.find_longest_cache_hit(block_hashes))
 

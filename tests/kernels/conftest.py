@@ -19,3 +19,18 @@ def huge_kv_caches() -> tuple[torch.Tensor, torch.Tensor]:
     kv = torch.empty((num_blocks, 2, HUGE_BLOCK_SIZE, HUGE_NUM_KV_HEADS, HUGE_HEAD_DIM), dtype=torch.float16)
     kv[:16].zero_()  # where wrapped int32 offsets land: zeros, never the expected values
     return kv[:, 0], kv[:, 1]
+
+
+@pytest.fixture
+def far_block_tables(huge_kv_caches) -> torch.Tensor:
+    """Two sequences' block tables over the last blocks of the huge caches (past element
+    2**32), those blocks filled with random values (seed 0)."""
+    torch.manual_seed(0)
+    key_cache, value_cache = huge_kv_caches
+    num_blocks = key_cache.shape[0]
+    block_tables = torch.tensor([[num_blocks - 1, num_blocks - 5, num_blocks - 3],
+                                 [num_blocks - 2, num_blocks - 4, num_blocks - 6]], dtype=torch.int32)
+    for block_id in block_tables.flatten().tolist():
+        key_cache[block_id] = torch.randn(key_cache.shape[1:]).half()
+        value_cache[block_id] = torch.randn(value_cache.shape[1:]).half()
+    return block_tables

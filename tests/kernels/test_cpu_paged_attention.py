@@ -82,16 +82,10 @@ def test_empty_batch():
     assert out.shape == (0, 1, 64)
 
 
-def test_cache_offsets_do_not_overflow_int32(huge_kv_caches):
+def test_cache_offsets_do_not_overflow_int32(huge_kv_caches, far_block_tables):
     """Blocks past element 2**32 of the (block-interleaved, so strided) fp16 cache."""
-    torch.manual_seed(0)
     key_cache, value_cache = huge_kv_caches
-    num_blocks, _, _, head_dim = key_cache.shape
-    block_tables = torch.tensor([[num_blocks - 1, num_blocks - 5, num_blocks - 3],
-                                 [num_blocks - 2, num_blocks - 4, num_blocks - 6]], dtype=torch.int32)
-    for block_id in block_tables.flatten().tolist():
-        key_cache[block_id] = torch.randn(key_cache.shape[1:]).half()
-        value_cache[block_id] = torch.randn(value_cache.shape[1:]).half()
+    head_dim, block_tables = key_cache.shape[-1], far_block_tables
     query = torch.randn(2, 3, head_dim).half()
     lens = torch.tensor([40, 20], dtype=torch.int32)
     assert_matches_ref((query, key_cache, value_cache, block_tables, lens))
