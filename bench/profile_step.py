@@ -112,8 +112,9 @@ def _timed_fn(fn, timers: Timers, part: str):
     return holder.fn
 
 
-def profile_batch(llm: LLM, batch: int, prompt_len: int, steps: int, seed: int) -> dict:
-    engine = llm.engine
+def start_decode_batch(engine, batch: int, prompt_len: int, steps: int, seed: int) -> None:
+    """Adds `batch` requests with random prompts of prompt_len tokens and steps until they all
+    decode together; then at least `steps` all-decode steps remain before the first finishes."""
     rng = random.Random(seed)
     vocab = engine.info.vocab_size
     params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
@@ -123,6 +124,11 @@ def profile_batch(llm: LLM, batch: int, prompt_len: int, steps: int, seed: int) 
         engine.step()  # prefills, not measured
     for _ in range(2):
         engine.step()  # warm-up decode steps
+
+
+def profile_batch(llm: LLM, batch: int, prompt_len: int, steps: int, seed: int) -> dict:
+    engine = llm.engine
+    start_decode_batch(engine, batch, prompt_len, steps, seed)
     with instrumented(llm) as (inner, outer):
         start = time.perf_counter()
         for _ in range(steps):

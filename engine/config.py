@@ -57,3 +57,15 @@ class EngineConfig:
     seed: int = 0
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # Decode batch sizes to capture as CUDA graphs at start-up (e.g. (1, 2, 4, 8, 16, 32, 64));
+    # empty: every step runs eagerly (vLLM's enforce_eager). CUDA and the triton backend only.
+    cuda_graph_batch_sizes: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        sizes = self.cuda_graph_batch_sizes
+        if not isinstance(sizes, tuple) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+            raise ValueError(f"cuda_graph_batch_sizes: must be a tuple of positive batch sizes, got {sizes!r}")
+        if sizes and (self.device.split(":")[0] != "cuda" or self.attention_backend != "triton"):
+            raise ValueError(f"cuda_graph_batch_sizes: CUDA graphs need device 'cuda' and attention_backend "
+                             f"'triton' (got device {self.device!r}, attention_backend "
+                             f"{self.attention_backend!r}); leave it empty to run every step eagerly")

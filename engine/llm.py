@@ -29,13 +29,15 @@ class LLM:
                  max_num_batched_tokens: int | None = SchedulerConfig.max_num_batched_tokens,
                  long_prefill_token_threshold: int = SchedulerConfig.long_prefill_token_threshold,
                  max_model_len: int | None = SchedulerConfig.max_model_len,
-                 enable_chunked_prefill: bool = SchedulerConfig.enable_chunked_prefill, progress: bool = True,
+                 enable_chunked_prefill: bool = SchedulerConfig.enable_chunked_prefill,
+                 cuda_graph_batch_sizes: Sequence[int] = EngineConfig.cuda_graph_batch_sizes, progress: bool = True,
                  loaded_model: LoadedModel | None = None):
         config = EngineConfig(
             model=model, dtype=dtype, device=device, attention_backend=attention_backend, seed=seed,
             cache=CacheConfig(block_size, enable_prefix_caching, kv_cache_memory_bytes, kv_cache_memory_fraction),
             scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold,
-                                      max_model_len, enable_chunked_prefill))
+                                      max_model_len, enable_chunked_prefill),
+            cuda_graph_batch_sizes=_as_tuple(cuda_graph_batch_sizes))
         self.engine = EngineCore(config, progress=progress, loaded=loaded_model)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
@@ -104,3 +106,8 @@ class LLM:
                         finished[out.req_id] = out
                         bar.update(1)
         return [finished[r] for r in req_ids]
+
+
+def _as_tuple(value):
+    """Lists become tuples (the config is frozen and hashable); anything else is the config's to reject."""
+    return tuple(value) if isinstance(value, list) else value

@@ -1,7 +1,8 @@
 """Executes one scheduled step: keeps per-request token and block state, packs the flat
-batch, runs the model once and samples."""
+batch, runs the model once (eagerly, or replaying a captured decode graph) and samples."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +13,7 @@ from engine.model.llama import LlamaForCausalLM
 from engine.model.packed_linear import can_prepack
 from engine.sample.sampler import sample
 from engine.sampling_params import SamplingParams
+from engine.worker.cuda_graphs import CudaGraph, DecodeGraphs, Graph, sizes_to_capture
 from engine.worker.kv_cache import export_blocks, import_blocks
 
 
@@ -47,14 +49,22 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.default_generator = torch.Generator(device=device)
         self.default_generator.manual_seed(seed)
+        self.decode_graphs: DecodeGraphs | None = None  # eager only until capture_decode_graphs()
+
+    def capture_decode_graphs(self, batch_sizes: Sequence[int], max_model_len: int, max_num_seqs: int,
+                              graph_type: type[Graph] = CudaGraph) -> None:
+        """At start-up: capture the decode forward for each batch size (see cuda_graphs.py)."""
+        self.decode_graphs = DecodeGraphs(self._forward, sizes_to_capture(batch_sizes, max_num_seqs),
+                                          max_model_len, self.block_size, self.device, graph_type)
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(sched)
         if sched.is_empty:
             return ModelRunnerOutput()
         batch = self._prepare_inputs(sched)
-        logits = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta,
-                            self.backend, batch.logits_indices)
+        logits = self.decode_graphs.run(batch) if self.decode_graphs is not None else None
+        if logits is None:
+            logits = self._forward(batch.input_ids, batch.positions, batch.meta, batch.logits_indices)
         states = [self.requests[r] for r in batch.sampling_req_ids]
         sampled = sample(logits, [s.sampling_params for s in states], [s.generator for s in states],
                          self.default_generator)
@@ -65,6 +75,10 @@ class ModelRunner:
             if logprob is not None:
                 out.logprobs[state.req_id] = logprob
         return out
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                 logits_indices: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions, self.kv_caches, meta, self.backend, logits_indices)
 
     def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
         return export_blocks(self.kv_caches, block_ids)

@@ -48,6 +48,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int) -> 
     parser.add_argument("--no-chunked-prefill", action="store_true",
                         help="schedule each prompt whole in one step; --max-num-batched-tokens must "
                              "then be at least the max model len")
+    parser.add_argument("--cuda-graph-batch-sizes", type=_batch_sizes, default=_ENGINE.cuda_graph_batch_sizes,
+                        help="decode batch sizes captured as CUDA graphs at start-up, e.g. 1,2,4,8,16,32,64 "
+                             "(--device cuda with --attention-backend triton; default: none, all steps eager)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for this worker")
     parser.add_argument("--drain-timeout-s", type=float, default=_WORKER.drain_timeout_s,
                         help="on SIGTERM: how long in-flight requests may take to finish")
@@ -61,10 +64,19 @@ def worker_config_from_args(args) -> WorkerConfig:
     cache = dataclasses.replace(_ENGINE.cache, enable_prefix_caching=not args.no_prefix_caching,
                                 kv_cache_memory_bytes=args.kv_cache_memory_bytes)
     engine = dataclasses.replace(_ENGINE, model=args.model, dtype=args.dtype, device=args.device,
-                                 attention_backend=args.attention_backend, cache=cache, scheduler=scheduler)
+                                 attention_backend=args.attention_backend, cache=cache, scheduler=scheduler,
+                                 cuda_graph_batch_sizes=args.cuda_graph_batch_sizes)
     return WorkerConfig(engine=engine, host=args.host, port=args.port, metrics_port=args.metrics_port,
                         kvstore_address=args.kvstore, kvstore_transport=args.kvstore_transport,
                         drain_timeout_s=args.drain_timeout_s)
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    """Comma-separated sizes: 1,2,4,8 -> (1, 2, 4, 8); empty -> (). The engine config checks them."""
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes like 1,2,4,8, got {text!r}") from None
 
 
 def _max_num_batched_tokens(args) -> int | None:
