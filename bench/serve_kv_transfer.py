@@ -1,6 +1,10 @@
-"""KV transfer throughput (issue 7, experiment 5): real KV blocks of SmolLM2's shape put to
-and read back from the kvstore over each transport and backend, against the raw loopback
-TCP throughput of the same bytes measured in the same run.
+"""KV transfer throughput (issue 7 experiment 5, issue 13): real KV blocks of SmolLM2's
+shape put to and read back from the kvstore over each transport and backend, against the
+raw loopback TCP throughput of the same bytes measured in the same run.
+
+The paths the workers take: put_blocks from one contiguous payload tensor (as the engine
+exports it), get_blocks into a KVPayload tensor (as the decode imports it). The old
+one-block-per-message Put/Get is measured once more for comparison.
 
     .venv/bin/python bench/serve_kv_transfer.py [--num-blocks 64] [--repeats 3]
 
@@ -22,7 +26,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from services.worker.kv_wire import block_to_proto  # noqa: E402
+from engine.kv_transfer import KVPayload  # noqa: E402
+from services.worker.kv_wire import block_from_proto, block_to_proto, payload_from_batches, payload_to_put  # noqa: E402
 from services.kvstore.client import KVStoreClient  # noqa: E402
 from services.kvstore.server import KVStoreConfig, serve  # noqa: E402
 
@@ -30,10 +35,10 @@ from services.kvstore.server import KVStoreConfig, serve  # noqa: E402
 BLOCK_SHAPE = (30, 2, 16, 3, 64)
 
 
-def make_blocks(num_blocks: int, seed: int) -> list:
+def make_payload(num_blocks: int, seed: int) -> KVPayload:
     gen = torch.Generator().manual_seed(seed)
-    return [block_to_proto(torch.randn(BLOCK_SHAPE, generator=gen), 16, block_hash=os.urandom(32))
-            for _ in range(num_blocks)]
+    blocks = torch.randn((num_blocks, *BLOCK_SHAPE), generator=gen)
+    return KVPayload(num_blocks * 16, blocks, [os.urandom(32) for _ in range(num_blocks)])
 
 
 def raw_socket_mbps(payload: bytes, repeats: int) -> float:
@@ -64,19 +69,38 @@ def raw_socket_mbps(payload: bytes, repeats: int) -> float:
     return 2 * len(payload) * repeats / elapsed / 1e6
 
 
-def store_mbps(client: KVStoreClient, blocks: list, repeats: int) -> tuple[float, float]:
-    """Put then get the blocks; MB/s of each direction (bytes of block data)."""
-    num_bytes = sum(len(b.data) for b in blocks)
-    hashes = [b.header.block_hash for b in blocks]
+def store_mbps(client: KVStoreClient, payload: KVPayload, repeats: int) -> tuple[float, float]:
+    """put_blocks then get_blocks of the payload, as the workers do (export layout in, a
+    KVPayload tensor out); MB/s of each direction (bytes of block data)."""
+    num_bytes = payload.blocks.numel() * payload.blocks.element_size()
     put_s = get_s = 0.0
     for _ in range(repeats):
         t = time.perf_counter()
-        client.put(blocks)
+        headers, data = payload_to_put(payload, 16, tail_key="")
+        client.put_blocks(headers, data)
         put_s += time.perf_counter() - t
         t = time.perf_counter()
-        got = client.get(hashes)
+        got = payload_from_batches(client.get_blocks(payload.block_hashes), payload.block_hashes, 16,
+                                   payload.num_tokens)
         get_s += time.perf_counter() - t
-        assert all(b.found for b in got)
+        assert got is not None and got.num_blocks == payload.num_blocks
+    assert torch.equal(got.blocks, payload.blocks)
+    return num_bytes * repeats / put_s / 1e6, num_bytes * repeats / get_s / 1e6
+
+
+def store_mbps_per_block(client: KVStoreClient, payload: KVPayload, repeats: int) -> tuple[float, float]:
+    """The one-block-per-message Put and Get (before issue 13), for comparison: as the
+    workers did, the messages are built from the payload and the tensor from the answer."""
+    num_bytes = payload.blocks.numel() * payload.blocks.element_size()
+    put_s = get_s = 0.0
+    for _ in range(repeats):
+        t = time.perf_counter()
+        client.put([block_to_proto(b, 16, block_hash=h) for b, h in zip(payload.blocks, payload.block_hashes)])
+        put_s += time.perf_counter() - t
+        t = time.perf_counter()
+        got = torch.stack([block_from_proto(b) for b in client.get(payload.block_hashes)])  # as decodes did
+        get_s += time.perf_counter() - t
+    assert torch.equal(got, payload.blocks)
     return num_bytes * repeats / put_s / 1e6, num_bytes * repeats / get_s / 1e6
 
 
@@ -105,23 +129,27 @@ def main() -> None:
     parser.add_argument("--num-blocks", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    blocks = make_blocks(args.num_blocks, seed=0)
-    num_bytes = sum(len(b.data) for b in blocks)
-    raw = raw_socket_mbps(b"".join(b.data for b in blocks), args.repeats)
+    payload = make_payload(args.num_blocks, seed=0)
+    num_bytes = payload.blocks.numel() * payload.blocks.element_size()
+    raw = raw_socket_mbps(payload.blocks.numpy().tobytes(), args.repeats)
     print(json.dumps({"path": "raw loopback TCP (send + echo)", "mb_s": round(raw, 1), "bytes": num_bytes}))
     redis_proc, redis_url = start_redis()
+    paths = [("memory", "grpc", store_mbps), ("memory", "ucx", store_mbps), (redis_url, "grpc", store_mbps),
+             ("memory", "grpc", store_mbps_per_block)]
     try:
-        for backend, transport in [("memory", "grpc"), ("memory", "ucx"), (redis_url, "grpc")]:
+        for backend, transport, measure in paths:
             store = serve(KVStoreConfig(capacity_bytes=4 * num_bytes, metrics_port=None,
                                         backend=backend, ucx_port=0 if transport == "ucx" else None))
             client = KVStoreClient(store.address, transport=transport)
             try:
-                put, get = store_mbps(client, blocks, args.repeats)
+                measure(client, payload, 1)  # untimed: connect, and let gRPC's flow control windows grow
+                put, get = measure(client, payload, args.repeats)
             finally:
                 client.close()
                 store.stop()
             both = 2 / (1 / put + 1 / get)
-            print(json.dumps({"path": f"kvstore {'redis' if backend != 'memory' else 'memory'} over {transport}",
+            name = f"kvstore {'redis' if backend != 'memory' else 'memory'} over {transport}"
+            print(json.dumps({"path": name + (" (one block per message)" if measure is store_mbps_per_block else ""),
                               "put_mb_s": round(put, 1), "get_mb_s": round(get, 1),
                               "ratio_vs_raw_socket": round(both / raw, 2)}))
     finally:

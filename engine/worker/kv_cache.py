@@ -44,10 +44,28 @@ def allocate_kv_caches(num_blocks: int, arch: ModelArchConfig, block_size: int, 
 
 
 def export_blocks(kv_caches: list[torch.Tensor], block_ids: list[int]) -> torch.Tensor:
-    """Copy blocks out of the per-layer caches to host memory, in the KVPayload layout."""
-    index = torch.tensor(block_ids, dtype=torch.long, device=kv_caches[0].device)
-    per_layer = [cache.index_select(1, index) for cache in kv_caches]  # [2, n, bs, h, d] each
-    return torch.stack(per_layer).permute(2, 0, 1, 3, 4, 5).contiguous().cpu()
+    """Copy blocks out of the per-layer caches into one contiguous host tensor in the
+    KVPayload layout (the wire layout: a block's layers, K and V, back to back), which the
+    kvstore client sends as it is.
+
+        cache[layer]: [2, num_blocks, bs, h, d] ──gather block_ids──▶ out[:, layer]: [n, 2, bs, h, d]
+
+    Per layer one gather (index_select, fast and contiguous) and one strided copy into
+    the output: measured faster on CPU than index_select writing into the strided slot
+    itself, which takes a slow path. On a GPU the output is a device tensor first, then
+    one transfer brings it to (pinned) host memory.
+    """
+    cache0 = kv_caches[0]
+    num_layers, (two, _, bs, h, d) = len(kv_caches), cache0.shape
+    index = torch.tensor(block_ids, dtype=torch.long, device=cache0.device)
+    out = torch.empty((len(block_ids), num_layers, two, bs, h, d), dtype=cache0.dtype, device=cache0.device)
+    for layer, cache in enumerate(kv_caches):
+        # the gather keeps the cache's [2, n, ...] order; out[:, layer] transposed is that order
+        out[:, layer].transpose(0, 1).copy_(cache.index_select(1, index))
+    if out.device.type == "cpu":
+        return out
+    host = torch.empty(out.shape, dtype=out.dtype, pin_memory=torch.cuda.is_available())
+    return host.copy_(out)
 
 
 def import_blocks(kv_caches: list[torch.Tensor], block_ids: list[int], blocks: torch.Tensor) -> None:

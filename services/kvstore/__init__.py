@@ -4,6 +4,7 @@
     memory_store.py   the in-process backend (default)
     redis_store.py    the Redis backend; its Lua scripts in redis_scripts.py
     validate.py       wire blocks -> stored blocks, bad fields refused by name
+    batch_codec.py    many blocks per message, their bytes never copied through protobuf
     handlers.py       the API on protobuf messages, for every transport
     grpc_servicer.py  the gRPC service           ucx_server.py  Put/Get over UCX
     transport.py      client transports (gRPC)   ucx_client.py  the UCX one

@@ -4,6 +4,10 @@ Blocks travel over the chosen transport (gRPC streams by default, or UCX); looku
 leases and stats always over gRPC. Every failure is a grpc.RpcError with its status code
 (from either transport); a Put that does not fit raises KVStoreFullError. One client may
 be shared by many threads.
+
+Two ways to move blocks: put_blocks/get_blocks, many blocks per message, their bytes
+taken from and viewed in one buffer (what the workers use); put/get, one KVBlock message
+per block (simple, for tools and tests).
 """
 from __future__ import annotations
 
@@ -15,9 +19,11 @@ import grpc
 
 from services.common.address import split_host_port
 from services.common.grpc_server import channel
+from services.kvstore.batch_codec import Decoded, OutBatch
 from services.kvstore.errors import KVStoreError, KVStoreFullError  # noqa: F401  (part of this API)
 from services.kvstore.transport import BlockTransport, GrpcTransport
 from services.kvstore.ucx_frames import UCX_PORT_METADATA
+from services.kvstore.validate import block_nbytes
 from services.pb import kvstore_pb2, kvstore_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -42,14 +48,52 @@ class KVStoreClient:
         self._lock = threading.Lock()
         self._blocks: BlockTransport | None = None
 
-    def lookup(self, block_hashes: list[bytes]) -> int:
-        """How many leading hashes the store holds."""
-        request = kvstore_pb2.LookupRequest(block_hashes=block_hashes)
+    def lookup(self, block_hashes: list[bytes], lease_id: str = "") -> int:
+        """How many leading hashes the store holds; under a lease, those are pinned by it."""
+        request = kvstore_pb2.LookupRequest(block_hashes=block_hashes, lease_id=lease_id)
         return self._stub.Lookup(request, timeout=self._timeout_s).num_prefix_found
 
-    def create_lease(self, ttl_ms: int, req_id: str = "") -> str:
-        request = kvstore_pb2.CreateLeaseRequest(ttl_ms=ttl_ms, req_id=req_id)
+    def create_lease(self, ttl_ms: int, req_id: str = "", write_pending: bool = False) -> str:
+        """With write_pending, a get_blocks naming the lease (and a wait) waits for end_write."""
+        request = kvstore_pb2.CreateLeaseRequest(ttl_ms=ttl_ms, req_id=req_id, write_pending=write_pending)
         return self._stub.CreateLease(request, timeout=self._timeout_s).lease_id
+
+    def end_write(self, lease_id: str, failed: bool = False) -> bool:
+        request = kvstore_pb2.EndWriteRequest(lease_id=lease_id, failed=failed)
+        return self._stub.EndWrite(request, timeout=self._timeout_s).ended
+
+    def put_blocks(self, headers: list[kvstore_pb2.KVBlockHeader], data, lease_id: str = "") -> int:
+        """Stores the blocks `headers` describe, their bytes back to back in `data` (anything
+        C-contiguous with the buffer protocol: a host tensor's .numpy(), bytes, memoryview),
+        all or none; returns how many. Each message carries a view of `data`, never a copy
+        of a block on its own; how many blocks per message is the transport's choice
+        (BlockTransport.put_batch_bytes)."""
+        transport = self._block_transport()
+        view = memoryview(data).cast("B")
+        batches, offset, start = [], 0, 0
+        message = None
+        for header in headers:
+            if message is None or offset - start >= transport.put_batch_bytes:
+                if message is not None:
+                    batches.append(OutBatch(message, [view[start:offset]]))
+                message, start = kvstore_pb2.PutBlocksRequest(lease_id=lease_id), offset
+            message.headers.append(header)
+            offset += block_nbytes(header)
+        if message is not None:
+            batches.append(OutBatch(message, [view[start:offset]]))
+        if offset != len(view):
+            raise ValueError(f"data: has {len(view)} bytes, the headers say {offset}")
+        return transport.put_blocks(batches).num_stored
+
+    def get_blocks(self, block_hashes: list[bytes], tail_keys: Sequence[str] = (), lease_id: str = "",
+                   wait_ms: int = 0) -> list[Decoded]:
+        """The blocks in order, hashes then tails, as KVBlockBatch messages (`.message`:
+        headers and found flags; `.data`: the found blocks' bytes, viewed where they were
+        received). With a lease and wait_ms, the store first waits for the lease's pending
+        write to end, up to wait_ms."""
+        request = kvstore_pb2.GetRequest(block_hashes=block_hashes, tail_keys=list(tail_keys),
+                                         lease_id=lease_id, wait_ms=wait_ms)
+        return self._block_transport().get_blocks(request)
 
     def put(self, blocks: list[kvstore_pb2.KVBlock], lease_id: str = "") -> int:
         """Stores `blocks` (pinned by the lease, if any), all or none; returns how many."""
@@ -96,7 +140,7 @@ class KVStoreClient:
 
     def _connect(self) -> BlockTransport:
         if self.transport == "grpc":
-            return GrpcTransport(self._stub, self._timeout_s)
+            return GrpcTransport(self._channel, self._stub, self._timeout_s)
         # Imported only here: a gRPC-only process never loads UCX.
         from services.kvstore.ucx_client import UcxTransport
         host, port = split_host_port(self._ucx_address or self._discover_ucx_address(), "ucx_address")
@@ -109,4 +153,3 @@ class KVStoreClient:
             raise KVStoreError(grpc.StatusCode.UNAVAILABLE, f"the kvstore at {self.address} serves no UCX "
                                                                 "(start it with --ucx-port)")
         return f"{split_host_port(self.address, 'address')[0]}:{ports[0]}"
-

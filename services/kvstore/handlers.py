@@ -9,10 +9,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from services.kvstore.batch_codec import BATCH_BYTES, Decoded, OutBatch
 from services.kvstore.errors import InvalidArgument, KVStoreFullError, LeaseNotFound
 from services.kvstore.kv_metrics import KVStoreMetrics
 from services.kvstore.store import BlockStore, StoredBlock
-from services.kvstore.validate import key_for_hash, key_for_tail, missing, stored_block, to_wire
+from services.kvstore.validate import (key_for_hash, key_for_tail, missing, stored_block, stored_blocks,
+                                       to_wire)
 from services.pb import kvstore_pb2
 
 logger = logging.getLogger(__name__)
@@ -22,6 +24,7 @@ logger = logging.getLogger(__name__)
 class LeasePolicy:
     default_ttl_ms: int = 30_000  # CreateLease with ttl_ms = 0
     max_ttl_ms: int = 600_000     # a longer lease would pin blocks for a request long gone
+    max_wait_ms: int = 60_000     # a Get waits at most this long for a pending write
 
 
 class KVStoreHandlers:
@@ -29,9 +32,16 @@ class KVStoreHandlers:
         self.store, self.metrics, self.leases = store, metrics, leases
 
     def put(self, requests: Iterable[kvstore_pb2.PutRequest], transport: str) -> kvstore_pb2.PutResponse:
+        return self._put(lambda: _read_put(requests), transport)
+
+    def put_blocks(self, requests: Iterable[Decoded], transport: str) -> kvstore_pb2.PutResponse:
+        """PutBlocks: each message many blocks, their bytes viewed in the received message."""
+        return self._put(lambda: _read_put_blocks(requests), transport)
+
+    def _put(self, read, transport: str) -> kvstore_pb2.PutResponse:
         start = time.perf_counter()
         try:
-            blocks, lease_id = _read_put(requests)
+            blocks, lease_id = read()
         except InvalidArgument:
             self.metrics.puts_rejected_total.labels("invalid").inc()
             raise
@@ -51,26 +61,63 @@ class KVStoreHandlers:
     def get(self, request: kvstore_pb2.GetRequest, transport: str) -> list[kvstore_pb2.KVBlock]:
         """Blocks in request order, hashes then tails; found=False for a missing one."""
         start = time.perf_counter()
+        found, names = self._read(request)
+        blocks = [to_wire(b) if b is not None else missing(*name) for b, name in zip(found, names, strict=True)]
+        self._observe_get(transport, sum(len(b.data) for b in blocks), start)
+        return blocks
+
+    def get_blocks(self, request: kvstore_pb2.GetRequest, transport: str) -> list[OutBatch]:
+        """GetBlocks: the same answer as get, as KVBlockBatch messages of about BATCH_BYTES,
+        each block's stored bytes sent as they are (the transport joins or sends them)."""
+        start = time.perf_counter()
+        found, names = self._read(request)
+        batches, batch = [], _new_batch()
+        for block, (block_hash, tail) in zip(found, names, strict=True):
+            if block is None:
+                batch.message.headers.add(block_hash=block_hash, tail_key=tail)
+                batch.message.found.append(False)
+                continue
+            batch.message.headers.append(kvstore_pb2.KVBlockHeader.FromString(block.header))
+            batch.message.found.append(True)
+            batch.buffers.append(block.data)
+            if batch.num_bytes >= BATCH_BYTES:
+                batches.append(batch)
+                batch = _new_batch()
+        if batch.message.headers or not batches:
+            batches.append(batch)
+        self._observe_get(transport, sum(b.num_bytes for b in batches), start)
+        return batches
+
+    def _read(self, request: kvstore_pb2.GetRequest) -> tuple[list[StoredBlock | None], list[tuple[bytes, str]]]:
         keys = ([key_for_hash(h, f"block_hashes[{i}]") for i, h in enumerate(request.block_hashes)]
                 + [key_for_tail(k, f"tail_keys[{i}]") for i, k in enumerate(request.tail_keys)])
-        found = self.store.get(keys)
+        if request.lease_id and request.wait_ms:
+            # The write these blocks come from may still be running: give it time to end
+            # (or fail) before reading; whatever is missing then is the reader's to recompute.
+            self.store.wait_write(request.lease_id, min(request.wait_ms, self.leases.max_wait_ms) / 1000)
         names = [(h, "") for h in request.block_hashes] + [(b"", k) for k in request.tail_keys]
-        blocks = [to_wire(b) if b is not None else missing(*name) for b, name in zip(found, names, strict=True)]
-        self.metrics.get_bytes.labels(transport).inc(sum(len(b.data) for b in blocks))
+        return self.store.get(keys), names
+
+    def _observe_get(self, transport: str, num_bytes: int, start: float) -> None:
+        self.metrics.get_bytes.labels(transport).inc(num_bytes)
         self.metrics.get_seconds.labels(transport).observe(time.perf_counter() - start)
-        return blocks
 
     def lookup(self, request: kvstore_pb2.LookupRequest) -> kvstore_pb2.LookupResponse:
         keys = [key_for_hash(h, f"block_hashes[{i}]") for i, h in enumerate(request.block_hashes)]
-        return kvstore_pb2.LookupResponse(num_prefix_found=self.store.lookup(keys))
+        return kvstore_pb2.LookupResponse(num_prefix_found=self.store.lookup(keys, request.lease_id))
 
     def create_lease(self, request: kvstore_pb2.CreateLeaseRequest) -> kvstore_pb2.Lease:
         ttl_ms = request.ttl_ms or self.leases.default_ttl_ms
         if ttl_ms > self.leases.max_ttl_ms:
             raise InvalidArgument("ttl_ms", f"{ttl_ms} is above the maximum {self.leases.max_ttl_ms}")
-        lease_id = self.store.create_lease(ttl_ms)
+        lease_id = self.store.create_lease(ttl_ms, request.write_pending)
         logger.debug("lease %s for request %r, %d ms", lease_id, request.req_id, ttl_ms)
         return kvstore_pb2.Lease(lease_id=lease_id, ttl_ms=ttl_ms)
+
+    def end_write(self, request: kvstore_pb2.EndWriteRequest) -> kvstore_pb2.EndWriteResponse:
+        if not request.lease_id:
+            raise InvalidArgument("lease_id", "is empty")
+        return kvstore_pb2.EndWriteResponse(ended=self.store.end_write(request.lease_id, request.failed))
 
     def release_lease(self, request: kvstore_pb2.ReleaseLeaseRequest) -> kvstore_pb2.ReleaseLeaseResponse:
         if not request.lease_id:
@@ -99,3 +146,22 @@ def _read_put(requests: Iterable[kvstore_pb2.PutRequest]) -> tuple[list[StoredBl
             raise InvalidArgument(f"put[{i}].block", "is missing")
         blocks.append(stored_block(request.block, f"put[{i}].block"))
     return blocks, lease_id
+
+
+def _read_put_blocks(requests: Iterable[Decoded]) -> tuple[list[StoredBlock], str]:
+    """As _read_put, for PutBlocks messages."""
+    blocks, lease_id = [], ""
+    for i, request in enumerate(requests):
+        if request.error is not None:
+            raise InvalidArgument(f"put[{i}].{request.error.field}", request.error.details().partition(": ")[2])
+        message = request.message
+        if message.lease_id and lease_id and message.lease_id != lease_id:
+            raise InvalidArgument(f"put[{i}].lease_id", f"{message.lease_id!r} differs from {lease_id!r} "
+                                                        "earlier in the stream")
+        lease_id = lease_id or message.lease_id
+        blocks += stored_blocks(message.headers, request.data, f"put[{i}]")
+    return blocks, lease_id
+
+
+def _new_batch() -> OutBatch:
+    return OutBatch(kvstore_pb2.KVBlockBatch(), [])

@@ -19,7 +19,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.kvstore.errors import LeaseNotFound
-from services.kvstore.store import NULL_EVENTS, BlockStore, StoredBlock, StoreEvents, StoreStats, is_tail, last_wins
+from services.kvstore.store import (NO_LEASE, NULL_EVENTS, WRITE_DONE, WRITE_FAILED, WRITE_PENDING, BlockStore,
+                                    StoredBlock, StoreEvents, StoreStats, is_tail, last_wins)
+
+# How often a wait_write re-checks lease expiry: expiry runs on the store's clock, which
+# only moves when someone calls in, so a waiter looks at it itself now and then.
+_WAIT_SLICE_S = 0.05
+
+
+# A view may keep this much more than itself alive (a message's header) before it is copied.
+_MAX_VIEW_OVERHEAD = 64 << 10
+
+
+def _owned(data: bytes | memoryview) -> bytes | memoryview:
+    """`data` to keep: a view into a received message as it is when the message holds
+    little else (one block per message), else a copy. A view into a message of many blocks
+    would keep all of them alive as long as one is stored, beyond what capacity counts."""
+    if isinstance(data, memoryview) and data.obj is not None and \
+            memoryview(data.obj).nbytes - data.nbytes > _MAX_VIEW_OVERHEAD:
+        return bytes(data)
+    return data
 
 
 @dataclass
@@ -33,6 +52,7 @@ class _Lease:
     expires_at: float
     pinned_keys: set[bytes] = field(default_factory=set)
     tail_keys: set[bytes] = field(default_factory=set)
+    write: str = WRITE_DONE
 
 
 class MemoryBlockStore(BlockStore):
@@ -42,6 +62,7 @@ class MemoryBlockStore(BlockStore):
         self._events = events
         self._clock = clock
         self._lock = threading.Lock()
+        self._write_ended = threading.Condition(self._lock)  # a write ended or a lease went
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
         self._leases: dict[str, _Lease] = {}
         self._expiry_heap: list[tuple[float, str]] = []  # (expires_at, lease_id), lazily pruned
@@ -51,12 +72,10 @@ class MemoryBlockStore(BlockStore):
 
     # ---- blocks ----------------------------------------------------------------------
     def put(self, blocks: list[StoredBlock], lease_id: str = "") -> int | None:
-        blocks = last_wins(blocks)
+        blocks = [StoredBlock(b.key, b.header, _owned(b.data)) for b in last_wins(blocks)]
         with self._lock:
             self._expire_due()
-            lease = self._leases.get(lease_id) if lease_id else None
-            if lease_id and lease is None:
-                raise LeaseNotFound(lease_id)
+            lease = self._lease(lease_id)
             victims = self._plan_evictions(blocks)
             if victims is None:
                 self._events.put_rejected()
@@ -65,8 +84,10 @@ class MemoryBlockStore(BlockStore):
                 self._drop(key)
             self._num_evictions += len(victims)
             self._events.evictions(len(victims))
+            new_keys = [b.key for b in blocks if b.key not in self._entries]
             for block in blocks:
                 self._store(block, lease)
+            self._events.blocks_changed(victims, new_keys)
             return len(blocks)
 
     def get(self, keys: list[bytes]) -> list[StoredBlock | None]:
@@ -79,23 +100,49 @@ class MemoryBlockStore(BlockStore):
         self._events.misses(len(keys) - num_hits)
         return found
 
-    def lookup(self, keys: list[bytes]) -> int:
+    def lookup(self, keys: list[bytes], lease_id: str = "") -> int:
         with self._lock:
+            self._expire_due()
+            lease = self._lease(lease_id)
             for i, key in enumerate(keys):
                 if self._touch(key) is None:
                     return i
+                if lease is not None:
+                    self._pin(key, lease)
             return len(keys)
 
     # ---- leases ----------------------------------------------------------------------
-    def create_lease(self, ttl_ms: int) -> str:
+    def create_lease(self, ttl_ms: int, write_pending: bool = False) -> str:
         lease_id = uuid.uuid4().hex
         with self._lock:
             self._expire_due()
             expires_at = self._clock() + ttl_ms / 1000
-            self._leases[lease_id] = _Lease(expires_at)
+            self._leases[lease_id] = _Lease(expires_at, write=WRITE_PENDING if write_pending else WRITE_DONE)
             heapq.heappush(self._expiry_heap, (expires_at, lease_id))
         self._events.lease_created()
         return lease_id
+
+    def end_write(self, lease_id: str, failed: bool) -> bool:
+        with self._lock:
+            self._expire_due()
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.write != WRITE_PENDING:
+                return False
+            lease.write = WRITE_FAILED if failed else WRITE_DONE
+            self._write_ended.notify_all()
+            return True
+
+    def wait_write(self, lease_id: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while True:
+                self._expire_due()
+                lease = self._leases.get(lease_id)
+                state = NO_LEASE if lease is None else lease.write
+                remaining = deadline - time.monotonic()
+                if state != WRITE_PENDING or remaining <= 0:
+                    return state
+                self._write_ended.wait(min(remaining, _WAIT_SLICE_S))
 
     def release_lease(self, lease_id: str, drop_tail: bool) -> bool:
         with self._lock:
@@ -104,6 +151,7 @@ class MemoryBlockStore(BlockStore):
             if lease is None:
                 return False
             self._end(lease, drop_tail)
+            self._write_ended.notify_all()
         self._events.lease_released()
         return True
 
@@ -118,6 +166,15 @@ class MemoryBlockStore(BlockStore):
                               len(self._leases), self._num_hits, self._num_misses, self._num_evictions)
 
     # ---- helpers (lock held) ---------------------------------------------------------
+    def _lease(self, lease_id: str) -> _Lease | None:
+        """The lease named, None for ""; an unknown one raises."""
+        if not lease_id:
+            return None
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise LeaseNotFound(lease_id)
+        return lease
+
     def _plan_evictions(self, blocks: list[StoredBlock]) -> list[bytes] | None:
         """The least recent unpinned keys to drop so that `blocks` fit; None if impossible."""
         need = self._used_bytes + sum(self._growth(b) for b in blocks) - self.capacity_bytes
@@ -150,12 +207,17 @@ class MemoryBlockStore(BlockStore):
         self._entries.move_to_end(block.key)
         if lease is None:
             return
-        if block.key not in lease.pinned_keys:
-            lease.pinned_keys.add(block.key)
-            entry.num_pins += 1
-            self._num_pinned += entry.num_pins == 1
+        self._pin(block.key, lease)
         if is_tail(block.key):
             lease.tail_keys.add(block.key)
+
+    def _pin(self, key: bytes, lease: _Lease) -> None:
+        """Pins a stored key by the lease, once per lease."""
+        if key not in lease.pinned_keys:
+            lease.pinned_keys.add(key)
+            entry = self._entries[key]
+            entry.num_pins += 1
+            self._num_pinned += entry.num_pins == 1
 
     def _touch(self, key: bytes) -> StoredBlock | None:
         entry = self._entries.get(key)
@@ -188,5 +250,6 @@ class MemoryBlockStore(BlockStore):
                 self._end(lease, drop_tail=False)
                 num_expired += 1
         if num_expired:
+            self._write_ended.notify_all()
             self._events.leases_expired(num_expired)
         return num_expired

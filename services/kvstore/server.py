@@ -8,12 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.common.grpc_server import RunningServer, ServiceSpec, start_server
-from services.kvstore.grpc_servicer import SERVICE_NAME, KVStoreServicer
+from services.common.kv_events import KVEventPublisher, kv_events_service
+from services.kvstore.grpc_servicer import SERVICE_NAME, KVStoreServicer, add_to_server
 from services.kvstore.handlers import KVStoreHandlers, LeasePolicy
+from services.kvstore.kv_events import PublishingMetrics
 from services.kvstore.kv_metrics import KVStoreMetrics
 from services.kvstore.memory_store import MemoryBlockStore
 from services.kvstore.store import BlockStore, StoreEvents
-from services.pb import kvstore_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +91,11 @@ class RunningKVStore:
     _grpc: RunningServer
     _ucx: object | None
     _sweeper: LeaseSweeper
+    kv_events: KVEventPublisher | None = None  # its blocks' changes, for routers (KVEvents)
 
     def stop(self, grace: float | None = 2.0) -> None:
+        if self.kv_events is not None:
+            self.kv_events.close()  # its open streams would otherwise hold the whole grace
         self._grpc.stop(grace)
         if self._ucx is not None:
             self._ucx.stop()
@@ -102,7 +106,8 @@ class RunningKVStore:
 
 def serve(config: KVStoreConfig, clock: Callable[[], float] | None = None) -> RunningKVStore:
     """Starts the service; `clock` replaces the store's clock (tests expire leases with it)."""
-    metrics = KVStoreMetrics()
+    kv_events = KVEventPublisher()
+    metrics = PublishingMetrics(kv_events)
     store = make_store(config, metrics, clock)
     metrics.watch(store.stats)
     handlers = KVStoreHandlers(store, metrics, LeasePolicy(config.default_lease_ttl_ms, config.max_lease_ttl_ms))
@@ -112,8 +117,8 @@ def serve(config: KVStoreConfig, clock: Callable[[], float] | None = None) -> Ru
             from services.kvstore.ucx_server import UcxKVStoreServer  # only a UCX-enabled server loads UCX
             ucx = UcxKVStoreServer(handlers, config.ucx_port)
         servicer = KVStoreServicer(handlers, ucx.port if ucx else None)
-        spec = ServiceSpec(SERVICE_NAME, kvstore_pb2_grpc.add_KVStoreServicer_to_server, servicer)
-        grpc_server = start_server([spec], host=config.host, port=config.port)
+        spec = ServiceSpec(SERVICE_NAME, add_to_server, servicer)
+        grpc_server = start_server([spec, kv_events_service(kv_events)], host=config.host, port=config.port)
         metrics_port = None if config.metrics_port is None else metrics.metrics.serve(config.host, config.metrics_port)
     except BaseException:  # a port already taken: free what started before re-raising
         if grpc_server is not None:
@@ -126,4 +131,4 @@ def serve(config: KVStoreConfig, clock: Callable[[], float] | None = None) -> Ru
     return RunningKVStore(
         address=f"{config.host}:{grpc_server.port}", metrics_port=metrics_port,
         ucx_address=f"{config.host}:{ucx.port}" if ucx else None, store=store, metrics=metrics,
-        servicer=servicer, _grpc=grpc_server, _ucx=ucx, _sweeper=sweeper)
+        servicer=servicer, _grpc=grpc_server, _ucx=ucx, _sweeper=sweeper, kv_events=kv_events)

@@ -6,10 +6,12 @@ is stored as its serialized KVBlockHeader plus its raw bytes; the store never lo
 inside either (validation happens before, in validate.py).
 
     prefill P                         kvstore                        decode D
-    create_lease(ttl) ───────────────▶ lease L (expires at now+ttl)
+    create_lease(ttl, pending) ──────▶ lease L (expires at now+ttl), write pending
+    lookup([h0, h1, h2], L) ─────────▶ h0 found: pinned by L
+    handle{h0, h1, h2, t:req, L} ───────────────────────────────────▶ wait_write(L) ...
     put([h1, h2, t:req], L) ─────────▶ h1 h2 t:req stored, pinned by L
-    handle{h1, h2, t:req, L} ───────────────────────────────────────▶ get([h1, h2], [t:req])
-                                       L released (drop_tail): h1 h2 ◀── release_lease(L)
+    end_write(L) ────────────────────▶ write done ─────────────────▶ ... get([h0..h2], [t:req])
+                                       L released (drop_tail): h0..h2 ◀── release_lease(L)
                                        unpinned, t:req deleted
 """
 from __future__ import annotations
@@ -33,11 +35,18 @@ def is_tail(key: bytes) -> bool:
     return key.startswith(TAIL_PREFIX)
 
 
+# A lease's write, as wait_write reports it.
+WRITE_DONE = "done"        # ended well, or the lease was created with nothing pending
+WRITE_FAILED = "failed"    # the writer gave up: some blocks may be missing
+WRITE_PENDING = "pending"  # still being written (wait_write timed out)
+NO_LEASE = ""              # unknown, released or expired: nothing to wait for
+
+
 @dataclass(frozen=True)
 class StoredBlock:
     key: bytes
     header: bytes  # a serialized KVBlockHeader
-    data: bytes
+    data: bytes | memoryview  # a view into a received message until the backend stores it
 
     @property
     def num_bytes(self) -> int:
@@ -68,6 +77,9 @@ class StoreEvents:
     def lease_created(self) -> None: ...
     def lease_released(self) -> None: ...
     def leases_expired(self, n: int) -> None: ...
+    # keys that left (evicted) and then keys new to the store, by one put; for KV events
+    # (services/kvstore/kv_events.py). Called under the store's lock, so in store order.
+    def blocks_changed(self, evicted: list[bytes], stored: list[bytes]) -> None: ...
 
 
 NULL_EVENTS = StoreEvents()
@@ -84,11 +96,16 @@ class BlockStore(abc.ABC):
       put returns None. Under a lease, each block is pinned by it (once per lease).
       An unknown, released or expired lease raises LeaseNotFound.
     - get(keys): the blocks, None for a missing one; each hit becomes most recent.
-    - lookup(keys): how many leading keys are stored; those become most recent (the
-      caller is about to rely on them).
-    - create_lease(ttl_ms) -> lease id. release_lease(id, drop_tail) unpins the lease's
-      blocks and, with drop_tail, deletes its tail blocks that no other lease pins;
-      True exactly once per lease, False once released or expired.
+    - lookup(keys, lease_id): how many leading keys are stored; those become most recent
+      (the caller is about to rely on them) and, under a lease, are pinned by it (a prefill
+      that does not write them again still keeps them for its decode). An unknown lease
+      raises LeaseNotFound.
+    - create_lease(ttl_ms, write_pending) -> lease id. With write_pending the lease's
+      write is pending until end_write(id, failed) (or the lease ends); wait_write(id,
+      timeout_s) waits up to timeout_s for that and returns the WRITE_* state it saw.
+    - release_lease(id, drop_tail) unpins the lease's blocks and, with drop_tail, deletes
+      its tail blocks that no other lease pins; True exactly once per lease, False once
+      released or expired.
     - expire_leases(): ends every lease past its expiry (unpins; its tails stay, as
       ordinary evictable blocks) and returns how many. Every other method also ends due
       leases first, so expiry never waits for a sweeper to be observed.
@@ -104,10 +121,17 @@ class BlockStore(abc.ABC):
     def get(self, keys: list[bytes]) -> list[StoredBlock | None]: ...
 
     @abc.abstractmethod
-    def lookup(self, keys: list[bytes]) -> int: ...
+    def lookup(self, keys: list[bytes], lease_id: str = "") -> int: ...
 
     @abc.abstractmethod
-    def create_lease(self, ttl_ms: int) -> str: ...
+    def create_lease(self, ttl_ms: int, write_pending: bool = False) -> str: ...
+
+    @abc.abstractmethod
+    def end_write(self, lease_id: str, failed: bool) -> bool:
+        """Ends the lease's pending write; False when it had none or the lease is gone."""
+
+    @abc.abstractmethod
+    def wait_write(self, lease_id: str, timeout_s: float) -> str: ...
 
     @abc.abstractmethod
     def release_lease(self, lease_id: str, drop_tail: bool) -> bool: ...

@@ -1,8 +1,16 @@
 """The KVStore's Put and Get over UCX: the same protobuf messages as over gRPC, one per
 UCX message (ucxx's send_obj/recv_obj frame each with its length), behind a kind byte.
 
-    Put:  client  P<PutRequest> P<PutRequest> ... E            server  R<PutResponse> | X<error>
-    Get:  client  G<GetRequest>                                 server  B<KVBlock> ... D | X<error>
+    Put:        client  P<PutRequest> P<PutRequest> ... E      server  R<PutResponse> | X<error>
+    Get:        client  G<GetRequest>                           server  B<KVBlock> ... D | X<error>
+    PutBlocks:  client  Q<sizes><PutBlocksRequest> raw... E     server  R<PutResponse> | X<error>
+    GetBlocks:  client  H<GetRequest>                           server  C<sizes><KVBlockBatch> raw... D | X<error>
+
+PutBlocks and GetBlocks send each batch's message without its data, then the data as
+raw UCX messages of the sizes listed in the frame (a u32 count, then u64 sizes): UCX
+moves them straight from the sender's buffers (a tensor's memory, stored block bytes;
+a CUDA tensor too, through its __cuda_array_interface__) into the buffer the receiver
+allocated for them, with no framing copy on either side.
 
 An error frame carries the gRPC status name and the details, so a UCX caller sees the
 same codes and messages as a gRPC one. One request at a time per connection.
@@ -13,6 +21,8 @@ here, so the client never imports the server.
 """
 from __future__ import annotations
 
+import struct
+
 import grpc
 
 from services.kvstore.errors import InvalidArgument, KVStoreError, from_status
@@ -22,8 +32,11 @@ UCX_PORT_METADATA = "pdserve-kvstore-ucx-port"
 PUT = b"P"
 PUT_END = b"E"
 GET = b"G"
+PUT_BLOCKS = b"Q"
+GET_BLOCKS = b"H"
 PUT_REPLY = b"R"
 BLOCK = b"B"
+BATCH = b"C"
 GET_END = b"D"
 ERROR = b"X"
 
@@ -52,3 +65,49 @@ def parse_error(data) -> KVStoreError:
     name, _, message = bytes(data[1:]).decode(errors="replace").partition("\n")
     code = grpc.StatusCode[name] if name in grpc.StatusCode.__members__ else grpc.StatusCode.UNKNOWN
     return from_status(code, message)
+
+
+def batch_frame(kind: bytes, message, sizes: list[int]) -> bytes:
+    """A batch's frame: the sizes of the raw messages that follow it, then its message."""
+    return kind + struct.pack(f"<I{len(sizes)}Q", len(sizes), *sizes) + message.SerializeToString()
+
+
+def batch_sizes(data) -> list[int]:
+    """The sizes a batch frame lists: read first, so the raw messages are received (and
+    the stream stays in step) even when the message itself turns out bad."""
+    try:
+        (count,) = struct.unpack_from("<I", data, 1)
+        return list(struct.unpack_from(f"<{count}Q", data, 5))
+    except struct.error as e:
+        raise InvalidArgument("frame", f"has no valid size list: {e}") from None
+
+
+def parse_batch_frame(data, message_type, num_sizes: int):
+    """The message of a batch frame listing `num_sizes` sizes."""
+    # parse() skips one kind byte: hand it the frame from the last byte before the message
+    return parse(memoryview(data)[4 + 8 * num_sizes:], message_type)
+
+
+async def send_batch(endpoint, kind: bytes, batch) -> None:
+    """A batch's frame, then each of its buffers (an OutBatch's) as one raw UCX message."""
+    sizes = [_nbytes(b) for b in batch.buffers]
+    await endpoint.send_obj(batch_frame(kind, batch.message, sizes))
+    for buffer, size in zip(batch.buffers, sizes):
+        if size:
+            await endpoint.send(buffer)
+
+
+async def recv_raw(endpoint, sizes: list[int]) -> memoryview:
+    """The raw messages of a batch, received one after another into one host buffer."""
+    buffer = memoryview(bytearray(sum(sizes)))
+    offset = 0
+    for size in sizes:
+        if size:
+            await endpoint.recv(buffer[offset:offset + size])
+        offset += size
+    return buffer
+
+
+def _nbytes(buffer) -> int:
+    """Bytes of a host buffer (bytes, memoryview, numpy) or a CUDA tensor."""
+    return buffer.nbytes if hasattr(buffer, "nbytes") else len(buffer)

@@ -14,6 +14,7 @@ import grpc
 
 from services.kvstore import ucx_frames as frames
 from services.kvstore import ucx_runtime
+from services.kvstore.batch_codec import Decoded
 from services.kvstore.errors import InvalidArgument, KVStoreError
 from services.kvstore.handlers import KVStoreHandlers
 from services.kvstore.ucx_runtime import ucxx  # imported there, after the environment it reads
@@ -59,6 +60,10 @@ class UcxKVStoreServer:
                 await self._put(endpoint, data)
             elif kind == frames.GET:
                 await self._get(endpoint, data)
+            elif kind == frames.PUT_BLOCKS:
+                await self._put_blocks(endpoint, data)
+            elif kind == frames.GET_BLOCKS:
+                await self._get_blocks(endpoint, data)
             else:
                 raise InvalidArgument("frame", f"kind {kind!r} is not a request")
         except KVStoreError as e:
@@ -90,6 +95,33 @@ class UcxKVStoreServer:
         blocks = await _in_thread(self.handlers.get, request, "ucx")
         for block in blocks:
             await endpoint.send_obj(frames.frame(frames.BLOCK, block))
+        await endpoint.send_obj(frames.frame(frames.GET_END))
+
+
+    async def _put_blocks(self, endpoint, data) -> None:
+        """Q frames, each with its raw data, until E; then one answer."""
+        requests, error = [], None
+        while frames.kind_of(data) != frames.PUT_END:
+            try:  # keep reading to the end of the stream, so the next request starts in step
+                if frames.kind_of(data) != frames.PUT_BLOCKS:
+                    raise InvalidArgument(f"put[{len(requests)}]", "a PutBlocks stream holds only Q frames")
+                sizes = frames.batch_sizes(data)
+                raw = await frames.recv_raw(endpoint, sizes)
+                message = frames.parse_batch_frame(data, kvstore_pb2.PutBlocksRequest, len(sizes))
+                requests.append(Decoded(message, raw))
+            except InvalidArgument as e:
+                error = error or e
+            data = await endpoint.recv_obj()
+        if error is not None:
+            self.handlers.metrics.puts_rejected_total.labels("invalid").inc()
+            raise error
+        reply = await _in_thread(self.handlers.put_blocks, requests, "ucx")
+        await endpoint.send_obj(frames.frame(frames.PUT_REPLY, reply))
+
+    async def _get_blocks(self, endpoint, data) -> None:
+        request = frames.parse(data, kvstore_pb2.GetRequest)
+        for batch in await _in_thread(self.handlers.get_blocks, request, "ucx"):
+            await frames.send_batch(endpoint, frames.BATCH, batch)
         await endpoint.send_obj(frames.frame(frames.GET_END))
 
 

@@ -48,6 +48,30 @@ def stored_block(block: kvstore_pb2.KVBlock, field: str) -> StoredBlock:
     return StoredBlock(key, header.SerializeToString(), block.data)
 
 
+def stored_blocks(headers, data: memoryview, field: str) -> list[StoredBlock]:
+    """A PutBlocksRequest's blocks: `data` cut by the headers' sizes, in order, no copy.
+    `field` names the message, e.g. "put[2]"."""
+    blocks, offset = [], 0
+    for i, header in enumerate(headers):
+        name = f"{field}.headers[{i}]"
+        if bool(header.block_hash) == bool(header.tail_key):
+            raise InvalidArgument(f"{name}.block_hash", "exactly one of block_hash and tail_key must be set")
+        key = (key_for_hash(header.block_hash, f"{name}.block_hash") if header.block_hash
+               else key_for_tail(header.tail_key, f"{name}.tail_key"))
+        size = _expected_bytes(header, name)
+        blocks.append(StoredBlock(key, header.SerializeToString(), data[offset:offset + size]))
+        offset += size
+    if offset != len(data):
+        raise InvalidArgument(f"{field}.data", f"has {len(data)} bytes, its headers say {offset}")
+    return blocks
+
+
+def block_nbytes(header: kvstore_pb2.KVBlockHeader) -> int:
+    """The bytes of a block with this header; 0 for an unknown dtype (the store refuses
+    such a block with the field named)."""
+    return math.prod(header.shape) * DTYPE_SIZES.get(header.dtype, 0)
+
+
 def _expected_bytes(header: kvstore_pb2.KVBlockHeader, field: str) -> int:
     if header.dtype not in DTYPE_SIZES:
         raise InvalidArgument(f"{field}.dtype", f"{header.dtype!r} is not one of {sorted(DTYPE_SIZES)}")

@@ -34,6 +34,26 @@ class KVBlock(_message.Message):
     found: bool
     def __init__(self, header: _Optional[_Union[KVBlockHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., found: _Optional[bool] = ...) -> None: ...
 
+class PutBlocksRequest(_message.Message):
+    __slots__ = ("lease_id", "headers", "data")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    headers: _containers.RepeatedCompositeFieldContainer[KVBlockHeader]
+    data: bytes
+    def __init__(self, lease_id: _Optional[str] = ..., headers: _Optional[_Iterable[_Union[KVBlockHeader, _Mapping]]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class KVBlockBatch(_message.Message):
+    __slots__ = ("headers", "found", "data")
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    headers: _containers.RepeatedCompositeFieldContainer[KVBlockHeader]
+    found: _containers.RepeatedScalarFieldContainer[bool]
+    data: bytes
+    def __init__(self, headers: _Optional[_Iterable[_Union[KVBlockHeader, _Mapping]]] = ..., found: _Optional[_Iterable[bool]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class PutRequest(_message.Message):
     __slots__ = ("lease_id", "block")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -51,18 +71,24 @@ class PutResponse(_message.Message):
     def __init__(self, num_stored: _Optional[int] = ..., num_bytes: _Optional[int] = ...) -> None: ...
 
 class GetRequest(_message.Message):
-    __slots__ = ("block_hashes", "tail_keys")
+    __slots__ = ("block_hashes", "tail_keys", "lease_id", "wait_ms")
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     TAIL_KEYS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
     tail_keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ..., tail_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    lease_id: str
+    wait_ms: int
+    def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ..., tail_keys: _Optional[_Iterable[str]] = ..., lease_id: _Optional[str] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("block_hashes",)
+    __slots__ = ("block_hashes", "lease_id")
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    lease_id: str
+    def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ..., lease_id: _Optional[str] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("num_prefix_found",)
@@ -71,12 +97,28 @@ class LookupResponse(_message.Message):
     def __init__(self, num_prefix_found: _Optional[int] = ...) -> None: ...
 
 class CreateLeaseRequest(_message.Message):
-    __slots__ = ("ttl_ms", "req_id")
+    __slots__ = ("ttl_ms", "req_id", "write_pending")
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
+    WRITE_PENDING_FIELD_NUMBER: _ClassVar[int]
     ttl_ms: int
     req_id: str
-    def __init__(self, ttl_ms: _Optional[int] = ..., req_id: _Optional[str] = ...) -> None: ...
+    write_pending: bool
+    def __init__(self, ttl_ms: _Optional[int] = ..., req_id: _Optional[str] = ..., write_pending: _Optional[bool] = ...) -> None: ...
+
+class EndWriteRequest(_message.Message):
+    __slots__ = ("lease_id", "failed")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    failed: bool
+    def __init__(self, lease_id: _Optional[str] = ..., failed: _Optional[bool] = ...) -> None: ...
+
+class EndWriteResponse(_message.Message):
+    __slots__ = ("ended",)
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    ended: bool
+    def __init__(self, ended: _Optional[bool] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("lease_id", "ttl_ms")

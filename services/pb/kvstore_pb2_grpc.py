@@ -64,6 +64,21 @@ class KVStoreStub:
                 request_serializer=pdserve_dot_v1_dot_kvstore__pb2.StatsRequest.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_kvstore__pb2.KVStoreStats.FromString,
                 _registered_method=True)
+        self.PutBlocks = channel.stream_unary(
+                '/pdserve.v1.KVStore/PutBlocks',
+                request_serializer=pdserve_dot_v1_dot_kvstore__pb2.PutBlocksRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_kvstore__pb2.PutResponse.FromString,
+                _registered_method=True)
+        self.GetBlocks = channel.unary_stream(
+                '/pdserve.v1.KVStore/GetBlocks',
+                request_serializer=pdserve_dot_v1_dot_kvstore__pb2.GetRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_kvstore__pb2.KVBlockBatch.FromString,
+                _registered_method=True)
+        self.EndWrite = channel.unary_unary(
+                '/pdserve.v1.KVStore/EndWrite',
+                request_serializer=pdserve_dot_v1_dot_kvstore__pb2.EndWriteRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_kvstore__pb2.EndWriteResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer:
@@ -105,6 +120,25 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutBlocks(self, request_iterator, context):
+        """The fast path for KV bytes: many blocks per message (see PutBlocksRequest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBlocks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndWrite(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +171,21 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=pdserve_dot_v1_dot_kvstore__pb2.StatsRequest.FromString,
                     response_serializer=pdserve_dot_v1_dot_kvstore__pb2.KVStoreStats.SerializeToString,
+            ),
+            'PutBlocks': grpc.stream_unary_rpc_method_handler(
+                    servicer.PutBlocks,
+                    request_deserializer=pdserve_dot_v1_dot_kvstore__pb2.PutBlocksRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_kvstore__pb2.PutResponse.SerializeToString,
+            ),
+            'GetBlocks': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetBlocks,
+                    request_deserializer=pdserve_dot_v1_dot_kvstore__pb2.GetRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_kvstore__pb2.KVBlockBatch.SerializeToString,
+            ),
+            'EndWrite': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndWrite,
+                    request_deserializer=pdserve_dot_v1_dot_kvstore__pb2.EndWriteRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_kvstore__pb2.EndWriteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +350,87 @@ class KVStore:
             '/pdserve.v1.KVStore/Stats',
             pdserve_dot_v1_dot_kvstore__pb2.StatsRequest.SerializeToString,
             pdserve_dot_v1_dot_kvstore__pb2.KVStoreStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutBlocks(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/pdserve.v1.KVStore/PutBlocks',
+            pdserve_dot_v1_dot_kvstore__pb2.PutBlocksRequest.SerializeToString,
+            pdserve_dot_v1_dot_kvstore__pb2.PutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/pdserve.v1.KVStore/GetBlocks',
+            pdserve_dot_v1_dot_kvstore__pb2.GetRequest.SerializeToString,
+            pdserve_dot_v1_dot_kvstore__pb2.KVBlockBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndWrite(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.KVStore/EndWrite',
+            pdserve_dot_v1_dot_kvstore__pb2.EndWriteRequest.SerializeToString,
+            pdserve_dot_v1_dot_kvstore__pb2.EndWriteResponse.FromString,
             options,
             channel_credentials,
             insecure,

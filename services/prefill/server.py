@@ -1,9 +1,19 @@
 """The prefill worker: prefill-only requests of the engine behind PrefillWorker.Prefill.
 
-    1. lookup: the longest run of the prompt's block hashes already in the kvstore
+    1. a lease, its write pending; lookup: the longest run of the prompt's block hashes
+       already in the kvstore, pinned by the lease
     2. import those blocks (minus what the local prefix cache has), compute the rest
-    3. write the new full blocks and the tail block to the kvstore under a lease
-    4. answer with the first token and the KVHandle; local blocks are already free
+    3. answer with the first token and the KVHandle at once; local blocks are already free
+    4. in the background: write the new full blocks and the tail block under the lease,
+       then end its write (done or failed)
+
+    prefill  ──lease──lookup──[ compute ]──first token + handle──▶ router ──▶ decode
+                                          └─ write ─ end_write ┐              │
+    kvstore                                                    └──▶ Get(lease, wait) returns
+
+The first token never waits for the KV write: the decode's read waits on the lease
+instead, which it reaches later anyway (the router streams the first token first). A
+write that fails leaves the lease "failed": the decode recomputes what it cannot read.
 
 The engine ends each request after its first token (RequestMode.PREFILL_ONLY): with a
 real finish reason when that token ends it, else as a hand-off carrying the prompt's KV.
@@ -11,6 +21,7 @@ real finish reason when that token ends it, else as a hand-off carrying the prom
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -18,48 +29,71 @@ from engine import RequestOutput
 from engine.kv_transfer import KVPayload
 from engine.request import RequestMode, RequestStatus
 from services.common.convert import logprob_to_proto
-from services.kvstore.client import KVStoreClient, KVStoreFullError
+from services.kvstore.client import KVStoreClient
 from services.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
 from services.worker.config import WorkerConfig
 from services.worker.engine_loop import EngineLoop
-from services.worker.kv_wire import payload_from_protos, payload_to_protos
+from services.worker.kv_wire import payload_from_batches, payload_to_put
 from services.worker.metrics import WorkerMetrics
 from services.worker.runtime import RunningWorker, serve_worker
 from services.worker.servicer import AdmittedRequest, WorkerServicer, now
 
 logger = logging.getLogger(__name__)
 _HANDOFF = RequestStatus.FINISHED_HANDOFF.value
+# Background KV writes at once: more than one, so a slow write does not queue the next
+# request's behind it; few, since each already moves bytes at the transport's speed.
+NUM_KV_WRITERS = 2
 
 
 class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
     def __init__(self, cfg: WorkerConfig, loop: EngineLoop, kvstore: KVStoreClient, metrics: WorkerMetrics):
         super().__init__(cfg, loop, metrics)
         self.kvstore = kvstore
+        self._writes = ThreadPoolExecutor(NUM_KV_WRITERS, thread_name_prefix="kv-write")
 
     def Prefill(self, request: prefill_pb2.PrefillRequest, context) -> prefill_pb2.PrefillResponse:
         req = self.admit(request, context)
         # the last prompt token is always computed here: it samples the first token
         hashes = self.loop.info.prompt_block_hashes(req.prompt_token_ids)[
             : (len(req.prompt_token_ids) - 1) // self.block_size]
-        imported, num_in_store = self._import_prefix(hashes)
-        final = self._run(req, imported, context)
-        response = self._response(req.req_id, final)
-        if final.kv_export is not None:
-            t = now()
-            response.kv_handle.CopyFrom(self._write_kv(req.req_id, final.kv_export, num_in_store))
-            response.timings.kv_write_s = now() - t
-            if not context.is_active():  # the router went away: nobody will release this lease
-                self.kvstore.release_lease_quietly(response.kv_handle.lease_id)
+        t = now()
+        lease_id = self._create_lease(req.req_id)
+        lease_s, handed_over = now() - t, False
+        try:
+            imported, num_in_store = self._import_prefix(hashes, lease_id)
+            final = self._run(req, imported, context)
+            response = self._response(req.req_id, final)
+            # the router gone: nobody would read or release, so nothing is written
+            if final.kv_export is not None and context.is_active():
+                t = now()
+                response.kv_handle.CopyFrom(self._hand_over(req.req_id, final.kv_export, num_in_store, lease_id))
+                handed_over = bool(lease_id)
+                # what the KV costs the first token: the lease, and queueing the write
+                response.timings.kv_write_s = lease_s + now() - t
+        finally:
+            if not handed_over:
+                self.kvstore.release_lease_quietly(lease_id)
         self._observe(final, req.start, response)
         return response
 
-    def _import_prefix(self, hashes: list[bytes]) -> tuple[KVPayload | None, int]:
+    def _create_lease(self, req_id: str) -> str:
+        """A lease whose write is pending; "" when the store cannot be reached (the prompt
+        is then computed whole and nothing written: its decode recomputes)."""
+        try:
+            return self.kvstore.create_lease(self.cfg.lease_ttl_ms, req_id, write_pending=True)
+        except grpc.RpcError as e:
+            logger.warning("kvstore lease for %s failed (%s); not using the kvstore", req_id, e.code())
+            self.metrics.kv_write_failures.inc()
+            return ""
+
+    def _import_prefix(self, hashes: list[bytes], lease_id: str) -> tuple[KVPayload | None, int]:
         """Blocks the kvstore has beyond what the local prefix cache has; and how many
-        leading blocks the store holds (those need not be written again)."""
-        if not hashes:
+        leading blocks the store holds (those need not be written again: the lookup pinned
+        them by the lease, so they stay until the decode has read them)."""
+        if not hashes or not lease_id:
             return None, 0
         try:
-            num_in_store = self.kvstore.lookup(hashes)
+            num_in_store = self.kvstore.lookup(hashes, lease_id)
         except grpc.RpcError as e:  # a store that is down slows prefills, it does not fail them
             logger.warning("kvstore lookup failed (%s); computing the whole prompt", e.code())
             return None, 0
@@ -68,12 +102,12 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
             return None, num_in_store
         t = now()
         try:
-            blocks = self.kvstore.get(hashes[:num_in_store])
-        except grpc.RpcError as e:
-            logger.warning("kvstore get failed (%s); computing the whole prompt", e.code())
+            batches = self.kvstore.get_blocks(hashes[:num_in_store])
+            payload = payload_from_batches(batches, hashes, self.block_size, num_in_store * self.block_size)
+        except (grpc.RpcError, ValueError) as e:
+            logger.warning("kvstore get failed (%s); computing the whole prompt", e)
             return None, 0
         self.metrics.kv_transfer.labels("read").observe(now() - t)
-        payload = payload_from_protos(blocks, hashes, self.block_size, num_in_store * self.block_size)
         if payload is None:
             return None, 0
         self.metrics.kvstore_imported.inc(payload.num_tokens)
@@ -101,27 +135,46 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
             response.logprob.CopyFrom(logprob_to_proto(final.logprobs[0]))
         return response
 
-    def _write_kv(self, req_id: str, payload: KVPayload, num_in_store: int) -> common_pb2.KVHandle:
-        """Blocks the store already held are not sent again. When the write fails (store
-        full or down) the handle still names the blocks: the decode recomputes what it
-        cannot read, so the request is slowed, not lost."""
-        t = now()
+    def _hand_over(self, req_id: str, payload: KVPayload, num_in_store: int, lease_id: str) -> common_pb2.KVHandle:
+        """The handle for the decode, and the write of the blocks the store does not hold
+        yet, queued (under a lease; without one, the store was unreachable: no write)."""
         tail_key = f"{req_id}/tail" if payload.num_tokens % self.block_size else ""
-        handle = common_pb2.KVHandle(block_hashes=payload.block_hashes, tail_key=tail_key,
+        handle = common_pb2.KVHandle(block_hashes=payload.block_hashes, tail_key=tail_key, lease_id=lease_id,
                                      num_tokens=payload.num_tokens, kvstore_address=self.cfg.kvstore_address)
-        try:
-            handle.lease_id = self.kvstore.create_lease(self.cfg.lease_ttl_ms, req_id)
-            self.kvstore.put(payload_to_protos(payload, self.block_size, tail_key, skip_blocks=num_in_store),
-                             lease_id=handle.lease_id)
-        except (grpc.RpcError, KVStoreFullError) as e:
-            logger.warning("kvstore write for %s failed (%s); its decode will recompute", req_id, e)
-            self.metrics.kv_write_failures.inc()
-            self.kvstore.release_lease_quietly(handle.lease_id)
-            handle.lease_id = ""
-        self.metrics.kv_transfer.labels("write").observe(now() - t)
+        if lease_id:
+            self._writes.submit(self._write_kv, req_id, payload, num_in_store, tail_key, lease_id)
         return handle
 
+    def _write_kv(self, req_id: str, payload: KVPayload, num_in_store: int, tail_key: str, lease_id: str) -> None:
+        """In the background: the blocks, then the end of the lease's write. When the write
+        fails (store full or down) the decode recomputes what it cannot read, so the request
+        is slowed, not lost. When even end_write fails, the decode's wait runs out instead."""
+        t = now()
+        failed = False
+        try:
+            headers, data = payload_to_put(payload, self.block_size, tail_key, skip_blocks=num_in_store)
+            if headers:
+                self.kvstore.put_blocks(headers, data, lease_id=lease_id)
+        except grpc.RpcError as e:  # KVStoreFullError among them
+            failed = True
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:  # the lease ended first (a cancel):
+                logger.info("kvstore write for %s dropped: %s", req_id, e.details())  # nobody reads it
+                return
+            logger.warning("kvstore write for %s failed (%s); its decode will recompute", req_id, e)
+            self.metrics.kv_write_failures.inc()
+        except Exception:  # a bug: still end the write, or the decode waits for it in vain
+            logger.exception("kvstore write for %s failed; its decode will recompute", req_id)
+            self.metrics.kv_write_failures.inc()
+            failed = True
+        try:
+            self.kvstore.end_write(lease_id, failed=failed)
+        except grpc.RpcError as e:
+            logger.warning("ending the kvstore write of %s failed (%s)", req_id, e.code())
+        self.metrics.kv_transfer.labels("write").observe(now() - t)
+
     def close(self) -> None:
+        """Finishes the queued writes (their decodes are waiting for them), then disconnects."""
+        self._writes.shutdown(wait=True)
         self.kvstore.close()
 
     def _observe(self, final: RequestOutput, start: float, response: prefill_pb2.PrefillResponse) -> None:

@@ -65,6 +65,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - --port={{ .pool.port }}
 - --metrics-port={{ $root.Values.metricsPort }}
 - --kvstore={{ include "pdserve.kvstoreAddress" $root }}
+- --kvstore-transport={{ $root.Values.kvstore.transport }}
 - --device={{ $e.device }}
 - --dtype={{ $e.dtype }}
 - --attention-backend={{ $e.attentionBackend }}

@@ -1,0 +1,29 @@
+"""kvstore.transport=ucx: the kvstore listens on UCX (container, Service and NetworkPolicy
+ports), every worker moves KV over it, and the command lines are what `pdserve` accepts."""
+from __future__ import annotations
+
+from tests.deploy.chart import FULLNAME, container, port_number, render
+from tests.deploy.test_chart_pods import deployment, parse
+
+UCX = ("kvstore.transport=ucx", "kvstore.ucxPort=50071", "networkPolicy.enabled=true")
+
+
+def test_ucx_is_served_and_used_end_to_end():
+    m = render(sets=UCX)
+    kvstore = container(deployment(m, "kvstore"))
+    assert parse(kvstore).ucx_port == 50071 and port_number(kvstore, "ucx") == 50071
+    service = m.get("Service", f"{FULLNAME}-kvstore")
+    assert {"name": "ucx", "port": 50071, "targetPort": "ucx", "protocol": "TCP"} in service["spec"]["ports"]
+    policy = m.get("NetworkPolicy", f"{FULLNAME}-kvstore")
+    assert {"port": "ucx", "protocol": "TCP"} in policy["spec"]["ingress"][0]["ports"]
+    for pool in ("prefill", "decode"):
+        assert parse(container(deployment(m, pool))).kvstore_transport == "ucx"
+
+
+def test_grpc_by_default_with_no_ucx_port():
+    m = render()
+    kvstore = container(deployment(m, "kvstore"))
+    assert parse(kvstore).ucx_port is None
+    assert "ucx" not in [p["name"] for p in m.get("Service", f"{FULLNAME}-kvstore")["spec"]["ports"]]
+    for pool in ("prefill", "decode"):
+        assert parse(container(deployment(m, pool))).kvstore_transport == "grpc"
