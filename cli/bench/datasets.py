@@ -1,5 +1,6 @@
 """The requests a run sends: random prompts with length distributions, prompts sharing
-a system prompt, a Mooncake-format JSONL trace, or a ShareGPT-format JSON file.
+a system prompt, a Mooncake-format JSONL trace, or a ShareGPT-format JSON file; and
+multi-turn chat conversations (`chat_conversations`), driven turn by turn by their caller.
 
 Prompts are token ids where the dataset makes them (sent as ids, so their lengths are
 exact), text for ShareGPT. Everything is deterministic given the seed."""
@@ -166,6 +167,61 @@ def sharegpt_requests(cfg: DatasetConfig, data, tokenize: Callable[[str], list[i
     if not out:
         raise ValueError("sharegpt: no conversation with a human turn followed by a reply")
     return out
+
+
+@dataclass(frozen=True)
+class ChatConfig:
+    """Multi-turn chats: every conversation opens with the same system prompt; each turn
+    appends a user message to everything before it (the previous answers included)."""
+    num_conversations: int = 8
+    num_turns: int = 4
+    system_len: int = 512                  # tokens of the shared system prompt
+    user_len: LengthDist = LengthDist(64, "uniform", 0.5, lo=1)
+    output_len: LengthDist = LengthDist(32)
+    vocab_size: int = 32000
+    seed: int = 0
+    # ChatML's message markers (SmolLM2's <|im_start|>, <|im_end|>): every message is
+    # framed by the same template tokens, as in a real chat
+    im_start: int = 1
+    im_end: int = 2
+
+    def __post_init__(self):
+        if self.num_conversations < 1 or self.num_turns < 1 or self.system_len < 0:
+            raise ValueError(f"chat: bad parameters {self}")
+
+
+@dataclass(frozen=True)
+class ChatConversation:
+    system: tuple[int, ...]                 # the framed system message
+    user_turns: tuple[tuple[int, ...], ...]  # each framed user message, with the assistant's header
+    output_lens: tuple[int, ...]
+
+    def prompt(self, history: tuple[int, ...], turn: int) -> tuple[int, ...]:
+        """Turn `turn`'s prompt: the conversation so far (`history`, () before the first
+        turn: the system message) and this turn's user message.
+
+            turn 0   [system][user 0][assistant header]
+            turn 1   [system][user 0][assistant header][answer 0 end][user 1][assistant header]
+        """
+        return (history or self.system) + self.user_turns[turn]
+
+
+def chat_conversations(cfg: ChatConfig) -> list[ChatConversation]:
+    rng = np.random.default_rng(cfg.seed)
+    system = (cfg.im_start,) + _random_ids(rng, cfg.vocab_size, cfg.system_len) + (cfg.im_end,)
+    assistant = (cfg.im_start, FIRST_TOKEN_ID)  # "<|im_start|>assistant\n": one fixed token for the role
+    out = []
+    for _ in range(cfg.num_conversations):
+        lens = cfg.user_len.sample(rng, cfg.num_turns)
+        users = tuple((cfg.im_start,) + _random_ids(rng, cfg.vocab_size, n) + (cfg.im_end,) + assistant for n in lens)
+        out.append(ChatConversation(system, users, tuple(cfg.output_len.sample(rng, cfg.num_turns))))
+    return out
+
+
+def chat_history(prompt: tuple[int, ...], answer_ids: list[int], im_end: int = 2) -> tuple[int, ...]:
+    """The conversation after a turn: its prompt, the assistant's answer (the tokens it
+    really generated, so the cache that holds them can be reused) and the end marker."""
+    return prompt + tuple(answer_ids) + (im_end,)
 
 
 def load_requests(cfg: DatasetConfig, tokenize: Callable[[str], list[int]] | None = None) -> list[BenchRequest]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from engine.core.block_hash import BlockHash
+from engine.core.kv_events import KVEventLog, KVEvents
 
 
 class KVCacheBlock:
@@ -79,6 +80,7 @@ class BlockPool:
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
         self.num_evictions = 0
+        self.kv_events = KVEventLog()  # what the prefix cache gained and lost (a router's index)
 
     @property
     def num_free_blocks(self) -> int:
@@ -126,6 +128,7 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self.cached_block_hash_to_block[block_hash] = block
+        self.kv_events.stored(block_hash)
 
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is None:
@@ -133,5 +136,14 @@ class BlockPool:
         if self.cached_block_hash_to_block.get(block.block_hash) is block:
             del self.cached_block_hash_to_block[block.block_hash]
             self.num_evictions += 1
+            self.kv_events.removed(block.block_hash)
         block.block_hash = None
+
+    def take_kv_events(self) -> KVEvents:
+        """The prefix cache's changes since the last call; a snapshot of every cached
+        hash instead when the log overflowed in between."""
+        events, lost = self.kv_events.drain()
+        if lost:
+            return KVEvents(snapshot=list(self.cached_block_hash_to_block))
+        return KVEvents(events)
 

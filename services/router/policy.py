@@ -1,5 +1,5 @@
-"""Routing policies: which path a request takes, when a worker is saturated, and which
-prefill or decode worker gets a request. Pure functions of `WorkerView` snapshots, so
+"""Routing policies: when a worker is saturated, and which prefill or decode worker gets
+a request (which path it takes: paths.py). Pure functions of `WorkerView` snapshots, so
 each is tested without gRPC; the router composes them (see pools.py).
 """
 from __future__ import annotations
@@ -7,32 +7,15 @@ from __future__ import annotations
 import hashlib
 import struct
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from services.router.config import SaturationConfig, SLOClass
+from services.router.config import SaturationConfig
+from services.router.kv_index import PrefixMatch
 from services.router.workers import WorkerView
 
 DIRECT = "direct"                  # a decode worker prefills the prompt itself
 DISAGGREGATED = "disaggregated"    # prefill pool -> kvstore -> decode pool
-
-
-class PathPolicy:
-    """Short prompts go straight to a decode worker: their prefill costs less than moving
-    their KV. A class may set its own threshold (0: always through the prefill pool).
-    `colocated`: there is no prefill pool; every decode worker prefills its own prompts
-    (the classic one-engine-per-replica deployment, for comparison or small models)."""
-
-    def __init__(self, short_prompt_tokens: int, slo_classes: dict[str, SLOClass], colocated: bool = False):
-        self._default = short_prompt_tokens
-        self._per_class = {name: c.short_prompt_tokens for name, c in slo_classes.items()
-                           if c.short_prompt_tokens is not None}
-        self.colocated = colocated
-
-    def choose(self, num_prompt_tokens: int, slo_class: str) -> str:
-        if self.colocated:
-            return DIRECT
-        limit = self._per_class.get(slo_class, self._default)
-        return DIRECT if num_prompt_tokens <= limit else DISAGGREGATED
 
 
 class SaturationPolicy:
@@ -55,12 +38,54 @@ def prefill_backlog(w: WorkerView) -> int:
     return max(w.num_queued_prefill_tokens, w.in_flight_tokens)
 
 
+# why a worker was chosen: the `reason` label of router_placement_total
+LEAST_LOADED = "least_loaded"        # load decided (nothing else told the candidates apart)
+MOST_ROOM = "most_room"              # MostRoomDecode's room score
+AFFINITY = "affinity"                # the prompt's first-block affinity worker
+AFFINITY_OVERLOAD = "affinity_overload"  # its affinity worker was too loaded: the least loaded instead
+KV_HIT = "kv_hit"                    # it holds the most of the prompt's prefix (more than another candidate)
+KV_LOAD = "kv_load_over_hit"         # another candidate held more of the prefix but was more loaded
+
+
+@dataclass(frozen=True)
+class Placement:
+    worker: WorkerView
+    reason: str
+    # prompt tokens the worker is expected to reuse rather than compute: the pool counts
+    # only the rest as outstanding on it (its in-flight tokens, see prefill_backlog)
+    num_cached_tokens: int = 0
+
+
 class WorkerPolicy(ABC):
     """Chooses one pool's worker for a request."""
+
+    reason = LEAST_LOADED  # what `place` reports for a policy with one reason
 
     @abstractmethod
     def choose(self, candidates: Sequence[WorkerView], prompt_token_ids: Sequence[int]) -> WorkerView | None:
         """A worker among `candidates` (all up, none saturated); None when there is none."""
+
+    def place(self, candidates: Sequence[WorkerView], prompt_token_ids: Sequence[int]) -> Placement | None:
+        """`choose` and why (for the router's metrics)."""
+        worker = self.choose(candidates, prompt_token_ids)
+        return None if worker is None else Placement(worker, self.reason)
+
+
+class CountedPolicy(WorkerPolicy):
+    """Wraps a policy and reports each decision's reason to `count` (router_placement_total)."""
+
+    def __init__(self, policy: WorkerPolicy, count: Callable[[str], None]):
+        self.policy, self.count = policy, count
+
+    def choose(self, candidates, prompt_token_ids):
+        placement = self.place(candidates, prompt_token_ids)
+        return None if placement is None else placement.worker
+
+    def place(self, candidates, prompt_token_ids):
+        placement = self.policy.place(candidates, prompt_token_ids)
+        if placement is not None:
+            self.count(placement.reason)
+        return placement
 
 
 class LeastQueuedPrefill(WorkerPolicy):
@@ -89,11 +114,19 @@ class PrefixAffinityPrefill(WorkerPolicy):
         self._fallback = LeastQueuedPrefill()
 
     def choose(self, candidates, prompt_token_ids):
+        placement = self.place(candidates, prompt_token_ids)
+        return None if placement is None else placement.worker
+
+    def place(self, candidates, prompt_token_ids):
         least = self._fallback.choose(candidates, prompt_token_ids)
+        if least is None:
+            return None
         preferred = self.preferred(candidates, prompt_token_ids)
-        if preferred is None or prefill_backlog(preferred) - prefill_backlog(least) > self.max_extra_tokens:
-            return least
-        return preferred
+        if preferred is None:
+            return Placement(least, LEAST_LOADED)
+        if prefill_backlog(preferred) - prefill_backlog(least) > self.max_extra_tokens:
+            return Placement(least, AFFINITY_OVERLOAD)
+        return Placement(preferred, AFFINITY)
 
     def preferred(self, candidates: Sequence[WorkerView], prompt_token_ids: Sequence[int]) -> WorkerView | None:
         """The prompt's affinity worker; None without candidates or a full leading block."""
@@ -119,6 +152,8 @@ class MostRoomDecode(WorkerPolicy):
     from preempting running ones; a worker prefilling long direct-path prompts (colocated
     serving) stretches every step of its batch until it is done."""
 
+    reason = MOST_ROOM
+
     def choose(self, candidates, prompt_token_ids=()):
         return min(candidates, key=decode_score, default=None)
 
@@ -128,8 +163,78 @@ PREFILL_BACKLOG_SCALE = 2048
 
 
 def decode_score(w: WorkerView) -> float:
+    return room_terms(w) + prefill_backlog(w) / PREFILL_BACKLOG_SCALE
+
+
+def room_terms(w: WorkerView) -> float:
+    """The share of batch slots taken plus the share of KV blocks in use (each 0..1)."""
     # between polls the router's own count is the fresher lower bound
     num_seqs = max(w.num_running + w.num_waiting, w.in_flight)
     seq_share = num_seqs / w.max_num_seqs if w.max_num_seqs else float(num_seqs)
     used_share = 1.0 - w.num_free_kv_blocks / w.num_total_kv_blocks if w.num_total_kv_blocks else 0.0
-    return seq_share + used_share + prefill_backlog(w) / PREFILL_BACKLOG_SCALE
+    return seq_share + used_share
+
+
+class KVAwarePlacement(WorkerPolicy):
+    """The worker where the request's first token comes soonest, by what the router's
+    KV index (kv_index.py) says each candidate holds of the prompt's prefix:
+
+        score(w) = saved_tokens(w) - load_tokens(w)
+        saved_tokens(w) = local(w) + store_weight * max(0, store - local(w))
+
+    `local(w)`: prompt tokens in w's own prefix cache (leading blocks, by hash);
+    `store`: those in the kvstore, which every worker can import, at a transfer's cost
+    (hence `store_weight` < 1, and the same for every candidate). `load_tokens` is the
+    prefill work ahead of the request (prefill_load_tokens / decode_load_tokens): a
+    worker's prompt tokens to compute before this one's, and what a saved token is worth,
+    are both prefill tokens, so the difference estimates the wait. The best score wins;
+    ties go to the least loaded, then to the first listed.
+
+        prompt      [ system | turn 1 | answer 1 | turn 2 ]
+        worker A      ████████████████████████             local 1500, load 300  -> +1200
+        worker B      ████████                             local  400, load   0  ->  +400
+    """
+
+    def __init__(self, match: Callable[[Sequence[str], Sequence[int]], PrefixMatch],
+                 load: Callable[[WorkerView], float], store_weight: float = 0.5):
+        self.match, self.load, self.store_weight = match, load, store_weight
+
+    def choose(self, candidates, prompt_token_ids):
+        placement = self.place(candidates, prompt_token_ids)
+        return None if placement is None else placement.worker
+
+    def place(self, candidates, prompt_token_ids):
+        if not candidates:
+            return None
+        found = self.match([w.address for w in candidates], prompt_token_ids)
+        saved = [kv_saved_tokens(found.local_tokens.get(w.address, 0), found.store_tokens, self.store_weight)
+                 for w in candidates]
+        loads = [self.load(w) for w in candidates]
+        best = max(range(len(candidates)), key=lambda i: (saved[i] - loads[i], -loads[i]))
+        if saved[best] < max(saved):
+            reason = KV_LOAD
+        elif saved[best] > min(saved):
+            reason = KV_HIT
+        else:
+            reason = LEAST_LOADED
+        return Placement(candidates[best], reason, int(saved[best]))
+
+
+def kv_saved_tokens(local_tokens: int, store_tokens: int, store_weight: float) -> float:
+    """Prompt tokens a worker need not compute: its own cache's, plus (worth less: they
+    travel) the kvstore's beyond them."""
+    return local_tokens + store_weight * max(0, store_tokens - local_tokens)
+
+
+def prefill_load_tokens(w: WorkerView) -> float:
+    """A prefill worker's load in tokens: its prefill backlog."""
+    return prefill_backlog(w)
+
+
+def decode_load_tokens(w: WorkerView) -> float:
+    """A decode worker's load in tokens, for placing prompts it prefills itself (the
+    direct path, colocated serving): MostRoomDecode's room terms at PREFILL_BACKLOG_SCALE
+    tokens for a full batch, plus the prompt tokens it reported still to prefill. Not
+    this router's in-flight tokens: on a decode worker those count each stream's whole
+    prompt for as long as it generates, long after its prefill."""
+    return w.num_queued_prefill_tokens + PREFILL_BACKLOG_SCALE * room_terms(w)

@@ -72,9 +72,11 @@ class Pool:
         up = self.up_workers(need.exclude)
         if not up:  # they went down while this request waited
             raise RouterError(grpc.StatusCode.UNAVAILABLE, f"no {self.name} worker is reachable")
-        chosen = self.policy.choose([w for w in up if not self.saturation.is_saturated(w)], need.prompt_token_ids)
+        chosen = self.policy.place([w for w in up if not self.saturation.is_saturated(w)], need.prompt_token_ids)
         if chosen is None:
             return None
-        release = self.registry.reserve(self.name, chosen.address, need.num_prefill_tokens)
-        return Slot(self.name, chosen.address, release)
+        # outstanding on the worker: the prompt tokens it will compute, not those it reuses
+        tokens = max(0, need.num_prefill_tokens - chosen.num_cached_tokens)
+        release = self.registry.reserve(self.name, chosen.worker.address, tokens)
+        return Slot(self.name, chosen.worker.address, release)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from engine import EngineCore, RequestOutput
+from engine.core.kv_events import KVEvents
 from engine.info import EngineInfo
 from engine.stats import EngineStats
 
@@ -23,7 +24,10 @@ logger = logging.getLogger(__name__)
 
 
 class EngineLoop:
-    def __init__(self, engine: EngineCore, on_step: Callable[[EngineStats], None] | None = None):
+    def __init__(self, engine: EngineCore, on_step: Callable[[EngineStats], None] | None = None,
+                 on_kv_events: Callable[[KVEvents], None] | None = None):
+        """`on_kv_events`: the prefix cache's changes, drained after each step (on this
+        loop's thread; the callee hands them to other threads itself)."""
         self._engine = engine
         self.info: EngineInfo = engine.info
         self.stats: EngineStats = engine.stats()
@@ -32,6 +36,7 @@ class EngineLoop:
         self._wakeup = threading.Event()
         self._stopping = False
         self._on_step = on_step
+        self._on_kv_events = on_kv_events
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     def start(self) -> None:
@@ -82,7 +87,14 @@ class EngineLoop:
             self.stats = self._engine.stats()
             if self._on_step is not None:
                 self._on_step(self.stats)
+            if self._on_kv_events is not None:
+                self._publish_kv_events()
         self._fail_all()
+
+    def _publish_kv_events(self) -> None:
+        events = self._engine.take_kv_events()
+        if not events.is_empty:
+            self._on_kv_events(events)
 
     def _run_commands(self) -> None:
         while True:

@@ -9,9 +9,11 @@ from dataclasses import dataclass
 
 from engine import EngineCore
 from services.common.grpc_server import RunningServer, ServiceSpec, start_server
+from services.common.kv_events import kv_events_service
 from services.common.process import configure_logging, set_cpu_threads, wait_for_shutdown
 from services.worker.config import WorkerConfig, add_worker_arguments, worker_config_from_args
 from services.worker.engine_loop import EngineLoop
+from services.worker.kv_events import WorkerKVEvents
 from services.worker.metrics import WorkerMetrics
 from services.worker.servicer import WorkerServicer
 
@@ -23,6 +25,7 @@ class RunningWorker:
     servicer: WorkerServicer
     metrics_port: int | None
     drain_timeout_s: float = 30.0
+    kv_events: WorkerKVEvents | None = None  # the prefix cache's changes, for routers (KVEvents)
 
     @property
     def address(self) -> str:
@@ -31,6 +34,8 @@ class RunningWorker:
     def stop(self) -> None:
         """Drain: stop taking work (health NOT_SERVING), let in-flight calls finish, stop."""
         self.servicer.draining = True
+        if self.kv_events is not None:
+            self.kv_events.close()  # its open streams would otherwise hold the drain's whole grace
         self.server.stop(grace=self.drain_timeout_s)
         self.loop.stop()
         self.servicer.metrics.metrics.close()
@@ -45,13 +50,16 @@ def serve_worker(cfg: WorkerConfig, loaded, role: str, service_name: str, regist
                  make_servicer: Callable[[EngineLoop, WorkerMetrics], WorkerServicer]) -> RunningWorker:
     """`loaded`: weights already in memory (several workers over one model, as in tests)."""
     metrics = WorkerMetrics(role)
-    loop = EngineLoop(build_engine(cfg, loaded), on_step=metrics.update)
+    engine = build_engine(cfg, loaded)
+    kv_events = WorkerKVEvents(engine.info)
+    loop = EngineLoop(engine, on_step=metrics.update, on_kv_events=kv_events.on_events)
     loop.start()
     servicer = make_servicer(loop, metrics)
-    server = start_server([ServiceSpec(service_name, register, servicer)], cfg.host, cfg.port)
+    server = start_server([ServiceSpec(service_name, register, servicer), kv_events_service(kv_events.publisher)],
+                          cfg.host, cfg.port)
     metrics_port = metrics.metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None
     logging.getLogger(__name__).info("%s worker on %s:%d (model %s)", role, cfg.host, server.port, cfg.engine.model)
-    return RunningWorker(server, loop, servicer, metrics_port, cfg.drain_timeout_s)
+    return RunningWorker(server, loop, servicer, metrics_port, cfg.drain_timeout_s, kv_events)
 
 
 def worker_cli(role: str, serve: Callable[[WorkerConfig], RunningWorker], default_port: int):

@@ -84,3 +84,16 @@ def test_sharegpt():
     assert [(r.prompt, r.output_len) for r in fixed] == [("hello there", 9)]
     with pytest.raises(ValueError):
         sharegpt_requests(cfg, [data[1]])
+
+
+def test_chat_conversations_share_the_system_prompt_and_grow_by_appending():
+    from cli.bench.datasets import ChatConfig, chat_conversations, chat_history
+    cfg = ChatConfig(num_conversations=3, num_turns=2, system_len=20, user_len=LengthDist(8), output_len=LengthDist(5))
+    convs = chat_conversations(cfg)
+    assert chat_conversations(cfg) == convs  # seeded
+    assert len({c.system for c in convs}) == 1 and len(convs[0].system) == 22  # framed by im_start / im_end
+    first = convs[0].prompt((), 0)
+    assert first[:22] == convs[0].system and first[-2:] == (cfg.im_start, FIRST_TOKEN_ID)  # the assistant header
+    second = convs[0].prompt(chat_history(first, [7, 8, 9]), 1)
+    assert second[:len(first)] == first and second[len(first):len(first) + 4] == (7, 8, 9, cfg.im_end)
+    assert convs[0].user_turns != convs[1].user_turns and convs[0].output_lens == (5, 5)

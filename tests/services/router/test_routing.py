@@ -6,6 +6,7 @@ import pytest
 
 from engine import SamplingParams
 from services.pb import common_pb2
+from services.router.client import RouterClient
 from services.router.policy import PrefixAffinityPrefill
 from services.router.workers import WorkerView
 from tests.services.router.fakes import DECODE_TIMINGS, PREFILL_TIMINGS, address_of, expected_tokens, piece
@@ -101,15 +102,20 @@ def _prefix_preferring(address: str, addresses: list[str]) -> list[int]:
     raise AssertionError("no prefix found")
 
 
-def test_prefix_affinity_keeps_each_prefix_on_its_worker(cluster, client):
+def test_prefix_affinity_keeps_each_prefix_on_its_worker(make_cluster):
+    cluster = make_cluster(placement="affinity")
+    client = RouterClient(cluster.router.address)
     addresses = [address_of(cluster, p) for p in cluster.prefills]
     prefixes = [_prefix_preferring(a, addresses) for a in reversed(addresses)]  # not the listing order
     for i in range(3):
         for n, prefix in enumerate(prefixes):
             prompt = prefix + list(range(5000 + 100 * i + 10 * n, 5000 + 100 * i + 10 * n + 30))
             assert _tokens(_collect(client, prompt, max_tokens=2)) == expected_tokens(len(prompt), 2)
+    client.close()
     for worker, prefix in zip(reversed(cluster.prefills), prefixes):
         assert [list(r.prompt_token_ids[:16]) for r in worker.requests] == [prefix] * 3
+    metrics = cluster.router.metrics.metrics
+    assert metrics.value("router_placement_total", {"pool": "prefill", "reason": "affinity"}) == 6
 
 
 def test_decode_choice_follows_reported_load(cluster, client):

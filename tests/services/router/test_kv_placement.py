@@ -1,0 +1,132 @@
+"""The router's KV index and the KV-aware placement policy: pure functions over views;
+and the pool reserving only what the chosen worker will compute."""
+from __future__ import annotations
+
+from engine.core.block_hash import hash_full_blocks, model_fingerprint
+from services.pb import common_pb2
+from services.router.admission import AdmissionGate
+from services.router.cancel import Cancellation
+from services.router.config import SaturationConfig
+from services.router.discovery import PREFILL, StaticDiscovery
+from services.router.kv_index import REMOVED, STORED, BlockNaming, KVIndex, PrefixMatch
+from services.router.policy import (KV_HIT, KV_LOAD, LEAST_LOADED, CountedPolicy, KVAwarePlacement,
+                                    SaturationPolicy, decode_load_tokens, kv_saved_tokens, prefill_load_tokens)
+from services.router.pools import Need, Pool
+from services.router.workers import WorkerRegistry, WorkerView
+
+ROOT = model_fingerprint("m", "float32", 2, 2, 16, 4)
+NAMING = BlockNaming(4, ROOT)
+PROMPT = list(range(100, 117))  # 4 full blocks + 1 token
+H = hash_full_blocks(ROOT, PROMPT, 4)
+
+
+def test_match_counts_leading_blocks_only():
+    index = KVIndex()
+    index.reset("a", NAMING, H[:3])
+    index.reset("b", NAMING, [H[0], H[2], H[3]])  # h2 without h1 belongs to another prompt
+    m = index.match(["a", "b", "c"], PROMPT)
+    assert m.local_tokens == {"a": 12, "b": 4, "c": 0} and m.store_tokens == 0
+
+
+def test_the_last_prompt_token_is_never_a_hit():
+    index = KVIndex()
+    index.reset("a", NAMING, H)
+    assert index.match(["a"], PROMPT).local_tokens["a"] == 16       # 17 tokens: 4 blocks reusable
+    assert index.match(["a"], PROMPT[:16]).local_tokens["a"] == 12  # 16 tokens: the 4th holds the last one
+
+
+def test_events_apply_in_order_and_drop_forgets():
+    index = KVIndex()
+    index.apply("a", [(STORED, H)])  # no snapshot yet: ignored
+    assert index.match(["a"], PROMPT).local_tokens["a"] == 0
+    index.reset("a", NAMING)
+    index.apply("a", [(STORED, H[:2]), (REMOVED, [H[1]]), (STORED, [H[1], H[2]])])
+    assert index.match(["a"], PROMPT).local_tokens["a"] == 12
+    index.apply("a", [(REMOVED, [H[0]])])
+    assert index.match(["a"], PROMPT).local_tokens["a"] == 0
+    index.drop("a")
+    assert index.num_blocks() == {}
+
+
+def test_kvstore_is_matched_with_the_workers_naming():
+    index = KVIndex()
+    index.reset("a", NAMING, H[:1])
+    index.reset("store", None, H[:4])  # the kvstore names no model: it holds what workers wrote
+    assert index.match(["a"], PROMPT, store="store") == PrefixMatch({"a": 4}, 16)
+
+
+def test_memory_is_bounded_per_source_oldest_first():
+    index = KVIndex(max_blocks_per_source=3)
+    index.reset("a", NAMING, H)
+    assert index.num_blocks() == {"a": 3}
+    assert index.match(["a"], PROMPT).local_tokens["a"] == 0  # h0 went first
+
+
+def _w(address: str, **load) -> WorkerView:
+    return WorkerView(address, up=True, **load)
+
+
+def _policy(local: dict[str, int], store: int = 0, weight: float = 0.5):
+    return KVAwarePlacement(lambda addresses, ids: PrefixMatch(local, store), prefill_load_tokens, weight)
+
+
+def test_kv_policy_prefers_the_longest_prefix_until_load_outweighs_it():
+    policy = _policy({"a": 1000, "b": 200})
+    near = [_w("a", num_queued_prefill_tokens=700), _w("b")]
+    assert (policy.place(near, PROMPT).worker.address, policy.place(near, PROMPT).reason) == ("a", KV_HIT)
+    assert policy.place(near, PROMPT).num_cached_tokens == 1000  # the pool reserves only the rest
+    far = [_w("a", num_queued_prefill_tokens=900), _w("b")]  # 1000 - 900 < 200 - 0
+    assert (policy.place(far, PROMPT).worker.address, policy.place(far, PROMPT).reason) == ("b", KV_LOAD)
+
+
+def test_kv_policy_ties_go_to_the_least_loaded_then_the_first_listed():
+    policy = _policy({"a": 400, "b": 400})  # the shared system prompt everywhere
+    workers = [_w("a", num_queued_prefill_tokens=10), _w("b"), _w("c")]
+    assert policy.place(workers[:2], PROMPT).worker.address == "b"
+    assert policy.place(workers[:2], PROMPT).reason == LEAST_LOADED
+    nothing = _policy({})
+    assert nothing.place([_w("c"), _w("b")], PROMPT).worker.address == "c"
+    assert nothing.place([], PROMPT) is None
+
+
+def test_kvstore_hits_narrow_the_local_advantage():
+    assert kv_saved_tokens(100, 1000, 0.5) == 550 and kv_saved_tokens(1000, 400, 0.5) == 1000
+    workers = [_w("a", num_queued_prefill_tokens=600), _w("b")]
+    assert _policy({"a": 1000}, store=0).choose(workers, PROMPT).address == "a"      # 400 vs 0
+    assert _policy({"a": 1000}, store=1000).choose(workers, PROMPT).address == "b"   # 400 vs 500
+
+
+def test_router_in_flight_tokens_count_as_load():
+    policy = _policy({"a": 500})
+    workers = [_w("a", in_flight_tokens=800), _w("b")]
+    assert policy.choose(workers, PROMPT).address == "b"
+
+
+def test_decode_load_uses_room_and_the_reported_backlog_not_whole_streams():
+    busy = _w("a", num_running=32, max_num_seqs=64, num_total_kv_blocks=100, num_free_kv_blocks=50,
+              num_queued_prefill_tokens=100, in_flight=32, in_flight_tokens=50_000)
+    assert decode_load_tokens(busy) == 100 + 2048 * (0.5 + 0.5)
+
+
+def test_counted_policy_reports_each_decision_once():
+    counted = []
+    policy = CountedPolicy(_policy({"a": 64}), counted.append)
+    assert policy.choose([_w("a"), _w("b")], PROMPT).address == "a"
+    assert policy.choose([], PROMPT) is None
+    assert counted == [KV_HIT]
+
+
+def test_the_pool_counts_only_the_tokens_a_worker_will_compute():
+    registry = WorkerRegistry(StaticDiscovery(("a:1", "b:2"), ("c:3",)))
+    try:
+        for address in ("a:1", "b:2"):
+            registry.report(PREFILL, address, common_pb2.WorkerLoad())
+        pool = Pool(PREFILL, registry, SaturationPolicy(SaturationConfig()), _policy({"b:2": 96}),
+                    AdmissionGate(10), 500, lambda pool, cls: None)
+        slot = pool.acquire(Need("interactive", 0, 1.0, PROMPT * 8, num_prefill_tokens=136), Cancellation())
+        assert slot.address == "b:2"
+        assert {v.address: v.in_flight_tokens for v in registry.views(PREFILL)} == {"a:1": 0, "b:2": 40}
+        slot.release()
+        assert {v.in_flight_tokens for v in registry.views(PREFILL)} == {0}
+    finally:
+        registry.close()
