@@ -1,16 +1,19 @@
-"""Experiment 2, goodput: at rising request rates, the share of requests meeting a TTFT
-*and* a TPOT SLO on a mixed short/long workload, disaggregated against colocated, and
-the highest rate at which at least 90% meet it.
+"""Goodput: at rising request rates, the share of requests meeting a TTFT *and* a TPOT
+SLO on a mixed short/long workload, for each way of serving it on the same cores, and the
+highest rate at which at least 90% meet it.
 
-The platforms are those of bench/serve_isolation.py (real processes, each worker pinned
-to its own core): disaggregated 1 prefill + 1 decode worker, colocated 2 workers without
-a prefill pool (chunked prefill on). For each rate the script writes one Mooncake-format
+The platforms are real processes, each worker pinned to its own core: `adaptive` is the
+default `pdserve up` (1 prefill + 1 decode worker, the router choosing each request's path
+from the workers' measured rates, issue 13), `threshold` the same workers with the fixed
+rule (prompts <= --short-prompt-tokens direct), `colocated` 2 workers without a prefill
+pool (chunked prefill on). The router's default SLO class is given the bench's SLO, as an
+operator would configure it. For each rate the script writes one Mooncake-format
 trace (Poisson arrivals; a --long-share of prompts uniform in --long-len ± 25%, the rest
 uniform in --short-len ± 75%; outputs uniform in --output-len ± 50%) and replays the same
 trace against each mode (`--arrival trace`). A mode's sweep stops after the first rate
 where fewer than half the requests meet the SLO. Prints one JSON line: per mode and rate
 the goodput share and rate, TTFT/TPOT p50/p99, then each mode's highest rate up to which
-every tested rate had >= 90% goodput, and their ratio (disaggregated / colocated).
+every tested rate had >= 90% goodput, its ratio to colocated, and the requests by path.
 
     .venv/bin/python bench/serve_goodput.py [--model smollm2 --rates 0.25,0.5,0.75,1.0,1.5
         --duration-s 60 --slo-ttft-ms 5000 --slo-tpot-ms 150 --result-dir /tmp/pdserve-bench/goodput]
@@ -35,7 +38,7 @@ from cli.bench.metrics import SLO  # noqa: E402
 from cli.bench.targets import TargetConfig  # noqa: E402
 from cli.launcher import PlatformConfig  # noqa: E402
 
-MODES = {"disaggregated": (1, 1), "colocated": (0, 2)}  # (prefill workers, decode workers)
+MODES = {"adaptive": (1, 1), "threshold": (1, 1), "colocated": (0, 2)}  # (prefill workers, decode workers)
 TARGET_SHARE = 0.9
 
 
@@ -58,8 +61,14 @@ def write_trace(path: str, rate: float, args) -> int:
 
 def sweep(mode: str, args, traces: dict[float, tuple[str, int]]) -> dict:
     num_prefill, num_decode = MODES[mode]
+    slo_path = os.path.join(args.result_dir, "slo.json")
+    os.makedirs(args.result_dir, exist_ok=True)
+    with open(slo_path, "w") as f:
+        json.dump({"interactive": {"ttft_ms": args.slo_ttft_ms, "itl_ms": args.slo_tpot_ms}}, f)
     cfg = PlatformConfig(model=args.model, num_prefill=num_prefill, num_decode=num_decode, cpus_per_worker=1,
-                         short_prompt_tokens=args.short_prompt_tokens, worker_args=tuple(args.worker_args.split()))
+                         path_policy=mode, short_prompt_tokens=args.short_prompt_tokens,
+                         worker_args=tuple(args.worker_args.split()), prefill_args=tuple(args.prefill_args.split()),
+                         router_args=("--slo-config", slo_path))
     slo = SLO(ttft_s=args.slo_ttft_ms / 1000, tpot_s=args.slo_tpot_ms / 1000)
     out_dir = os.path.join(args.result_dir, mode)
     rows = {}
@@ -76,7 +85,7 @@ def sweep(mode: str, args, traces: dict[float, tuple[str, int]]) -> dict:
                            "goodput_rate": round(s["goodput"]["rate"], 3),
                            "ttft_ms": {k: round(1000 * s["ttft_s"][k]) for k in ("p50", "p99")},
                            "tpot_ms": {k: round(1000 * s["tpot_s"][k], 1) for k in ("p50", "p99")},
-                           "itl_p99_ms": round(1000 * s["itl_s"]["p99"], 1)}
+                           "itl_p99_ms": round(1000 * s["itl_s"]["p99"], 1), "paths": s["paths"]}
             print(json.dumps({mode: rows[label]}), file=sys.stderr, flush=True)
             if s["goodput"]["share"] < 0.5:
                 break
@@ -107,8 +116,9 @@ def main() -> int:
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--slo-ttft-ms", type=float, default=5000.0)
     p.add_argument("--slo-tpot-ms", type=float, default=150.0)
-    p.add_argument("--short-prompt-tokens", type=int, default=256, help="the router's direct-path threshold")
+    p.add_argument("--short-prompt-tokens", type=int, default=256, help="the threshold policy's direct-path limit")
     p.add_argument("--worker-args", default="", help="extra flags for every worker")
+    p.add_argument("--prefill-args", default="", help="extra flags for prefill workers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-dir", default="/tmp/pdserve-bench/goodput")
     args = p.parse_args()
@@ -124,9 +134,11 @@ def main() -> int:
            **{k: v for k, v in vars(args).items() if k not in ("model", "modes", "rates")}, "rates": rates}
     for mode in modes:
         out[mode] = sweep(mode, args, traces)
-    if all(m in out for m in MODES) and out["colocated"]["max_rate_90pct"] > 0:
-        out["max_rate_ratio_disaggregated_vs_colocated"] = (out["disaggregated"]["max_rate_90pct"]
-                                                            / out["colocated"]["max_rate_90pct"])
+    if "colocated" in out and out["colocated"]["max_rate_90pct"] > 0:
+        for mode in ("adaptive", "threshold"):
+            if mode in out:
+                out[f"max_rate_ratio_{mode}_vs_colocated"] = round(
+                    out[mode]["max_rate_90pct"] / out["colocated"]["max_rate_90pct"], 2)
     print(json.dumps(out))
     return 0
 

@@ -6,20 +6,28 @@ cores, which prefills its own prompts); then vLLM serves the same model (an HF f
 saved by bench/offline_throughput.py). Prints one JSON line with ITL/TTFT p50/p90 per
 platform and the ITL p90 ratios against vLLM.
 
+`--bursts`: each platform is measured twice, calm and then while long prompts (--burst-len
+tokens, 16 output tokens each) arrive back to back from another client, one after the
+other; the line adds each platform's ITL p90 ratio bursts / calm (issue 13's isolation as a
+client nobody here wrote measures it).
+
     .venv/bin/python bench/serve_itl_vs_vllm.py --guidellm $TMPDIR/guidellm/bin/guidellm \\
-        --vllm-python $TMPDIR/vllm-peer/bin/python [--requests 12]
+        --vllm-python $TMPDIR/vllm-peer/bin/python [--requests 12] [--bursts]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from contextlib import contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -27,6 +35,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cli.bench.local_platform import local_platform  # noqa: E402
 from cli.launcher import PlatformConfig  # noqa: E402
 from engine.config import DEFAULT_MODEL  # noqa: E402
+
+
+# each pdserve platform on the same 2 cores as vLLM
+PLATFORMS = {"pdserve_1p1d": PlatformConfig(num_prefill=1, num_decode=1),
+             "pdserve_colocated_2cores": PlatformConfig(num_prefill=0, num_decode=1, cpus_per_worker=2)}
 
 
 def guidellm(binary: str, base_url: str, hf_dir: str, requests: int, out_dir: str, name: str) -> dict:
@@ -44,6 +57,52 @@ def guidellm(binary: str, base_url: str, hf_dir: str, requests: int, out_dir: st
         pct = metrics[key]["successful"]["percentiles"]
         row[f"{name_}_p50_ms"], row[f"{name_}_p90_ms"] = round(pct["p50"], 1), round(pct["p90"], 1)
     return row
+
+
+@contextmanager
+def long_prompts_back_to_back(base_url: str, model: str, prompt_len: int):
+    """While inside: one /v1/completions request of `prompt_len` random token ids at a time,
+    the next sent when the previous answers. Yields the list of their latencies (s)."""
+    stop = threading.Event()
+    latencies: list[float] = []
+
+    def send_forever() -> None:
+        rng = random.Random(0)
+        while not stop.is_set():
+            body = json.dumps({"model": model, "prompt": [rng.randrange(1000, 30000) for _ in range(prompt_len)],
+                               "max_tokens": 16, "temperature": 0.0}).encode()
+            request = urllib.request.Request(f"{base_url}/v1/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+            t = time.monotonic()
+            try:
+                urllib.request.urlopen(request, timeout=600).read()
+                latencies.append(time.monotonic() - t)
+            except OSError as e:
+                print(f"burst request failed: {e}", file=sys.stderr)
+                stop.wait(1.0)
+
+    thread = threading.Thread(target=send_forever, daemon=True)
+    thread.start()
+    try:
+        yield latencies
+    finally:
+        stop.set()
+        thread.join(timeout=600)
+
+
+def measure(args, base: str, name: str, model: str) -> dict:
+    """Calm, and with --bursts also under long prompts: {name: row, name_bursts: row, ratio}."""
+    guidellm(args.guidellm, base, args.hf_dir, 2, args.out_dir, f"{name}-warmup")
+    rows = {name: guidellm(args.guidellm, base, args.hf_dir, args.requests, args.out_dir, name)}
+    if args.bursts:
+        with long_prompts_back_to_back(base, model, args.burst_len) as latencies:
+            time.sleep(2.0)  # the first long prompt is in its prefill when the streams start
+            rows[f"{name}_bursts"] = guidellm(args.guidellm, base, args.hf_dir, args.requests, args.out_dir,
+                                              f"{name}-bursts")
+        rows[f"{name}_bursts"]["long_prompts_done"] = len(latencies)
+        rows[f"{name}_itl_p90_bursts_vs_calm"] = round(rows[f"{name}_bursts"]["itl_p90_ms"]
+                                                       / rows[name]["itl_p90_ms"], 2)
+    return rows
 
 
 def _free_port() -> int:
@@ -80,6 +139,10 @@ def main() -> None:
     parser.add_argument("--hf-dir", default=os.path.join(tempfile.gettempdir(), "pdserve-smollm2-hf"))
     parser.add_argument("--requests", type=int, default=12)
     parser.add_argument("--out-dir", default="bench/results/serve_itl_vs_vllm")
+    parser.add_argument("--bursts", action="store_true", help="also measure while long prompts arrive")
+    parser.add_argument("--burst-len", type=int, default=1900, help="tokens of each long prompt")
+    parser.add_argument("--platforms", default="pdserve_1p1d,pdserve_colocated_2cores",
+                        help="which pdserve platforms to measure (comma-separated)")
     args = parser.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
     if not os.path.isfile(os.path.join(args.hf_dir, "config.json")):
@@ -87,22 +150,18 @@ def main() -> None:
         from offline_throughput import save_hf_folder
         save_hf_folder(resolve_model(DEFAULT_MODEL).path, args.hf_dir)
     result = {}
-    for name, cfg in (("pdserve_1p1d", PlatformConfig(num_prefill=1, num_decode=1)),
-                      ("pdserve_colocated_2cores", PlatformConfig(num_prefill=0, num_decode=1, cpus_per_worker=2))):
-        with local_platform(cfg, os.path.join(args.out_dir, f"{name}.log"), http=True) as platform:
-            base = f"http://127.0.0.1:{platform.cfg.http_port}"
-            guidellm(args.guidellm, base, args.hf_dir, 2, args.out_dir, f"{name}-warmup")
-            result[name] = guidellm(args.guidellm, base, args.hf_dir, args.requests, args.out_dir, name)
+    names = args.platforms.split(",")
+    for name in names:
+        with local_platform(PLATFORMS[name], os.path.join(args.out_dir, f"{name}.log"), http=True) as platform:
+            result.update(measure(args, f"http://127.0.0.1:{platform.cfg.http_port}", name, DEFAULT_MODEL))
     if args.vllm_python:
         proc, port = run_vllm_server(args.vllm_python, args.hf_dir, os.path.join(args.out_dir, "vllm.log"))
         try:
-            base = f"http://127.0.0.1:{port}"
-            guidellm(args.guidellm, base, args.hf_dir, 2, args.out_dir, "vllm-warmup")
-            result["vllm"] = guidellm(args.guidellm, base, args.hf_dir, args.requests, args.out_dir, "vllm")
+            result.update(measure(args, f"http://127.0.0.1:{port}", "vllm", DEFAULT_MODEL))
         finally:
             proc.terminate()
             proc.wait(timeout=60)
-        for name in ("pdserve_1p1d", "pdserve_colocated_2cores"):
+        for name in names:
             result[f"{name}_itl_p90_vs_vllm"] = round(result[name]["itl_p90_ms"] / result["vllm"]["itl_p90_ms"], 2)
     print(json.dumps(result))
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from services.common.defaults import (DEFAULT_MODEL, HOST, KVSTORE_PORT, METRICS_BASE_PORT, PREFILL_PORT,
                                       ROUTER_HTTP_PORT, ROUTER_PORT)
 from services.common.grpc_server import is_serving
-from services.router.config import RouterConfig
+from services.router.config import PathConfig, RouterConfig
 
 ROUTER = "router"
 
@@ -39,8 +39,12 @@ class PlatformConfig:
     worker_base_port: int = PREFILL_PORT      # prefill workers, then decode workers, one port each
     metrics_base_port: int = METRICS_BASE_PORT
     cpus_per_worker: int | None = None
+    path_policy: str = PathConfig.policy
     short_prompt_tokens: int = RouterConfig.short_prompt_tokens
+    kv_transport: str = "grpc"                # "ucx": the kvstore also serves UCX, workers move KV over it
     worker_args: tuple[str, ...] = ()
+    prefill_args: tuple[str, ...] = ()  # after worker_args, for prefill workers only
+    router_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
 
 
@@ -67,8 +71,11 @@ def split_cpus(available: list[int], num_workers: int, per_worker: int | None) -
 def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     cli = [sys.executable, "-m", "cli.main"]
     kvstore = f"{cfg.host}:{cfg.kvstore_port}"
+    # UCX on a free port: workers ask the kvstore for it (gRPC metadata on Stats)
+    ucx = ["--ucx-port", "0"] if cfg.kv_transport == "ucx" else []
     specs = [ProcessSpec("kvstore", [*cli, "kvstore", "--host", cfg.host, "--port", str(cfg.kvstore_port),
-                                     "--metrics-port", str(cfg.metrics_base_port)], kvstore, cfg.metrics_base_port)]
+                                     "--metrics-port", str(cfg.metrics_base_port), *ucx], kvstore,
+                         cfg.metrics_base_port)]
     roles = ["prefill"] * cfg.num_prefill + ["decode"] * cfg.num_decode
     cpu_sets = split_cpus(available_cpus, len(roles), cfg.cpus_per_worker)
     addresses: dict[str, list[str]] = {"prefill": [], "decode": []}
@@ -78,16 +85,18 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
         addresses[role].append(f"{cfg.host}:{port}")
         specs.append(ProcessSpec(name, [*cli, role, "--model", cfg.model, "--host", cfg.host, "--port", str(port),
                                         "--metrics-port", str(metrics_port), "--kvstore", kvstore,
-                                        "--threads", str(len(cpus)), *cfg.worker_args],
+                                        "--kvstore-transport", cfg.kv_transport,
+                                        "--threads", str(len(cpus)), *cfg.worker_args,
+                                        *(cfg.prefill_args if role == "prefill" else ())],
                                  f"{cfg.host}:{port}", metrics_port, cpus))
     router_metrics = cfg.metrics_base_port + 1 + len(roles)
     router = [*cli, ROUTER, "--model", cfg.model, "--host", cfg.host, "--port", str(cfg.router_port),
               "--metrics-port", str(router_metrics), "--kvstore", kvstore,
-              "--short-prompt-tokens", str(cfg.short_prompt_tokens),
+              "--path-policy", cfg.path_policy, "--short-prompt-tokens", str(cfg.short_prompt_tokens),
               "--decode", ",".join(addresses["decode"])]
     if addresses["prefill"]:  # none: colocated, the decode workers prefill every prompt
         router += ["--prefill", ",".join(addresses["prefill"])]
-    router += ["--http-port", "off" if cfg.http_port is None else str(cfg.http_port)]
+    router += ["--http-port", "off" if cfg.http_port is None else str(cfg.http_port), *cfg.router_args]
     specs.append(ProcessSpec(ROUTER, router, f"{cfg.host}:{cfg.router_port}", router_metrics))
     return specs
 

@@ -12,6 +12,7 @@ from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.dtypes import DTYPE_NAMES
 from services.router.config import DEFAULT_SLO_CLASS
 from services.router.main import port_or_off
+from services.router.paths import PATH_POLICIES
 
 
 def _generate_parser(sub) -> None:
@@ -84,9 +85,16 @@ def _up_parser(sub) -> None:
     p.add_argument("--worker-base-port", type=int, default=PlatformConfig.worker_base_port)
     p.add_argument("--metrics-base-port", type=int, default=PlatformConfig.metrics_base_port)
     p.add_argument("--cpus-per-worker", type=int, default=PlatformConfig.cpus_per_worker)
-    p.add_argument("--short-prompt-tokens", type=int, default=PlatformConfig.short_prompt_tokens)
+    p.add_argument("--path-policy", choices=PATH_POLICIES, default=PlatformConfig.path_policy,
+                   help="how the router chooses each request's path (see `pdserve router --help`)")
+    p.add_argument("--short-prompt-tokens", type=int, default=PlatformConfig.short_prompt_tokens,
+                   help="the threshold path policy's direct-path limit")
+    p.add_argument("--kv-transport", choices=("grpc", "ucx"), default=PlatformConfig.kv_transport,
+                   help="how KV blocks move between workers and the kvstore (ucx: the kvstore also serves UCX)")
     p.add_argument("--worker-args", default="",
                    help="extra arguments for every worker, one string (e.g. '--no-chunked-prefill')")
+    p.add_argument("--router-args", default="",
+                   help="extra arguments for the router, one string (e.g. '--slo-config slo.json')")
     p.set_defaults(func=_run_up)
 
 
@@ -100,7 +108,9 @@ def _run_up(args) -> int:
         http_port=args.http_port,
         kvstore_port=args.kvstore_port, worker_base_port=args.worker_base_port,
         metrics_base_port=args.metrics_base_port, cpus_per_worker=args.cpus_per_worker,
-        short_prompt_tokens=args.short_prompt_tokens, worker_args=tuple(shlex.split(args.worker_args))))
+        path_policy=args.path_policy, short_prompt_tokens=args.short_prompt_tokens,
+        kv_transport=args.kv_transport,
+        worker_args=tuple(shlex.split(args.worker_args)), router_args=tuple(shlex.split(args.router_args))))
 
 
 def build_parser() -> argparse.ArgumentParser:

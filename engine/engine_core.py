@@ -11,8 +11,10 @@ from engine.attention.backend import get_attention_backend
 from engine.config import EngineConfig, SchedulerConfig
 from engine.core.block_hash import model_fingerprint
 from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.kv_events import KVEvents
 from engine.core.scheduler import Scheduler
 from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import InvalidRequestError
 from engine.info import EngineInfo
 from engine.model.loader import LoadedModel, load_model, parse_dtype
 from engine.model.source import resolve_model
@@ -21,6 +23,7 @@ from engine.request import Request, RequestMode, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.kv_transfer import KVPayload
 from engine.stats import EngineStats
+from engine.step_rates import StepRates
 from engine.validation import validate_mode, validate_request, validate_transfer
 from engine.worker.kv_cache import allocate_kv_caches, num_kv_blocks
 from engine.worker.model_runner import ModelRunner
@@ -52,12 +55,16 @@ class EngineCore:
         self.scheduler = Scheduler(self._resolve_scheduler_config(), self.kv_manager)
         kv_caches = allocate_kv_caches(num_blocks, arch, cache.block_size, self.dtype, device)
         self.runner = ModelRunner(self.loaded.model, kv_caches, cache.block_size, backend, device, config.seed)
+        if config.cuda_graph_batch_sizes:
+            self.runner.capture_decode_graphs(config.cuda_graph_batch_sizes, self.max_model_len,
+                                              self.scheduler.config.max_num_seqs)
         self.info = EngineInfo(cache.block_size, self.max_model_len, arch.vocab_size,
                                self.scheduler.config.max_num_seqs, self.root_hash,
                                (arch.num_layers, 2, cache.block_size, arch.num_kv_heads, arch.head_dim))
         self._outputs: dict[str, RequestOutput] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._aborted: list[RequestOutput] = []
+        self.step_rates = StepRates()
 
     def _resolve_max_model_len(self, num_blocks: int) -> int:
         wanted = self.config.scheduler.max_model_len or self.loaded.arch.max_position_embeddings
@@ -81,20 +88,24 @@ class EngineCore:
     def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None = None, *, mode: RequestMode = RequestMode.COLOCATED,
                     output_token_ids: list[int] = (), kv_import: KVPayload | None = None,
-                    priority: int = 0) -> None:
+                    priority: int = 0, prefill_chunk_tokens: int = 0) -> None:
         """Validate and queue a request; a bad one raises InvalidRequestError and changes nothing.
 
         Disaggregated serving (see RequestMode): a prefill worker adds PREFILL_ONLY requests
         (a handed-off output carries the prompt's KV) and may pass a cached prefix as
         `kv_import`; a decode worker adds DECODE_ONLY ones, with the tokens the prefill
         emitted as `output_token_ids` and the prompt's KV as `kv_import`.
+        `prefill_chunk_tokens` caps this request's prefill chunks below the engine's own.
         """
         info = self.info
         validate_request(req_id, prompt_token_ids, params, info.max_model_len, info.vocab_size, self._outputs)
         validate_mode(mode, output_token_ids)
         validate_transfer(prompt_token_ids, output_token_ids, kv_import, info.kv_block_shape, info.vocab_size)
+        if prefill_chunk_tokens < 0:
+            raise InvalidRequestError("prefill_chunk_tokens", f"must be >= 0 (0: no cap), got {prefill_chunk_tokens}")
         request = Request(req_id, prompt_token_ids, params, self.loaded.eos_token_ids,
-                          output_token_ids=output_token_ids, kv_import=kv_import, mode=mode, priority=priority)
+                          output_token_ids=output_token_ids, kv_import=kv_import, mode=mode, priority=priority,
+                          prefill_chunk_tokens=prefill_chunk_tokens)
         # the output covers the whole completion, tokens produced elsewhere included
         out = RequestOutput(req_id, prompt, list(prompt_token_ids), token_ids=list(output_token_ids),
                             logprobs=[] if params.logprobs is not None else None, arrival_time=time.monotonic())
@@ -122,12 +133,17 @@ class EngineCore:
     def step(self) -> list[RequestOutput]:
         """One engine iteration; returns the outputs of requests that advanced or ended."""
         outputs, self._aborted = self._aborted, []
+        start = time.perf_counter()
         sched = self.scheduler.schedule()
         if sched.is_empty and not sched.finished_req_ids:
             return outputs
         result = self.runner.execute_model(sched)
         for request in self.scheduler.update_from_output(sched, result):
             outputs.append(self._process_token(request, result.logprobs.get(request.req_id)))
+        # a one-token chunk of a prompt counts as a decode: too small to matter either way
+        num_decodes = sum(1 for n in sched.num_scheduled_tokens.values() if n == 1)
+        self.step_rates.observe(sched.total_num_scheduled_tokens - num_decodes, num_decodes,
+                                time.perf_counter() - start)
         return outputs
 
     def _process_token(self, request: Request, logprob) -> RequestOutput:
@@ -199,6 +215,11 @@ class EngineCore:
     def num_local_prefix_blocks(self, block_hashes: list[bytes]) -> int:
         return len(self.kv_manager.find_longest_cache_hit(block_hashes))
 
+    def take_kv_events(self) -> KVEvents:
+        """The prefix cache's stored/removed block hashes since the last call (see
+        engine/core/kv_events.py); a worker publishes them to routers between steps."""
+        return self.kv_manager.pool.take_kv_events()
+
     def stats(self) -> EngineStats:
         scheduler, kv = self.scheduler, self.kv_manager
         return EngineStats(
@@ -206,4 +227,6 @@ class EngineCore:
             num_queued_prefill_tokens=scheduler.num_queued_prefill_tokens(),
             num_free_kv_blocks=kv.num_free_blocks, num_total_kv_blocks=kv.pool.num_blocks,
             num_preemptions=scheduler.num_preemptions, num_prefix_queried_tokens=kv.num_queried_tokens,
-            num_prefix_hit_tokens=kv.num_hit_tokens)
+            num_prefix_hit_tokens=kv.num_hit_tokens,
+            prefill_tokens_per_s=self.step_rates.prefill_tokens_per_s,
+            decode_step_ms=self.step_rates.decode_step_s * 1000)

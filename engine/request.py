@@ -41,7 +41,7 @@ class Request:
     def __init__(self, req_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_ids: frozenset[int] = frozenset(), arrival_time: float | None = None,
                  output_token_ids: list[int] = (), kv_import: KVPayload | None = None,
-                 mode: RequestMode = RequestMode.COLOCATED, priority: int = 0):
+                 mode: RequestMode = RequestMode.COLOCATED, priority: int = 0, prefill_chunk_tokens: int = 0):
         self.req_id = req_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -53,6 +53,7 @@ class Request:
         self.kv_import = kv_import
         self.mode = mode
         self.priority = priority  # lower is more urgent; FCFS within a priority
+        self.prefill_chunk_tokens = prefill_chunk_tokens  # at most this many prompt tokens a step; 0: no cap
         self.first_scheduled_time: float | None = None
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit at first scheduling; -1 until then

@@ -15,3 +15,5 @@ class EngineStats:
     num_preemptions: int = 0
     num_prefix_queried_tokens: int = 0   # prompt tokens looked up in the prefix cache
     num_prefix_hit_tokens: int = 0       # ...and found there
+    prefill_tokens_per_s: float = 0.0    # measured over recent steps (engine/step_rates.py); 0: not yet
+    decode_step_ms: float = 0.0          # a pure decode step of the recent batches; 0: not yet

@@ -10,6 +10,7 @@ one-token request meets any TPOT SLO)."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -42,6 +43,7 @@ class RequestRecord:
     finish_reason: str = ""
     error: str = ""
     timings: dict | None = None
+    path: str = ""  # the router's choice (gRPC target only; "" when unknown)
 
     @property
     def ok(self) -> bool:
@@ -66,7 +68,7 @@ def record_from(index: int, scheduled_s: float, run_start: float, expected: int,
                          expected_output_tokens=expected, ttft_s=ttft, e2e_s=e2e if not error else None,
                          tpot_s=tpot, itl_s=tuple(itl), chunk_offsets_s=tuple(t - out.sent for t in times),
                          cached_tokens=out.cached_tokens, finish_reason=out.finish_reason, error=error,
-                         timings=out.timings)
+                         timings=out.timings, path=out.path)
 
 
 def stats(values) -> dict:
@@ -146,5 +148,6 @@ def summarize(records: list[RequestRecord], duration_s: float, slo: SLO = SLO())
         "goodput": {"requests": len(good), "share": len(good) / len(records) if records else 0.0,
                     "rate": len(good) / duration_s},
         "ttft_breakdown": ttft_breakdown(records),
+        "paths": dict(Counter(r.path for r in ok if r.path)),
         "errors": sorted({r.error for r in records if r.error}),
     }

@@ -29,6 +29,8 @@ def table(summary: dict, title: str = "") -> str:
     rows.append(("SLO", slo_text))
     rows.append(("Goodput", f"{s['goodput']['requests']} req, {100 * s['goodput']['share']:.1f}%, "
                             f"{s['goodput']['rate']:.2f} req/s"))
+    if s.get("paths"):
+        rows.append(("Requests by path", ", ".join(f"{path} {n}" for path, n in sorted(s["paths"].items()))))
     width = max(len(k) for k, _ in rows) + 2
     lines += [f"{k:<{width}}{v}" for k, v in rows]
     head = f"{'(ms)':<{width}}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}"

@@ -45,6 +45,7 @@ class Outcome:
     cached_tokens: int = 0
     finish_reason: str = ""
     timings: dict | None = None
+    path: str = ""  # the router's choice (gRPC target only)
     error: str = ""
 
 
@@ -82,6 +83,7 @@ class GrpcTarget:
                     out.output_tokens = msg.usage.completion_tokens
                     out.cached_tokens = msg.usage.cached_prompt_tokens
                     out.timings = {f: getattr(msg.timings, f) for f in TIMING_FIELDS}
+                    out.path = msg.path
         except grpc.RpcError as e:
             out.error = f"{e.code().name}: {e.details()}"
         return out

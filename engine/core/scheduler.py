@@ -83,18 +83,23 @@ class Scheduler:
         out.finished_req_ids |= out.preempted_req_ids
         return out
 
-    def _num_new_tokens(self, num_tokens: int, num_computed: int, budget: int) -> int:
-        """Tokens to compute this step; 0 when chunked prefill is off and the rest does not fit."""
-        remaining = num_tokens - num_computed
+    def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
+        """Tokens to compute this step; 0 when chunked prefill is off and the rest does not fit.
+        A request may ask for smaller chunks than the engine's (a router sizing a prefill
+        to the ITL budget of the streams it joins)."""
+        remaining = request.num_tokens - num_computed
         if not self.config.enable_chunked_prefill:
             return remaining if remaining <= budget else 0
-        return min(remaining, self.config.long_prefill_token_threshold, budget)
+        chunk = self.config.long_prefill_token_threshold
+        if request.prefill_chunk_tokens:
+            chunk = min(chunk, request.prefill_chunk_tokens)
+        return min(remaining, chunk, budget)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = self._num_new_tokens(request.num_tokens, request.num_computed_tokens, budget)
+            num_new = self._num_new_tokens(request, request.num_computed_tokens, budget)
             if num_new == 0:  # does not fit unsplit: it waits, the decodes behind it need not
                 i += 1
                 continue
@@ -132,7 +137,7 @@ class Scheduler:
             hits, num_hit_tokens = self.kv.get_computed_blocks(request)
             num_loaded = max(0, request.kv_import.num_tokens - num_hit_tokens) if request.kv_import else 0
             num_computed = num_hit_tokens + num_loaded
-            num_new = self._num_new_tokens(request.num_tokens, num_computed, budget)
+            num_new = self._num_new_tokens(request, num_computed, budget)
             if num_new == 0:  # waits at the head: skipping it would starve long prompts
                 break
             new_blocks = self.kv.allocate_slots(request, num_loaded + num_new, hits)

@@ -21,12 +21,15 @@ from services.kvstore.client import KVStoreClient
 from services.pb import common_pb2, decode_pb2_grpc
 from services.worker.config import WorkerConfig
 from services.worker.engine_loop import EngineLoop
-from services.worker.kv_wire import payload_from_protos
+from services.worker.kv_wire import payload_from_batches
 from services.worker.metrics import WorkerMetrics
 from services.worker.runtime import RunningWorker, serve_worker
 from services.worker.servicer import AdmittedRequest, WorkerServicer, now
 
 logger = logging.getLogger(__name__)
+# How long a read waits for the prefill's write of the blocks to end. A write takes well
+# under a second; one that takes longer is stuck, and recomputing beats waiting on.
+KV_WRITE_WAIT_MS = 10_000
 
 
 class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
@@ -43,7 +46,8 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
         mode = RequestMode.DECODE_ONLY if continuation else RequestMode.COLOCATED
         try:
             stream = self.loop.submit(req.req_id, req.prompt_token_ids, req.params, mode=mode,
-                                      output_token_ids=first, kv_import=kv_import, priority=req.priority)
+                                      output_token_ids=first, kv_import=kv_import, priority=req.priority,
+                                      prefill_chunk_tokens=request.prefill_chunk_tokens)
         except InvalidRequestError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         self.abort_when_caller_leaves(req.req_id, context)  # it may have left while the KV was pulled
@@ -51,25 +55,28 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
 
     # ---- KV from the kvstore ---------------------------------------------------------
     def _pull_kv(self, request) -> tuple[KVPayload | None, float]:
-        """The longest usable prefix of the handle's blocks (see payload_from_protos).
-        Then the lease is released: the decode holds its own copy now."""
+        """The longest usable prefix of the handle's blocks (see payload_from_batches),
+        once the prefill's write under the lease has ended (the store waits, up to
+        KV_WRITE_WAIT_MS). Then the lease is released: the decode holds its own copy now."""
         handle = request.kv_handle
         if not handle.kvstore_address:
             return None, 0.0
         t = now()
         client = self._kvstore(handle.kvstore_address)
+        num_asked = len(handle.block_hashes) + bool(handle.tail_key)
         try:
             tails = [handle.tail_key] if handle.tail_key else []
-            blocks = client.get(list(handle.block_hashes), tails)
-        except grpc.RpcError as e:
-            logger.warning("kvstore read for %s failed (%s); recomputing its prompt", request.req_id, e.code())
-            self.metrics.recompute.inc(len(handle.block_hashes) + bool(handle.tail_key))
+            batches = client.get_blocks(list(handle.block_hashes), tails, lease_id=handle.lease_id,
+                                        wait_ms=KV_WRITE_WAIT_MS if handle.lease_id else 0)
+            payload = payload_from_batches(batches, list(handle.block_hashes), self.block_size, handle.num_tokens)
+        except (grpc.RpcError, ValueError) as e:
+            logger.warning("kvstore read for %s failed (%s); recomputing its prompt", request.req_id, e)
+            self.metrics.recompute.inc(num_asked)
             return None, now() - t
         finally:
             client.release_lease_quietly(handle.lease_id)
-        payload = payload_from_protos(blocks, list(handle.block_hashes), self.block_size, handle.num_tokens)
         num_read = payload.num_blocks if payload is not None else 0
-        self.metrics.recompute.inc(len(blocks) - num_read)
+        self.metrics.recompute.inc(num_asked - num_read)
         seconds = now() - t
         self.metrics.kv_transfer.labels("read").observe(seconds)
         if payload is not None:

@@ -96,7 +96,7 @@ class KVHandle(_message.Message):
     def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ..., tail_key: _Optional[str] = ..., num_tokens: _Optional[int] = ..., lease_id: _Optional[str] = ..., kvstore_address: _Optional[str] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_queued_prefill_tokens", "num_free_kv_blocks", "num_total_kv_blocks", "max_num_seqs", "draining")
+    __slots__ = ("num_running", "num_waiting", "num_queued_prefill_tokens", "num_free_kv_blocks", "num_total_kv_blocks", "max_num_seqs", "draining", "prefill_tokens_per_s", "decode_step_ms")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +104,8 @@ class WorkerLoad(_message.Message):
     NUM_TOTAL_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_STEP_MS_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     num_queued_prefill_tokens: int
@@ -111,14 +113,16 @@ class WorkerLoad(_message.Message):
     num_total_kv_blocks: int
     max_num_seqs: int
     draining: bool
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_queued_prefill_tokens: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., num_total_kv_blocks: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
+    prefill_tokens_per_s: float
+    decode_step_ms: float
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_queued_prefill_tokens: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., num_total_kv_blocks: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., draining: _Optional[bool] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_ms: _Optional[float] = ...) -> None: ...
 
 class GetLoadRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("req_id", "token_ids", "text", "finish_reason", "logprobs", "usage", "timings")
+    __slots__ = ("req_id", "token_ids", "text", "finish_reason", "logprobs", "usage", "timings", "path")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +130,7 @@ class GenerateResponse(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
@@ -133,4 +138,5 @@ class GenerateResponse(_message.Message):
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
     usage: Usage
     timings: Timings
-    def __init__(self, req_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
+    path: str
+    def __init__(self, req_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., path: _Optional[str] = ...) -> None: ...

@@ -46,12 +46,42 @@ class SaturationConfig:
 
 
 @dataclass(frozen=True)
+class PathConfig:
+    """How the router chooses a request's path (see paths.py). The defaults are guesses
+    used only until the workers have measured their own rates (GetLoad)."""
+    policy: str = "adaptive"                    # "adaptive", "threshold" or "colocated"
+    default_prefill_tokens_per_s: float = 1000.0
+    default_decode_step_ms: float = 50.0
+    kv_handoff_ms: float = 20.0                 # the hand-off's fixed cost before the first token
+    # a prompt may prefill on a decode worker only if its whole prefill stalls the running
+    # streams by at most this many (strictest) ITL targets, in chunks of at least:
+    max_direct_stall_itls: float = 5.0
+    min_direct_chunk_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("adaptive", "threshold", "colocated"):
+            raise ValueError(f"path policy: {self.policy!r} is not one of 'adaptive', 'threshold', 'colocated'")
+        for name in ("default_prefill_tokens_per_s", "default_decode_step_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        for name in ("kv_handoff_ms", "max_direct_stall_itls"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.min_direct_chunk_tokens < 1:
+            raise ValueError(f"min_direct_chunk_tokens: must be >= 1, got {self.min_direct_chunk_tokens}")
+
+
+PLACEMENTS = ("kv", "affinity", "least_loaded")
+
+
+@dataclass(frozen=True)
 class RouterConfig:
     model: str = DEFAULT_MODEL
     prefill_addresses: tuple[str, ...] = ()
     decode_addresses: tuple[str, ...] = ()
     kvstore_address: str = ""       # where leases live when a KVHandle does not say
-    short_prompt_tokens: int = 256  # at most this many prompt tokens: straight to a decode worker
+    paths: PathConfig = field(default_factory=PathConfig)
+    short_prompt_tokens: int = 256  # the threshold policy: at most this many prompt tokens go direct
     slo_classes: dict[str, SLOClass] = field(default_factory=default_slo_classes)
     default_slo_class: str = DEFAULT_SLO_CLASS
     max_model_len: int | None = None  # None: the model's context (config.json / GGUF metadata)
@@ -63,6 +93,11 @@ class RouterConfig:
     saturation: SaturationConfig = field(default_factory=SaturationConfig)
     affinity_max_extra_tokens: int = 4096  # prefix affinity yields when it costs more queued tokens
     affinity_prefix_tokens: int = 16       # the leading block that names a prompt's prefix
+    # how a pool's worker is chosen (placement.py): "kv" by the prefix each worker holds (its
+    # KV events) minus its load; "affinity" by the first block's hash; "least_loaded"
+    placement: str = "kv"
+    kv_store_weight: float = 0.5           # a kvstore-held prompt token counts this much of a local one
+    kv_index_max_blocks: int = 1 << 18     # per source in the router's KV index (bounds its memory)
     max_queued_requests: int = 1024        # admission queue bound, all classes together
     retry_after_ms: int = 500              # the hint sent with RESOURCE_EXHAUSTED
     worker_timeout_s: float | None = None  # per worker call; None: the client's deadline, if any
@@ -78,6 +113,10 @@ class RouterConfig:
             raise ValueError(f"poll_interval_s: must be > 0, got {self.poll_interval_s}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len: must be >= 2, got {self.max_model_len}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement: {self.placement!r} is not one of {', '.join(PLACEMENTS)}")
+        if not 0 <= self.kv_store_weight <= 1:
+            raise ValueError(f"kv_store_weight: must be within [0, 1], got {self.kv_store_weight}")
 
 
 def load_slo_classes(path: str) -> dict[str, SLOClass]:

@@ -25,6 +25,7 @@ from services.router.cancel import Cancellation
 from services.router.discovery import DECODE, PREFILL
 from services.router.errors import RouterError, retry_after_from
 from services.router.metrics import RouterMetrics
+from services.router.paths import NO_PREFILL_WORKER, PathPolicy, PoolsNow
 from services.router.policy import DIRECT
 from services.router.pools import Need, Pool
 from services.router.request import RoutedRequest
@@ -34,9 +35,10 @@ MAX_ATTEMPTS = 2  # the first call and one retry
 
 
 class GenerateFlow:
-    def __init__(self, pools: dict[str, Pool], calls: WorkerCalls, metrics: RouterMetrics,
+    def __init__(self, pools: dict[str, Pool], paths: PathPolicy, calls: WorkerCalls, metrics: RouterMetrics,
                  kvstore_address: str, retry_after_ms: int):
         self.pools = pools
+        self.paths = paths
         self.calls = calls
         self.metrics = metrics
         self.kvstore_address = kvstore_address
@@ -45,8 +47,7 @@ class GenerateFlow:
     def run(self, req: RoutedRequest, arrival: float, cancel: Cancellation,
             time_left: Callable[[], float | None]) -> Iterator[common_pb2.GenerateResponse]:
         """Raises RouterError (the client's error) or Cancelled."""
-        if req.path != DIRECT and not self.pools[PREFILL].up_workers():
-            req = self._without_prefill_pool(req)
+        req = self._choose_path(req)
         out = ResponseStream(req, arrival, self.metrics)
         if req.path == DIRECT:
             yield from self._direct(req, out, cancel, time_left)
@@ -60,6 +61,14 @@ class GenerateFlow:
             req = self._without_prefill_pool(req)
             yield from self._direct(req, ResponseStream(req, arrival, self.metrics), cancel, time_left)
 
+    def _choose_path(self, req: RoutedRequest) -> RoutedRequest:
+        pools = PoolsNow(self.pools[PREFILL].up_workers(), self.pools[DECODE].up_workers())
+        choice = self.paths.choose(len(req.prompt_token_ids), req.slo_class, pools)
+        self.metrics.paths.labels(choice.path, choice.reason).inc()
+        if choice.reason == NO_PREFILL_WORKER:
+            self.metrics.prefill_fallbacks.inc()
+        return replace(req, path=choice.path, prefill_chunk_tokens=choice.prefill_chunk_tokens)
+
     def _without_prefill_pool(self, req: RoutedRequest) -> RoutedRequest:
         """No prefill worker is reachable: a decode worker prefills the prompt itself."""
         self.metrics.prefill_fallbacks.inc()
@@ -67,7 +76,8 @@ class GenerateFlow:
 
     def _direct(self, req, out: ResponseStream, cancel, time_left):
         decode_req = decode_pb2.DecodeRequest(req_id=req.req_id, prompt_token_ids=req.prompt_token_ids,
-                                              sampling=req.sampling, priority=req.slo.priority)
+                                              sampling=req.sampling, priority=req.slo.priority,
+                                              prefill_chunk_tokens=req.prefill_chunk_tokens)
         yield from self._decode(req, decode_req, len(req.prompt_token_ids), out, cancel, time_left)
 
     def _disaggregated(self, req, out: ResponseStream, cancel, time_left):

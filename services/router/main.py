@@ -8,10 +8,11 @@ import os
 from services.common.address import parse_addresses
 from services.common.defaults import KVSTORE_ADDRESS
 from services.common.process import configure_logging, wait_for_shutdown
-from services.router.config import (DEFAULT_SLO_CLASS, RouterConfig, SaturationConfig, default_slo_classes,
-                                    load_slo_classes)
+from services.router.config import (DEFAULT_SLO_CLASS, PLACEMENTS, PathConfig, RouterConfig, SaturationConfig,
+                                    default_slo_classes, load_slo_classes)
 from services.router.http.config import API_KEY_ENV, HttpConfig
 from services.router.k8s_discovery import add_discovery_arguments, discovery_from_args
+from services.router.paths import PATH_POLICIES
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +29,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=RouterConfig.host)
     parser.add_argument("--port", type=int, default=RouterConfig.port)
     parser.add_argument("--metrics-port", type=int, default=None, help="serve /metrics on this port")
+    parser.add_argument("--path-policy", choices=PATH_POLICIES, default=PathConfig.policy,
+                        help="how each request's path is chosen: 'adaptive' from the workers' measured "
+                             "rates and load, 'threshold' by --short-prompt-tokens, 'colocated' always direct")
     parser.add_argument("--short-prompt-tokens", type=int, default=RouterConfig.short_prompt_tokens,
-                        help="prompts of at most this many tokens go straight to a decode worker")
+                        help="the threshold policy: prompts of at most this many tokens go straight to a decode worker")
+    parser.add_argument("--placement", choices=PLACEMENTS, default=RouterConfig.placement,
+                        help="how a pool's worker is chosen: 'kv' by the prompt prefix each worker holds "
+                             "(its KV events) minus its load, 'affinity' by the first 16 tokens' hash, "
+                             "'least_loaded'")
+    parser.add_argument("--kv-store-weight", type=float, default=RouterConfig.kv_store_weight,
+                        help="kv placement: what a prompt token the worker could import from the kvstore is "
+                             "worth, against one in its own prefix cache (0..1)")
     parser.add_argument("--slo-config", default=None,
                         help='JSON file of SLO classes: {"interactive": {"ttft_ms": .., "itl_ms": .., '
                              '"priority": 0, "max_queue_ms": ..}, ...} (default: interactive and batch)')
@@ -69,9 +80,11 @@ def config_from_args(args) -> RouterConfig:
         slo_classes, key=lambda name: slo_classes[name].priority)
     return RouterConfig(
         model=args.model, prefill_addresses=prefill, decode_addresses=decode, kvstore_address=args.kvstore,
+        paths=PathConfig(policy=args.path_policy),
         short_prompt_tokens=args.short_prompt_tokens, slo_classes=slo_classes, default_slo_class=default_class,
         max_model_len=args.max_model_len, host=args.host, port=args.port, metrics_port=args.metrics_port,
-        poll_interval_s=args.poll_interval_s, retry_after_ms=args.retry_after_ms,
+        poll_interval_s=args.poll_interval_s, retry_after_ms=args.retry_after_ms, placement=args.placement,
+        kv_store_weight=args.kv_store_weight,
         saturation=SaturationConfig(max_waiting=args.max_worker_waiting,
                                     max_in_flight_per_worker=args.max_in_flight_per_worker))
 

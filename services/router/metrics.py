@@ -5,6 +5,7 @@ from __future__ import annotations
 from services.common.metrics import Metrics
 from services.router.config import SLOClass
 from services.router.discovery import POOLS
+from services.router.kv_index import KVIndex
 from services.router.workers import WorkerRegistry
 
 NO_CLASS = "none"  # requests refused before their class was known (no unbounded label values)
@@ -20,6 +21,12 @@ class RouterMetrics:
         self.queue = m.histogram("router_queue_seconds", "Arrival until the first worker call", by)
         self.requests = m.counter("router_requests_total", "Requests by outcome", ("slo_class", "outcome"))
         self.retries = m.counter("router_retries_total", "Worker calls retried on another worker", ("pool",))
+        self.paths = m.counter("router_path_decisions_total", "Requests by the path chosen and why (paths.py)",
+                               ("path", "reason"))
+        self.placements = m.counter("router_placement_total", "Worker choices by pool and why (placement.py)",
+                                    ("pool", "reason"))
+        self.kv_index_blocks = m.gauge("router_kv_index_blocks", "Blocks the KV index knows each source to hold",
+                                       ("source",))
         self.prefill_fallbacks = m.counter("router_prefill_fallbacks_total",
                                            "Long prompts prefilled by a decode worker: no prefill worker reachable")
         self.rejections = m.counter("router_admission_rejections_total",
@@ -45,6 +52,11 @@ class RouterMetrics:
         self.itl.labels(slo_class, path).observe(seconds)
         if seconds * 1000 > self._slo[slo_class].itl_ms:
             self.slo_violations.labels(slo_class, "itl").inc()
+
+    def update_kv_index(self, index: KVIndex) -> None:
+        self.kv_index_blocks.clear()  # sources that left drop their series
+        for source, num_blocks in index.num_blocks().items():
+            self.kv_index_blocks.labels(source).set(num_blocks)
 
     def update_workers(self, registry: WorkerRegistry) -> None:
         for pool in POOLS:

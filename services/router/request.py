@@ -16,7 +16,6 @@ from services.common.convert import sampling_to_proto
 from services.pb import common_pb2
 from services.router.config import SLOClass
 from services.router.model_info import ModelInfo
-from services.router.policy import PathPolicy
 
 _INT32_LIMIT = 1 << 31
 # the sampling fields the hop to the workers carries as int32 (common.proto)
@@ -40,17 +39,17 @@ class RoutedRequest:
     sampling: common_pb2.SamplingParams  # as the workers receive it, built once here
     slo_class: str
     slo: SLOClass
-    path: str  # policy.DIRECT or policy.DISAGGREGATED
+    # chosen by the flow from the pools' state when the request starts (paths.py)
+    path: str = ""                 # policy.DIRECT or policy.DISAGGREGATED
+    prefill_chunk_tokens: int = 0  # the direct path: chunk cap for the decode worker (0: its own)
 
 
 class RequestValidator:
-    def __init__(self, model: ModelInfo, tokenizer, slo_classes: dict[str, SLOClass], default_slo_class: str,
-                 paths: PathPolicy):
+    def __init__(self, model: ModelInfo, tokenizer, slo_classes: dict[str, SLOClass], default_slo_class: str):
         self.model = model
         self.tokenizer = tokenizer
         self.slo_classes = slo_classes
         self.default_slo_class = default_slo_class
-        self.paths = paths
 
     def validate(self, inp: GenerateInput) -> RoutedRequest:
         """Raises InvalidRequestError naming the bad field."""
@@ -61,8 +60,7 @@ class RequestValidator:
             raise InvalidRequestError("slo_class", f"unknown class {slo_class!r}; known: {sorted(self.slo_classes)}")
         sampling = _to_wire(inp.sampling)
         prompt = self._prompt(inp.prompt)
-        return RoutedRequest(inp.req_id or uuid.uuid4().hex, prompt, sampling, slo_class,
-                             self.slo_classes[slo_class], self.paths.choose(len(prompt), slo_class))
+        return RoutedRequest(inp.req_id or uuid.uuid4().hex, prompt, sampling, slo_class, self.slo_classes[slo_class])
 
     def _prompt(self, prompt: str | tuple[int, ...]) -> tuple[int, ...]:
         if isinstance(prompt, str):

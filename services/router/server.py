@@ -33,9 +33,12 @@ from services.router.front import Front
 from services.router.http.backend import Backend
 from services.router.http.config import HttpConfig
 from services.router.http.server import HttpServer
+from services.router.kv_index import KVIndex
 from services.router.metrics import RouterMetrics
 from services.router.model_info import ModelInfo, describe_model, tokenizer_for
-from services.router.policy import MostRoomDecode, PathPolicy, PrefixAffinityPrefill, SaturationPolicy
+from services.router.paths import AdaptivePaths, ColocatedPaths, PathPolicy, ThresholdPaths
+from services.router.placement import KVSources, placement_policies
+from services.router.policy import SaturationPolicy, WorkerPolicy
 from services.router.poller import LoadPoller
 from services.router.pools import Pool
 from services.router.readiness import Readiness
@@ -106,6 +109,8 @@ class RunningRouter:
     readiness: Readiness
     host: str = HOST
     http: HttpServer | None = None  # the OpenAI-compatible API, when enabled
+    kv_index: KVIndex | None = None  # which blocks each worker holds (placement "kv")
+    kv_sources: KVSources | None = None
 
     @property
     def http_port(self) -> int | None:
@@ -126,6 +131,8 @@ class RunningRouter:
             self.http.stop(grace_s)
         self.server.stop(grace_s)
         self.calls.close()
+        if self.kv_sources is not None:
+            self.kv_sources.close()
         self.registry.close()
 
 
@@ -141,17 +148,24 @@ def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None,
              for pool in (PREFILL, DECODE)}
     registry = WorkerRegistry(discovery or StaticDiscovery(cfg.prefill_addresses, cfg.decode_addresses),
                               on_change=lambda pool: gates[pool].wake())
-    pools = _pools(cfg, registry, gates, metrics)
+    kv_index = KVIndex(cfg.kv_index_max_blocks)
+    kv_sources = KVSources(cfg, registry, kv_index)
+    pools = _pools(cfg, registry, gates, metrics, placement_policies(
+        cfg, kv_index, colocated=discovery is None and not cfg.prefill_addresses,
+        count=lambda pool, reason: metrics.placements.labels(pool, reason).inc()))
     readiness = Readiness(registry)
-    poller = LoadPoller(registry, cfg.poll_interval_s, cfg.poll_timeout_s,
-                        after_round=lambda: _after_round(metrics, registry, readiness))
+
+    def after_round() -> None:
+        _after_round(metrics, registry, readiness)
+        kv_sources.sync()  # follow the workers discovery found (and the kvstore)
+        metrics.update_kv_index(kv_index)
+    poller = LoadPoller(registry, cfg.poll_interval_s, cfg.poll_timeout_s, after_round=after_round)
     poller.poll_once()  # know who is up before the first request
     poller.start()
     calls = WorkerCalls(registry)
-    flow = GenerateFlow(pools, calls, metrics, cfg.kvstore_address, cfg.retry_after_ms)
-    validator = RequestValidator(model, tokenizer, cfg.slo_classes, cfg.default_slo_class,
-                                 PathPolicy(cfg.short_prompt_tokens, cfg.slo_classes,
-                                            colocated=discovery is None and not cfg.prefill_addresses))
+    paths = path_policy(cfg, colocated=discovery is None and not cfg.prefill_addresses)
+    flow = GenerateFlow(pools, paths, calls, metrics, cfg.kvstore_address, cfg.retry_after_ms)
+    validator = RequestValidator(model, tokenizer, cfg.slo_classes, cfg.default_slo_class)
     front = Front(validator, flow, metrics)
     servicer = RouterServicer(cfg, model, front)
     server = http_server = None
@@ -169,13 +183,23 @@ def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None,
             server.stop(0)
         metrics.metrics.close()
         poller.stop()
+        kv_sources.close()
         registry.close()
         raise
     logger.info("router on %s:%d: %d prefill, %d decode workers%s (model %s)", cfg.host, server.port,
                 len(cfg.prefill_addresses), len(cfg.decode_addresses),
-                " (colocated: no prefill pool)" if validator.paths.colocated else "", model.name)
+                " (colocated: no prefill pool)" if paths.colocated else f" ({cfg.paths.policy} paths)", model.name)
     return RunningRouter(server, servicer, registry, poller, calls, metrics, metrics_port, pools, readiness,
-                         cfg.host, http_server)
+                         cfg.host, http_server, kv_index, kv_sources)
+
+
+def path_policy(cfg: RouterConfig, colocated: bool) -> PathPolicy:
+    """`colocated`: the router was given no prefill pool at all (not one that is down)."""
+    if colocated or cfg.paths.policy == "colocated":
+        return ColocatedPaths()
+    if cfg.paths.policy == "threshold":
+        return ThresholdPaths(cfg.short_prompt_tokens, cfg.slo_classes)
+    return AdaptivePaths(cfg.paths, cfg.slo_classes)
 
 
 def _after_round(metrics: RouterMetrics, registry: WorkerRegistry, readiness: Readiness) -> None:
@@ -184,9 +208,8 @@ def _after_round(metrics: RouterMetrics, registry: WorkerRegistry, readiness: Re
 
 
 def _pools(cfg: RouterConfig, registry: WorkerRegistry, gates: dict[str, AdmissionGate],
-           metrics: RouterMetrics) -> dict[str, Pool]:
+           metrics: RouterMetrics, policies: dict[str, WorkerPolicy]) -> dict[str, Pool]:
     saturation = SaturationPolicy(cfg.saturation)
     reject = lambda pool, cls: metrics.rejections.labels(pool, cls).inc()  # noqa: E731
-    prefill = PrefixAffinityPrefill(cfg.affinity_max_extra_tokens, cfg.affinity_prefix_tokens)
-    return {PREFILL: Pool(PREFILL, registry, saturation, prefill, gates[PREFILL], cfg.retry_after_ms, reject),
-            DECODE: Pool(DECODE, registry, saturation, MostRoomDecode(), gates[DECODE], cfg.retry_after_ms, reject)}
+    return {pool: Pool(pool, registry, saturation, policies[pool], gates[pool], cfg.retry_after_ms, reject)
+            for pool in (PREFILL, DECODE)}

@@ -92,4 +92,5 @@ class ResponseStream:
         merged.router_queue_s = (self.first_call or self.arrival) - self.arrival
         merged.ttft_s = (self.first_token or time.monotonic()) - self.arrival
         msg.timings.CopyFrom(merged)
+        msg.path = self.req.path
         self.metrics.e2e.labels(*self.labels).observe(time.monotonic() - self.arrival)

@@ -37,6 +37,8 @@ class WorkerView:
     num_total_kv_blocks: int = 0
     max_num_seqs: int = 0
     draining: bool = False
+    prefill_tokens_per_s: float = 0.0  # measured by the worker; 0: not yet
+    decode_step_ms: float = 0.0
     # what this router itself has outstanding on the worker
     in_flight: int = 0
     in_flight_tokens: int = 0   # their prompt tokens

@@ -10,7 +10,7 @@ from engine import SamplingParams, load_tokenizer
 from services.common.grpc_server import RunningServer, ServiceSpec, start_server
 from services.pb import decode_pb2_grpc, kvstore_pb2_grpc, prefill_pb2_grpc
 from services.router.client import RouterClient
-from services.router.config import RouterConfig
+from services.router.config import PathConfig, RouterConfig
 from services.router.discovery import DECODE, PREFILL
 from services.router.k8s_discovery import KubernetesDiscovery
 from services.router.server import serve
@@ -76,6 +76,7 @@ def platform(tiny_llama_dir):
     try:
         assert discovery.start(wait_s=5)
         cfg = RouterConfig(model=tiny_llama_dir, kvstore_address=workers.kv_address, short_prompt_tokens=32,
+                           paths=PathConfig(policy="threshold"),
                            port=0, poll_interval_s=3600.0)  # polls only when the test asks: deterministic
         router = serve(cfg, tokenizer=load_tokenizer(tiny_llama_dir), discovery=discovery)
         client = RouterClient(router.address)

@@ -12,7 +12,7 @@ from services.kvstore.client import KVStoreClient
 from services.kvstore.server import KVStoreConfig
 from services.kvstore.server import serve as serve_kvstore
 from services.prefill.server import serve as serve_prefill
-from services.router.config import RouterConfig
+from services.router.config import PathConfig, RouterConfig
 from services.router.server import serve as serve_router
 
 
@@ -55,7 +55,7 @@ def start_cluster(model: str, loaded, num_prefill: int = 2, num_decode: int = 1,
         cluster.router = serve_router(RouterConfig(
             model=model, prefill_addresses=tuple(p.address for p in cluster.prefills),
             decode_addresses=tuple(d.address for d in cluster.decodes), kvstore_address=cluster.kvstore.address,
-            short_prompt_tokens=short_prompt_tokens, port=0, metrics_port=0))
+            paths=PathConfig(policy="threshold"), short_prompt_tokens=short_prompt_tokens, port=0, metrics_port=0))
     except Exception:
         cluster.stop()
         raise

@@ -49,14 +49,18 @@ def test_bench_against_a_cluster(bench_cluster, tmp_path, backend, capsys):
     if backend == "grpc":
         b = s["ttft_breakdown"]
         assert b["router_ttft_s"]["n"] == NUM and b["prefill_s"]["max"] > 0
+        # the cluster's router sends prompts of at most 32 tokens direct (threshold policy)
+        direct = sum(r.prompt_len <= 32 for r in asked)
+        assert s["paths"] == {k: v for k, v in (("direct", direct), ("disaggregated", NUM - direct)) if v}
     else:
-        assert s["ttft_breakdown"] is None
+        assert s["ttft_breakdown"] is None and s["paths"] == {}  # the OpenAI API does not say
     doc = json.loads((tmp_path / f"run-{backend}.json").read_text())
     assert doc["summary"]["output_tokens"] == s["output_tokens"] and len(doc["requests"]) == NUM
     for key in ("cdf_png", "timeline_png"):
         with open(result.files[key], "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    assert "Serving benchmark" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "Serving benchmark" in printed and ("Requests by path" in printed) == (backend == "grpc")
     assert_nothing_leaked(bench_cluster)
 
 

@@ -38,12 +38,18 @@ def test_goodput_experiment(tiny_llama_dir, tmp_path):
     out = run_script("serve_goodput.py", "--model", tiny_llama_dir, "--rates", "5", "--duration-s", "1",
                      "--min-requests", "6", "--short-len", "16", "--long-len", "100", "--long-share", "0.5",
                      "--output-len", "4", "--short-prompt-tokens", "32", "--slo-ttft-ms", "60000",
-                     "--slo-tpot-ms", "60000", "--result-dir", str(tmp_path))
-    for mode in ("disaggregated", "colocated"):
+                     "--slo-tpot-ms", "60000", "--modes", "threshold,colocated", "--result-dir", str(tmp_path))
+    for mode in ("threshold", "colocated"):
         row = out[mode]["rates"]["rate5"]
         assert (row["requests"], row["failed"], row["goodput_share"]) == (6, 0, 1.0)  # an SLO no request can miss
         assert out[mode]["max_rate_90pct"] == 5.0
-    assert out["max_rate_ratio_disaggregated_vs_colocated"] == 1.0
+    assert out["max_rate_ratio_threshold_vs_colocated"] == 1.0
+    # the threshold policy: prompts of 4-28 tokens direct, 75-125 through the prefill pool
+    lengths = [json.loads(x)["input_length"] for x in (tmp_path / "trace_rate5.jsonl").read_text().splitlines()]
+    direct = sum(n <= 32 for n in lengths)
+    assert out["threshold"]["rates"]["rate5"]["paths"] == {k: v for k, v in
+                                                          (("direct", direct), ("disaggregated", 6 - direct)) if v}
+    assert out["colocated"]["rates"]["rate5"]["paths"] == {"direct": 6}
     lines = (tmp_path / "trace_rate5.jsonl").read_text().splitlines()
     assert len(lines) == 6 and all({"timestamp", "input_length", "output_length"} <= json.loads(x).keys()
                                    for x in lines)

@@ -15,7 +15,7 @@ from cli.launcher import PlatformConfig
 def test_colocated_platform_serves_long_prompts_on_pinned_workers(tiny_llama_dir, tmp_path):
     cpus = sorted(os.sched_getaffinity(0))[:2]
     cfg = PlatformConfig(model=tiny_llama_dir, num_prefill=0, num_decode=2, cpus_per_worker=1,
-                         short_prompt_tokens=8, worker_args=("--no-chunked-prefill", "--max-model-len", "256"))
+                         path_policy="threshold", short_prompt_tokens=8, worker_args=("--no-chunked-prefill", "--max-model-len", "256"))
     with local_platform(cfg, str(tmp_path / "platform.log"), cpus=cpus) as p:
         procs = dict(p.platform.procs)
         pinned = {name: os.sched_getaffinity(proc.pid) for name, proc in procs.items() if name.startswith("decode")}

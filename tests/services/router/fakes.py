@@ -15,7 +15,7 @@ import grpc
 from services.common.grpc_server import RunningServer, ServiceSpec, start_server
 from services.pb import (common_pb2, decode_pb2_grpc, kvstore_pb2, kvstore_pb2_grpc,
                          prefill_pb2, prefill_pb2_grpc)
-from services.router.config import RouterConfig
+from services.router.config import PathConfig, RouterConfig
 from services.router.server import RunningRouter, serve
 
 DEFAULT_MAX_TOKENS = 16  # the workers' default when sampling.max_tokens is unset
@@ -176,7 +176,8 @@ def start_fake_cluster(model: str, tokenizer, num_prefill: int = 2, num_decode: 
         for d in cluster.decodes:
             servers[d] = _serve("pdserve.v1.DecodeWorker", decode_pb2_grpc.add_DecodeWorkerServicer_to_server, d)
         # polls only when a test asks (router.poll_now()), so every load change is deterministic
-        settings = dict(model=model, kvstore_address=kv_address, short_prompt_tokens=32, port=0, metrics_port=0,
+        settings = dict(model=model, kvstore_address=kv_address, paths=PathConfig(policy="threshold"),
+                        short_prompt_tokens=32, port=0, metrics_port=0,
                         poll_interval_s=3600.0)
         settings.update(router_overrides)
         cluster.router = serve(RouterConfig(

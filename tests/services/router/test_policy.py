@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.config import SaturationConfig, SLOClass
-from services.router.policy import (DIRECT, DISAGGREGATED, LeastQueuedPrefill, MostRoomDecode, PathPolicy,
-                                    PrefixAffinityPrefill, SaturationPolicy, prefix_key)
+from services.router.config import SaturationConfig
+from services.router.policy import (LeastQueuedPrefill, MostRoomDecode, PrefixAffinityPrefill, SaturationPolicy,
+                                    prefix_key)
 from services.router.workers import WorkerView
 
 PROMPT = list(range(40))
@@ -13,16 +13,6 @@ PROMPT = list(range(40))
 
 def _w(address: str, **load) -> WorkerView:
     return WorkerView(address, up=True, **load)
-
-
-def test_path_by_prompt_length_and_class():
-    classes = {"interactive": SLOClass(100, 10), "batch": SLOClass(1000, 100, 1, short_prompt_tokens=0)}
-    paths = PathPolicy(32, classes)
-    assert paths.choose(32, "interactive") == DIRECT
-    assert paths.choose(33, "interactive") == DISAGGREGATED
-    assert paths.choose(1, "batch") == DISAGGREGATED  # the class's own threshold
-    colocated = PathPolicy(32, classes, colocated=True)  # no prefill pool
-    assert colocated.choose(10_000, "interactive") == DIRECT and colocated.choose(1, "batch") == DIRECT
 
 
 def test_least_queued_prefill_tokens():

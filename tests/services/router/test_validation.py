@@ -9,7 +9,6 @@ from services.common.grpc_server import channel
 from services.pb import common_pb2, router_pb2, router_pb2_grpc
 from services.router.config import default_slo_classes
 from services.router.model_info import ModelInfo
-from services.router.policy import PathPolicy
 from services.router.request import GenerateInput, RequestValidator
 from tests.services.router.fakes import expected_tokens
 
@@ -69,7 +68,7 @@ def test_max_model_len_from_config_lowers_the_limit(make_cluster):
 def _validator(vocab_size: int = 49152) -> RequestValidator:
     classes = default_slo_classes()
     return RequestValidator(ModelInfo("m", "org/m", 2048, vocab_size), tokenizer=None, slo_classes=classes,
-                            default_slo_class="interactive", paths=PathPolicy(32, classes))
+                            default_slo_class="interactive")
 
 
 @pytest.mark.parametrize("sampling,field", [

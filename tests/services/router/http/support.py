@@ -15,7 +15,7 @@ from services.decode.server import serve as serve_decode
 from services.kvstore.server import KVStoreConfig
 from services.kvstore.server import serve as serve_kvstore
 from services.prefill.server import serve as serve_prefill
-from services.router.config import RouterConfig
+from services.router.config import PathConfig, RouterConfig
 from services.router.http.config import HttpConfig
 from services.router.server import serve as serve_router
 from tests.services.cluster import Cluster
@@ -30,7 +30,8 @@ def start_router(cluster: Cluster, model: str, tokenizer, http: HttpConfig | Non
     cfg = RouterConfig(model=model, port=0, metrics_port=None,
                        prefill_addresses=tuple(prefill or (p.address for p in cluster.prefills)),
                        decode_addresses=tuple(decode or (d.address for d in cluster.decodes)),
-                       kvstore_address=cluster.kvstore.address, short_prompt_tokens=SHORT_PROMPT_TOKENS, **overrides)
+                       kvstore_address=cluster.kvstore.address, paths=PathConfig(policy="threshold"),
+                       short_prompt_tokens=SHORT_PROMPT_TOKENS, **overrides)
     return serve_router(cfg, tokenizer=tokenizer, http=http or HttpConfig(port=0))
 
 

@@ -1,0 +1,132 @@
+"""Which path a request takes: prefilled by the prefill pool and handed over through the
+kvstore (disaggregated), or prefilled by the decode worker that will stream it (direct).
+
+    adaptive (default)  decided per request from the workers' measured rates and load:
+                        the cheapest path that keeps both targets, the running streams'
+                        ITL and the new request's TTFT
+    threshold           a fixed prompt length: short prompts direct, the rest through the pool
+    colocated           no prefill pool: every decode worker prefills its own prompts
+
+Each choice carries a reason; the router counts requests by (path, reason).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.router.config import PathConfig, SLOClass
+from services.router.policy import DIRECT, DISAGGREGATED, decode_score, prefill_backlog
+from services.router.workers import WorkerView
+
+PATH_POLICIES = ("adaptive", "threshold", "colocated")
+# the pool the request would have used is down: a decode worker prefills it (counted as a fallback)
+NO_PREFILL_WORKER = "no_prefill_worker"
+
+
+@dataclass(frozen=True)
+class PathChoice:
+    path: str        # DIRECT or DISAGGREGATED
+    reason: str      # why; a metric label, so one of a few fixed words
+    prefill_chunk_tokens: int = 0  # direct path: the most prompt tokens per step (0: the worker's own)
+
+
+@dataclass(frozen=True)
+class PoolsNow:
+    """The workers a decision may use, as last polled (up ones only)."""
+    prefill: Sequence[WorkerView]
+    decode: Sequence[WorkerView]
+
+
+class PathPolicy(ABC):
+    colocated: bool = False
+
+    @abstractmethod
+    def choose(self, num_prompt_tokens: int, slo_class: str, pools: PoolsNow) -> PathChoice:
+        ...
+
+
+class ColocatedPaths(PathPolicy):
+    colocated = True
+
+    def choose(self, num_prompt_tokens, slo_class, pools):
+        return PathChoice(DIRECT, "colocated")
+
+
+class ThresholdPaths(PathPolicy):
+    """Short prompts go straight to a decode worker: their prefill costs less than moving
+    their KV. A class may set its own threshold (0: always through the prefill pool)."""
+
+    def __init__(self, short_prompt_tokens: int, slo_classes: dict[str, SLOClass]):
+        self._default = short_prompt_tokens
+        self._per_class = {name: c.short_prompt_tokens for name, c in slo_classes.items()
+                           if c.short_prompt_tokens is not None}
+
+    def choose(self, num_prompt_tokens, slo_class, pools):
+        limit = self._per_class.get(slo_class, self._default)
+        if num_prompt_tokens <= limit:
+            return PathChoice(DIRECT, "short_prompt")
+        if not pools.prefill:
+            return PathChoice(DIRECT, NO_PREFILL_WORKER)
+        return PathChoice(DISAGGREGATED, "long_prompt")
+
+
+class AdaptivePaths(PathPolicy):
+    """Estimates from what the workers measure (GetLoad's prefill tokens/s and decode step
+    time; PathConfig's guesses until a worker has measured), in this order:
+
+    1. direct when the decode worker's running streams absorb the prefill within one step
+       of the strictest ITL target: nothing to move, nobody waits;
+    2. else the path with the earlier first token, where the direct path is allowed only
+       for a prompt whose whole prefill stalls the decode worker's streams by at most
+       `max_direct_stall_itls` ITL targets, runs in chunks that keep each step near the
+       target, and pays for that stall in the comparison:
+
+           prefill pool:  (pool backlog + prompt) / pool rate + hand-off
+           direct:        decode backlog / rate + steps x (step + chunk / rate) + stall
+
+       so short prompts go through an idle prefill pool (the decode worker's streams see
+       nothing) and stay on the decode worker while the pool is busy with long ones; long
+       prompts always take the pool (the isolation the pools exist for).
+    """
+
+    def __init__(self, cfg: PathConfig, slo_classes: dict[str, SLOClass]):
+        self.cfg = cfg
+        self.slo_classes = slo_classes
+        self._strictest_itl_s = min(c.itl_ms for c in slo_classes.values()) / 1000
+
+    def choose(self, num_prompt_tokens, slo_class, pools):
+        if not pools.decode:  # the flow fails the request: no prefill for it
+            return PathChoice(DIRECT, "no_decode_worker")
+        n, cfg = num_prompt_tokens, self.cfg
+        decode = min(pools.decode, key=decode_score)
+        step_s = (decode.decode_step_ms or cfg.default_decode_step_ms) / 1000
+        rate = self._rate(decode, pools)
+        backlog = prefill_backlog(decode)
+        room_s = max(0.0, self._strictest_itl_s - step_s)
+        if (backlog + n) / rate <= room_s:
+            return PathChoice(DIRECT, "fits_itl_budget")
+        if not pools.prefill:
+            return PathChoice(DIRECT, NO_PREFILL_WORKER)
+        pool_ttft_s = min(self._prefill_ttft_s(w, n, pools) for w in pools.prefill)
+        stall_s = n / rate
+        if stall_s <= cfg.max_direct_stall_itls * self._strictest_itl_s:
+            chunk = max(cfg.min_direct_chunk_tokens, int(room_s * rate))
+            steps = -(-n // chunk)
+            direct_ttft_s = backlog / rate + steps * step_s + stall_s
+            if direct_ttft_s + stall_s < pool_ttft_s:
+                return PathChoice(DIRECT, "prefill_pool_busy", prefill_chunk_tokens=chunk if chunk < n else 0)
+        if pool_ttft_s <= self.slo_classes[slo_class].ttft_ms / 1000:
+            return PathChoice(DISAGGREGATED, "prefill_pool")
+        return PathChoice(DISAGGREGATED, "prefill_pool_backlogged")
+
+    def _prefill_ttft_s(self, w: WorkerView, n: int, pools: PoolsNow) -> float:
+        return (prefill_backlog(w) + n) / self._rate(w, pools) + self.cfg.kv_handoff_ms / 1000
+
+    def _rate(self, w: WorkerView, pools: PoolsNow) -> float:
+        """The worker's measured prefill rate; before it has one, the best any worker has
+        measured (same hardware, most likely), else the configured guess."""
+        if w.prefill_tokens_per_s > 0:
+            return w.prefill_tokens_per_s
+        measured = [v.prefill_tokens_per_s for v in (*pools.prefill, *pools.decode) if v.prefill_tokens_per_s > 0]
+        return max(measured, default=self.cfg.default_prefill_tokens_per_s)

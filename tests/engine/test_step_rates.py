@@ -1,0 +1,72 @@
+"""The engine's own step-cost estimates, which workers report to the router."""
+from __future__ import annotations
+
+import pytest
+
+from engine import InvalidRequestError, SamplingParams
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.engine_core import EngineCore
+from engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
+
+
+def test_pure_decode_steps_measure_the_decode_step():
+    rates = StepRates()
+    rates.observe(0, 4, 0.05)
+    assert rates.decode_step_s == pytest.approx(0.05) and rates.prefill_tokens_per_s == 0.0
+    rates.observe(0, 4, 0.10)
+    assert 0.05 < rates.decode_step_s < 0.10  # an average that moves toward the new steps
+
+
+def test_prefill_rate_discounts_the_decode_part_of_mixed_steps():
+    rates = StepRates(decode_step_s=0.05)
+    rates.observe(500, 3, 0.55)  # 0.5 s of it prefill
+    assert rates.prefill_tokens_per_s == pytest.approx(1000)
+    alone = StepRates(decode_step_s=0.05)
+    alone.observe(500, 0, 0.5)  # no decode in the step: all of it is prefill
+    assert alone.prefill_tokens_per_s == pytest.approx(1000)
+
+
+def test_small_prefills_and_empty_steps_leave_the_rate_alone():
+    rates = StepRates(decode_step_s=0.05)
+    rates.observe(MIN_PREFILL_TOKENS_FOR_RATE - 1, 3, 0.06)
+    rates.observe(0, 0, 0.01)
+    assert rates.prefill_tokens_per_s == 0.0 and rates.decode_step_s == pytest.approx(0.05)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir):
+    # no prefix caching: the same prompt is computed again, chunk by chunk
+    return EngineCore(EngineConfig(model=tiny_llama_dir, cache=CacheConfig(kv_cache_memory_bytes=8 << 20,
+                                                                           enable_prefix_caching=False),
+                                   scheduler=SchedulerConfig(max_model_len=256)), progress=False)
+
+
+def _run(engine: EngineCore, req_id: str, prompt: list[int], **kwargs) -> tuple[list[int], list[int]]:
+    """The request's tokens, and the prompt tokens each step computed for it."""
+    engine.add_request(req_id, prompt, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), **kwargs)
+    chunks, tokens = [], []
+    while engine.has_unfinished_requests():
+        before = engine.scheduler.requests[req_id].num_computed_tokens if req_id in engine.scheduler.requests else None
+        for out in engine.step():
+            tokens = out.token_ids
+        request = engine.scheduler.requests.get(req_id)
+        if before is not None and before < len(prompt):
+            after = request.num_computed_tokens if request is not None else len(prompt)
+            chunks.append(min(after, len(prompt)) - before)
+    return tokens, chunks
+
+
+def test_engine_reports_measured_rates_in_its_stats(engine):
+    _run(engine, "rates", list(range(1, 100)))
+    stats = engine.stats()
+    assert stats.prefill_tokens_per_s > 0 and stats.decode_step_ms > 0
+
+
+def test_a_request_can_ask_for_smaller_prefill_chunks_with_the_same_tokens(engine):
+    prompt = list(range(3, 103))
+    whole, whole_chunks = _run(engine, "whole", prompt)
+    capped, capped_chunks = _run(engine, "capped", prompt, prefill_chunk_tokens=16)
+    assert whole_chunks == [100] and capped_chunks == [16] * 6 + [4]
+    assert capped == whole
+    with pytest.raises(InvalidRequestError, match="prefill_chunk_tokens"):
+        engine.add_request("bad", prompt, SamplingParams(max_tokens=1), prefill_chunk_tokens=-1)
