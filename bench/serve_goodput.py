@@ -21,6 +21,7 @@ every tested rate had >= 90% goodput, its ratio to colocated, and the requests b
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import sys
@@ -34,7 +35,7 @@ from cli.bench.arrivals import ArrivalConfig  # noqa: E402
 from cli.bench.datasets import DatasetConfig  # noqa: E402
 from cli.bench.local_platform import local_platform  # noqa: E402
 from cli.bench.main import BenchConfig, run_bench  # noqa: E402
-from cli.bench.metrics import SLO  # noqa: E402
+from cli.bench.metrics import SLO, RequestRecord, meets_slo  # noqa: E402
 from cli.bench.targets import TargetConfig  # noqa: E402
 from cli.launcher import PlatformConfig  # noqa: E402
 
@@ -68,7 +69,7 @@ def sweep(mode: str, args, traces: dict[float, tuple[str, int]]) -> dict:
     cfg = PlatformConfig(model=args.model, num_prefill=num_prefill, num_decode=num_decode, cpus_per_worker=1,
                          path_policy=mode, short_prompt_tokens=args.short_prompt_tokens,
                          worker_args=tuple(args.worker_args.split()), prefill_args=tuple(args.prefill_args.split()),
-                         router_args=("--slo-config", slo_path))
+                         router_args=("--slo-config", slo_path, *args.router_args.split()))
     slo = SLO(ttft_s=args.slo_ttft_ms / 1000, tpot_s=args.slo_tpot_ms / 1000)
     out_dir = os.path.join(args.result_dir, mode)
     rows = {}
@@ -90,6 +91,27 @@ def sweep(mode: str, args, traces: dict[float, tuple[str, int]]) -> dict:
             if s["goodput"]["share"] < 0.5:
                 break
     return {"rates": rows, "max_rate_90pct": sustained_rate(rows.values())}
+
+
+def rescore(args) -> dict:
+    """Each mode's share under this SLO, from the per-request files of an earlier run in
+    --result-dir: the same requests, another SLO (no request is re-sent)."""
+    slo = SLO(ttft_s=args.slo_ttft_ms / 1000, tpot_s=args.slo_tpot_ms / 1000)
+    out = {"slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms, "result_dir": args.result_dir}
+    for mode in MODES:
+        rows = {}
+        for path in sorted(glob.glob(os.path.join(args.result_dir, mode, f"{mode}-rate*.json"))):
+            with open(path) as f:
+                run = json.load(f)
+            records = [RequestRecord(**r) for r in run["requests"]]
+            rate = float(os.path.basename(path)[len(mode) + len("-rate"):-len(".json")])
+            good = sum(meets_slo(r, slo) for r in records)
+            rows[f"rate{rate:g}"] = {"rate": rate, "requests": len(records),
+                                     "goodput_share": round(good / len(records), 3) if records else 0.0}
+        if rows:
+            out[mode] = {"rates": dict(sorted(rows.items(), key=lambda kv: kv[1]["rate"])),
+                         "max_rate_90pct": sustained_rate(rows.values())}
+    return out
 
 
 def sustained_rate(rows) -> float:
@@ -119,9 +141,15 @@ def main() -> int:
     p.add_argument("--short-prompt-tokens", type=int, default=256, help="the threshold policy's direct-path limit")
     p.add_argument("--worker-args", default="", help="extra flags for every worker")
     p.add_argument("--prefill-args", default="", help="extra flags for prefill workers")
+    p.add_argument("--router-args", default="", help="extra flags for the router (e.g. '--placement least_loaded')")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-dir", default="/tmp/pdserve-bench/goodput")
+    p.add_argument("--rescore", action="store_true",
+                   help="send nothing: score the per-request files already in --result-dir against this SLO")
     args = p.parse_args()
+    if args.rescore:
+        print(json.dumps(rescore(args)))
+        return 0
     modes = args.modes.split(",")
     if any(m not in MODES for m in modes):
         p.error(f"--modes: known modes are {list(MODES)}")

@@ -5,9 +5,11 @@ Each mode is a `pdserve up` platform of real processes on loopback (cli/bench/
 local_platform.py), each worker pinned to its own core (`--cpus-per-worker`, one torch
 thread per core), the router and kvstore floating:
 
-- disaggregated:          1 prefill + 1 decode worker; the short interactive prompts go
-                          straight to the decode worker (under --short-prompt-tokens), the
-                          long ones through prefill -> kvstore -> decode;
+- disaggregated:          1 prefill + 1 decode worker, the router's default (adaptive)
+                          paths: the interactive prompts through the prefill worker while it
+                          is idle, on the decode worker in small chunks while it is busy;
+                          the long ones through prefill -> kvstore -> decode
+                          (`--router-args "--path-policy threshold"`: the fixed rule);
 - colocated:              2 decode workers and no prefill pool: each worker prefills its
                           own prompts, long ones in chunks of --long-prefill-token-threshold
                           mixed into the decode steps (chunked prefill, the default);
@@ -90,7 +92,8 @@ def measure_mode(mode: str, args) -> dict:
     spec = MODES[mode]
     cfg = PlatformConfig(model=args.model, num_prefill=spec["num_prefill"], num_decode=spec["num_decode"],
                          cpus_per_worker=1, short_prompt_tokens=args.short_prompt_tokens,
-                         worker_args=(*spec["worker_args"], *args.worker_args.split()))
+                         worker_args=(*spec["worker_args"], *args.worker_args.split()),
+                         router_args=tuple(args.router_args.split()))
     out_dir = os.path.join(args.result_dir, mode)
     with local_platform(cfg, os.path.join(out_dir, "platform.log")) as p:
         print(f"{mode}: up, cpus {p.cpus()}", file=sys.stderr, flush=True)
@@ -140,6 +143,7 @@ def main() -> int:
     p.add_argument("--burst-delay-s", type=float, default=5.0, help="the first burst, after the streams start")
     p.add_argument("--short-prompt-tokens", type=int, default=256, help="the router's direct-path threshold")
     p.add_argument("--worker-args", default="", help="extra flags for every worker")
+    p.add_argument("--router-args", default="", help="extra flags for the router (e.g. '--path-policy threshold')")
     p.add_argument("--result-dir", default="/tmp/pdserve-bench/isolation")
     args = p.parse_args()
     modes = args.modes.split(",")

@@ -75,20 +75,28 @@ class UcxKVStoreServer:
             await endpoint.send_obj(frames.error_frame(KVStoreError(grpc.StatusCode.UNKNOWN, repr(e))))
 
     async def _put(self, endpoint, data) -> None:
+        async def parse(frame):
+            return frames.parse(frame, kvstore_pb2.PutRequest)
+        requests = await self._read_put_stream(endpoint, data, frames.PUT, "Put", parse)
+        reply = await _in_thread(self.handlers.put, requests, "ucx")
+        await endpoint.send_obj(frames.frame(frames.PUT_REPLY, reply))
+
+    async def _read_put_stream(self, endpoint, data, kind, name: str, parse) -> list:
+        """The frames of one put stream up to its end frame, each `parse`d; an invalid one
+        is refused after the stream is read to its end, so the next request starts in step."""
         requests, error = [], None
         while frames.kind_of(data) != frames.PUT_END:
-            try:  # keep reading to the end of the stream, so the next request starts in step
-                if frames.kind_of(data) != frames.PUT:
-                    raise InvalidArgument(f"put[{len(requests)}]", "a Put stream holds only Put frames")
-                requests.append(frames.parse(data, kvstore_pb2.PutRequest))
+            try:
+                if frames.kind_of(data) != kind:
+                    raise InvalidArgument(f"put[{len(requests)}]", f"a {name} stream holds only {name} frames")
+                requests.append(await parse(data))
             except InvalidArgument as e:
                 error = error or e
             data = await endpoint.recv_obj()
         if error is not None:
             self.handlers.metrics.puts_rejected_total.labels("invalid").inc()
             raise error
-        reply = await _in_thread(self.handlers.put, requests, "ucx")
-        await endpoint.send_obj(frames.frame(frames.PUT_REPLY, reply))
+        return requests
 
     async def _get(self, endpoint, data) -> None:
         request = frames.parse(data, kvstore_pb2.GetRequest)
@@ -97,24 +105,13 @@ class UcxKVStoreServer:
             await endpoint.send_obj(frames.frame(frames.BLOCK, block))
         await endpoint.send_obj(frames.frame(frames.GET_END))
 
-
     async def _put_blocks(self, endpoint, data) -> None:
         """Q frames, each with its raw data, until E; then one answer."""
-        requests, error = [], None
-        while frames.kind_of(data) != frames.PUT_END:
-            try:  # keep reading to the end of the stream, so the next request starts in step
-                if frames.kind_of(data) != frames.PUT_BLOCKS:
-                    raise InvalidArgument(f"put[{len(requests)}]", "a PutBlocks stream holds only Q frames")
-                sizes = frames.batch_sizes(data)
-                raw = await frames.recv_raw(endpoint, sizes)
-                message = frames.parse_batch_frame(data, kvstore_pb2.PutBlocksRequest, len(sizes))
-                requests.append(Decoded(message, raw))
-            except InvalidArgument as e:
-                error = error or e
-            data = await endpoint.recv_obj()
-        if error is not None:
-            self.handlers.metrics.puts_rejected_total.labels("invalid").inc()
-            raise error
+        async def parse(frame):
+            sizes = frames.batch_sizes(frame)
+            raw = await frames.recv_raw(endpoint, sizes)
+            return Decoded(frames.parse_batch_frame(frame, kvstore_pb2.PutBlocksRequest, len(sizes)), raw)
+        requests = await self._read_put_stream(endpoint, data, frames.PUT_BLOCKS, "PutBlocks", parse)
         reply = await _in_thread(self.handlers.put_blocks, requests, "ucx")
         await endpoint.send_obj(frames.frame(frames.PUT_REPLY, reply))
 

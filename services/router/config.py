@@ -56,7 +56,7 @@ class PathConfig:
     # a prompt may prefill on a decode worker only if its whole prefill stalls the running
     # streams by at most this many (strictest) ITL targets, in chunks of at least:
     max_direct_stall_itls: float = 5.0
-    min_direct_chunk_tokens: int = 32
+    min_direct_chunk_tokens: int = 8
 
     def __post_init__(self) -> None:
         if self.policy not in ("adaptive", "threshold", "colocated"):

@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--path-policy", choices=PATH_POLICIES, default=PathConfig.policy,
                         help="how each request's path is chosen: 'adaptive' from the workers' measured "
                              "rates and load, 'threshold' by --short-prompt-tokens, 'colocated' always direct")
+    parser.add_argument("--min-direct-chunk-tokens", type=int, default=PathConfig.min_direct_chunk_tokens,
+                        help="the adaptive policy: the smallest prefill chunk it asks of a decode worker")
     parser.add_argument("--short-prompt-tokens", type=int, default=RouterConfig.short_prompt_tokens,
                         help="the threshold policy: prompts of at most this many tokens go straight to a decode worker")
     parser.add_argument("--placement", choices=PLACEMENTS, default=RouterConfig.placement,
@@ -80,7 +82,7 @@ def config_from_args(args) -> RouterConfig:
         slo_classes, key=lambda name: slo_classes[name].priority)
     return RouterConfig(
         model=args.model, prefill_addresses=prefill, decode_addresses=decode, kvstore_address=args.kvstore,
-        paths=PathConfig(policy=args.path_policy),
+        paths=PathConfig(policy=args.path_policy, min_direct_chunk_tokens=args.min_direct_chunk_tokens),
         short_prompt_tokens=args.short_prompt_tokens, slo_classes=slo_classes, default_slo_class=default_class,
         max_model_len=args.max_model_len, host=args.host, port=args.port, metrics_port=args.metrics_port,
         poll_interval_s=args.poll_interval_s, retry_after_ms=args.retry_after_ms, placement=args.placement,

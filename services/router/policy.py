@@ -233,8 +233,9 @@ def prefill_load_tokens(w: WorkerView) -> float:
 
 def decode_load_tokens(w: WorkerView) -> float:
     """A decode worker's load in tokens, for placing prompts it prefills itself (the
-    direct path, colocated serving): MostRoomDecode's room terms at PREFILL_BACKLOG_SCALE
-    tokens for a full batch, plus the prompt tokens it reported still to prefill. Not
-    this router's in-flight tokens: on a decode worker those count each stream's whole
-    prompt for as long as it generates, long after its prefill."""
-    return w.num_queued_prefill_tokens + PREFILL_BACKLOG_SCALE * room_terms(w)
+    direct path, colocated serving): MostRoomDecode's score at PREFILL_BACKLOG_SCALE tokens
+    for a full batch, so that with no prefix to reuse both policies choose alike. Its
+    backlog term keeps this router's in-flight prompt tokens for as long as the streams
+    run: measured on the goodput mix (docs/benchmarks.md), leaving them out sent new
+    streams to workers still decoding long prompts and lowered colocated goodput."""
+    return PREFILL_BACKLOG_SCALE * decode_score(w)

@@ -9,7 +9,7 @@ from services.router.cancel import Cancellation
 from services.router.config import SaturationConfig
 from services.router.discovery import PREFILL, StaticDiscovery
 from services.router.kv_index import REMOVED, STORED, BlockNaming, KVIndex, PrefixMatch
-from services.router.policy import (KV_HIT, KV_LOAD, LEAST_LOADED, CountedPolicy, KVAwarePlacement,
+from services.router.policy import (KV_HIT, KV_LOAD, LEAST_LOADED, CountedPolicy, KVAwarePlacement, MostRoomDecode,
                                     SaturationPolicy, decode_load_tokens, kv_saved_tokens, prefill_load_tokens)
 from services.router.pools import Need, Pool
 from services.router.workers import WorkerRegistry, WorkerView
@@ -102,10 +102,15 @@ def test_router_in_flight_tokens_count_as_load():
     assert policy.choose(workers, PROMPT).address == "b"
 
 
-def test_decode_load_uses_room_and_the_reported_backlog_not_whole_streams():
+def test_decode_load_is_most_room_decode_score_in_tokens():
     busy = _w("a", num_running=32, max_num_seqs=64, num_total_kv_blocks=100, num_free_kv_blocks=50,
-              num_queued_prefill_tokens=100, in_flight=32, in_flight_tokens=50_000)
-    assert decode_load_tokens(busy) == 100 + 2048 * (0.5 + 0.5)
+              num_queued_prefill_tokens=100, in_flight=32, in_flight_tokens=5_000)
+    assert decode_load_tokens(busy) == 5_000 + 2048 * (0.5 + 0.5)
+    # with no prefix to reuse anywhere, KV placement picks MostRoomDecode's worker
+    workers = [busy, _w("b", num_running=4, max_num_seqs=64, num_total_kv_blocks=100, num_free_kv_blocks=90,
+                       in_flight_tokens=3_000)]
+    policy = KVAwarePlacement(lambda addresses, token_ids: PrefixMatch({}, 0), decode_load_tokens, 0.5)
+    assert policy.choose(workers, PROMPT).address == MostRoomDecode().choose(workers, PROMPT).address == "b"
 
 
 def test_counted_policy_reports_each_decision_once():

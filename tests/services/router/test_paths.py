@@ -61,7 +61,7 @@ def test_adaptive_uses_measured_rates_not_constants():
 
 
 def test_adaptive_keeps_short_prompts_on_the_decode_worker_while_the_pool_is_busy():
-    paths = AdaptivePaths(PathConfig(), CLASSES)
+    paths = AdaptivePaths(PathConfig(min_direct_chunk_tokens=32), CLASSES)
     busy = [_w("p", prefill_tokens_per_s=1000, num_queued_prefill_tokens=5000)]  # 5 s of queue
     choice = paths.choose(100, "interactive", _pools(prefill=busy))
     # in chunks of 40 tokens: 40 ms of room per step at 1000 tokens/s
