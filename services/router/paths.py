@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.router.config import PathConfig, SLOClass
-from services.router.policy import DIRECT, DISAGGREGATED, decode_score, prefill_backlog
+from services.router.policy import DIRECT, DISAGGREGATED, MostRoomDecode, prefill_backlog
 from services.router.workers import WorkerView
 
 PATH_POLICIES = ("adaptive", "threshold", "colocated")
@@ -99,7 +99,8 @@ class AdaptivePaths(PathPolicy):
         if not pools.decode:  # the flow fails the request: no prefill for it
             return PathChoice(DIRECT, "no_decode_worker")
         n, cfg = num_prompt_tokens, self.cfg
-        decode = min(pools.decode, key=decode_score)
+        # the worker the decode placement picks when no prefix tips it: the one with most room
+        decode = MostRoomDecode().choose(pools.decode)
         step_s = (decode.decode_step_ms or cfg.default_decode_step_ms) / 1000
         rate = self._rate(decode, pools)
         backlog = prefill_backlog(decode)
