@@ -18,5 +18,15 @@ def tiny_llama_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny(tiny_llama_dir):
+    """The tiny Llama loaded once per session: in-process workers only read its weights."""
+    import torch
+
+    from engine.model.loader import load_model
+    from engine.model.source import resolve_model
+    return load_model(resolve_model(tiny_llama_dir), torch.float32, "cpu", progress=False)
+
+
+@pytest.fixture(scope="session")
 def smollm2_path() -> str:
     return smollm2_gguf_path()

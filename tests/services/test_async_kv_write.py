@@ -7,22 +7,14 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 
 from engine import LLM, SamplingParams
-from engine.model.loader import load_model
-from engine.model.source import resolve_model
 from services.kvstore.client import KVStoreFullError
 from tests.services.cluster import start_cluster
 from tests.services.test_disaggregated import LONG, MAX_TOKENS, _decode_direct, _prefill_direct, _tokens, \
     assert_nothing_leaked
 
 WRITE_DELAY_S = 1.0
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_llama_dir):
-    return load_model(resolve_model(tiny_llama_dir), torch.float32, "cpu", progress=False)
 
 
 @pytest.fixture(scope="module")

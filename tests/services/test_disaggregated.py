@@ -25,11 +25,6 @@ LONG = [list(range(1000, 1100)), list(range(2000, 2077)), list(range(1000, 1060)
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_llama_dir):
-    return load_model(resolve_model(tiny_llama_dir), torch.float32, "cpu", progress=False)
-
-
-@pytest.fixture(scope="module")
 def offline(tiny, tiny_llama_dir):
     llm = LLM(tiny_llama_dir, loaded_model=tiny, progress=False)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import time
 
-import pytest
-import torch
 
 from engine import SamplingParams
-from engine.model.loader import load_model
-from engine.model.source import resolve_model
 from services.common.convert import sampling_to_proto
 from services.common.grpc_server import channel
 from services.pb import prefill_pb2, prefill_pb2_grpc
@@ -19,11 +15,6 @@ from tests.services.cluster import start_cluster
 
 DOCUMENT = list(range(1000, 1160))       # 10 blocks of 16
 FOLLOW_UP = DOCUMENT + list(range(3000, 3020))
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_llama_dir):
-    return load_model(resolve_model(tiny_llama_dir), torch.float32, "cpu", progress=False)
 
 
 def _wait_for(condition, timeout_s: float = 10.0) -> None:

@@ -4,18 +4,10 @@ which every answer is compared with."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from engine import LLM
-from engine.model.loader import load_model
-from engine.model.source import resolve_model
 from tests.services.router.http.support import start_http_cluster, sync_client
 from tests.services.test_disaggregated import assert_nothing_leaked
-
-
-@pytest.fixture(scope="package")
-def tiny(tiny_llama_dir):
-    return load_model(resolve_model(tiny_llama_dir), torch.float32, "cpu", progress=False)
 
 
 @pytest.fixture(scope="package")
