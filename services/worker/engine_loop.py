@@ -5,10 +5,13 @@ the loop thread runs between two steps. Each request's outputs go to its own que
 RPC thread that submitted it reads them. Steps continue while RPC threads do slow I/O
 (fetching KV from the kvstore, writing it back), so no transfer stalls the running batch.
 RPC threads read only `info` (immutable) and `stats` (a frozen snapshot, replaced after
-each step), never the engine.
+each step), never the engine, and never an output the engine will change again: the
+engine reuses one RequestOutput per request and overwrites its step fields (the new
+tokens and text, the finish state) every step, so a stream gets a copy of each step's.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -111,7 +114,7 @@ class EngineLoop:
         stream = self._streams.get(out.req_id)
         if stream is None:
             return
-        stream.put(out)
+        stream.put(step_output(out))
         if out.finished:
             stream.put(None)
             del self._streams[out.req_id]
@@ -120,3 +123,15 @@ class EngineLoop:
         for req_id in list(self._streams):
             self._engine.abort_request(req_id)
             self._streams.pop(req_id).put(None)
+
+
+def step_output(out: RequestOutput) -> RequestOutput:
+    """This step's output as the engine will not change it. A reader that lags a step
+    behind the loop would otherwise read the next step's tokens (a token lost, another
+    sent twice) or an earlier step as the last. A finished output is no longer the
+    engine's; an unfinished one is copied with this step's logprobs only (its `token_ids`
+    stays the engine's growing list: read the step's `new_token_ids`)."""
+    if out.finished:
+        return out
+    logprobs = out.logprobs[len(out.logprobs) - len(out.new_token_ids):] if out.logprobs else out.logprobs
+    return dataclasses.replace(out, logprobs=logprobs)
