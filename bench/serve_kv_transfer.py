@@ -26,7 +26,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.kv_transfer import KVPayload  # noqa: E402
+from engine.dtypes import dtype_name  # noqa: E402
+from engine.kv_transfer import KVLayout, KVPayload  # noqa: E402
 from services.worker.kv_wire import block_from_proto, block_to_proto, payload_from_batches, payload_to_put  # noqa: E402
 from services.kvstore.client import KVStoreClient  # noqa: E402
 from services.kvstore.server import KVStoreConfig, serve  # noqa: E402
@@ -76,12 +77,12 @@ def store_mbps(client: KVStoreClient, payload: KVPayload, repeats: int) -> tuple
     put_s = get_s = 0.0
     for _ in range(repeats):
         t = time.perf_counter()
-        headers, data = payload_to_put(payload, 16, tail_key="")
+        layout = KVLayout.of("bench", dtype_name(payload.blocks.dtype), tuple(payload.blocks.shape[1:]))
+        headers, data = payload_to_put(payload, layout, tail_key="")
         client.put_blocks(headers, data)
         put_s += time.perf_counter() - t
         t = time.perf_counter()
-        got = payload_from_batches(client.get_blocks(payload.block_hashes), payload.block_hashes, 16,
-                                   payload.num_tokens)
+        got = payload_from_batches(client.get_blocks(payload.block_hashes), payload.block_hashes, layout).payload
         get_s += time.perf_counter() - t
         assert got is not None and got.num_blocks == payload.num_blocks
     assert torch.equal(got.blocks, payload.blocks)

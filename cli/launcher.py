@@ -2,8 +2,9 @@
 
 kvstore, N prefill workers, M decode workers and the router, each a `pdserve <role>`
 process. Like a cluster giving each pod its own GPU, each worker gets its own CPU cores
-(affinity and torch threads). Logs are streamed with a per-process prefix; Ctrl-C, or
-any process dying, stops them all.
+(affinity and torch threads). Logs are streamed with a per-process prefix. A process that
+dies is restarted on its own port while the rest keep serving (cli/supervisor.py);
+Ctrl-C (or SIGTERM) of `pdserve up` itself drains and stops them all.
 
 Startup waits on gRPC health only: kvstore and workers first, each until its own health
 service says SERVING; then the router, whose first load poll (made before it serves) so
@@ -12,6 +13,7 @@ sees every worker, until its health says it is ready (services/router/readiness.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -19,12 +21,17 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from services.common.defaults import (DEFAULT_MODEL, HOST, KVSTORE_PORT, METRICS_BASE_PORT, PREFILL_PORT,
+from services.common.defaults import (DEFAULT_MODEL, DRAIN_TIMEOUT_S, HOST, KVSTORE_PORT, METRICS_BASE_PORT, PREFILL_PORT,
                                       ROUTER_HTTP_PORT, ROUTER_PORT)
+from services.common.auth import INTERNAL_TOKEN_ENV
 from services.common.grpc_server import is_serving
 from services.router.config import PathConfig, RouterConfig
+from cli.supervisor import Supervisor
 
 ROUTER = "router"
+KVSTORE = "kvstore"
+# On stop: the processes' own drain (their --drain-timeout-s default), plus time to exit
+STOP_GRACE_S = DRAIN_TIMEOUT_S + 5.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,9 @@ class PlatformConfig:
     prefill_args: tuple[str, ...] = ()  # after worker_args, for prefill workers only
     router_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
+    # every process of this platform requires (and sends) it on the internal ports; fresh
+    # per platform, handed over in the environment (never argv: `ps` shows that to everyone)
+    internal_token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
 
 
 @dataclass
@@ -55,6 +65,7 @@ class ProcessSpec:
     address: str
     metrics_port: int
     cpus: list[int] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict, repr=False)  # on top of the launcher's own
 
 
 def split_cpus(available: list[int], num_workers: int, per_worker: int | None) -> list[list[int]]:
@@ -98,6 +109,8 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
         router += ["--prefill", ",".join(addresses["prefill"])]
     router += ["--http-port", "off" if cfg.http_port is None else str(cfg.http_port), *cfg.router_args]
     specs.append(ProcessSpec(ROUTER, router, f"{cfg.host}:{cfg.router_port}", router_metrics))
+    for spec in specs:
+        spec.env[INTERNAL_TOKEN_ENV] = cfg.internal_token
     return specs
 
 
@@ -106,6 +119,7 @@ class Platform:
         self.specs = specs
         self.out = out
         self.procs: dict[str, subprocess.Popen] = {}
+        self.started: dict[str, float] = {}  # when each process was last started (monotonic)
         self._print_lock = threading.Lock()
 
     def start(self, timeout_s: float) -> None:
@@ -120,12 +134,13 @@ class Platform:
             self._wait_serving(group, deadline, timeout_s)
 
     def _spawn(self, spec: ProcessSpec) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **spec.env)
         if spec.cpus:
             env["OMP_NUM_THREADS"] = str(len(spec.cpus))
         cpus = spec.cpus
         proc = subprocess.Popen(spec.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+        self.started[spec.name] = time.monotonic()
         threading.Thread(target=self._pump, args=(spec.name, proc), daemon=True).start()
         return proc
 
@@ -151,17 +166,34 @@ class Platform:
     def dead(self) -> str | None:
         return next((n for n, p in self.procs.items() if p.poll() is not None), None)
 
-    def stop(self, grace_s: float = 10.0) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    def restart(self, name: str) -> subprocess.Popen:
+        """Start `name` again as planned: same argv, same port (the supervisor calls it)."""
+        spec = next(s for s in self.specs if s.name == name)
+        self.procs[name] = self._spawn(spec)
+        return self.procs[name]
+
+    def serving(self, name: str) -> bool:
+        """Whether `name` says SERVING on its gRPC health service (the router: ready)."""
+        return is_serving(next(s for s in self.specs if s.name == name).address, timeout=0.5)
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM in order, each group drained before the next: the router first (its
+        streams finish on workers still running), then the workers (a prefill's last KV
+        writes reach a kvstore still running), then the kvstore. What still runs after
+        `grace_s` (per group) is killed."""
+        workers = [s.name for s in self.specs if s.name not in (ROUTER, KVSTORE)]
+        for group in ([ROUTER], workers, [KVSTORE]):
+            procs = [self.procs[name] for name in group if name in self.procs]
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            for proc in procs:
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
 
 def run_platform(cfg: PlatformConfig) -> int:
@@ -171,14 +203,14 @@ def run_platform(cfg: PlatformConfig) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         platform.start(cfg.startup_timeout_s)
-        _print_endpoints(platform.specs, cfg)
+        _print_endpoints(platform, cfg)
+        supervisor = Supervisor(platform)  # from now on a process that dies is restarted
         while not stop.is_set():
-            dead = platform.dead()
-            if dead:
-                print(f"pdserve up: {dead} exited (code {platform.procs[dead].returncode}); stopping all",
-                      file=sys.stderr)
+            supervisor.tick()
+            if ROUTER in supervisor.gave_up:  # every request enters through it
+                print("pdserve up: error: the router stays down, nothing can serve; stopping all", file=sys.stderr)
                 return 1
-            stop.wait(0.5)
+            stop.wait(0.2)
         return 0
     except (RuntimeError, TimeoutError) as e:
         print(f"pdserve up: error: {e}", file=sys.stderr)
@@ -187,11 +219,12 @@ def run_platform(cfg: PlatformConfig) -> int:
         platform.stop()
 
 
-def _print_endpoints(specs: list[ProcessSpec], cfg: PlatformConfig) -> None:
+def _print_endpoints(platform: Platform, cfg: PlatformConfig) -> None:
     lines = ["pdserve is up:"]
-    for s in specs:
+    for s in platform.specs:
         cpus = f"  cpus {s.cpus}" if s.cpus else ""
-        lines.append(f"  {s.name:<10} grpc {s.address:<18} metrics http://{cfg.host}:{s.metrics_port}/metrics{cpus}")
+        lines.append(f"  {s.name:<10} grpc {s.address:<18} metrics http://{cfg.host}:{s.metrics_port}/metrics"
+                     f"  pid {platform.procs[s.name].pid}{cpus}")
     if cfg.http_port is not None:
         lines.append(f"  OpenAI API  http://{cfg.host}:{cfg.http_port}/v1")
     lines.append(f"try: pdserve generate --url {cfg.host}:{cfg.router_port} --prompt 'Hello'   (Ctrl-C stops all)")

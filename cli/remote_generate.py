@@ -2,15 +2,21 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import grpc
 
+from services.common.tls import ClientTLS
 from services.router.client import RouterClient
+from services.router.http.config import API_KEY_ENV
 
 
 def generate_remote(args, params) -> int:
-    client = RouterClient(args.url)
+    # the API key and a TLS router's CA from the environment, as the chart's `helm test` pod sets them
+    ca_file = os.environ.get("PDSERVE_TLS_CA_FILE")
+    client = RouterClient(args.url, api_key=os.environ.get(API_KEY_ENV) or None,
+                          tls=ClientTLS(ca_file) if ca_file else None)
     prompt = args.prompt
     if args.chat:
         from engine import load_tokenizer

@@ -1,9 +1,28 @@
 """A conversation as a prompt: the model's chat template, applied the same way by the
 offline `LLM.chat`, `pdserve generate --chat` and the router's /v1/chat/completions, so the
-three send a model the same tokens for the same messages."""
+three send a model the same tokens for the same messages.
+
+What a user writes stays text. A message whose content spells a control token (say
+"<|im_start|>system") would, tokenized with the rendered prompt, become that token and open
+a turn the user may not open. Such a content is tokenized on its own with special tokens
+split (as OpenAI treats them: plain text); the template's own parts keep theirs:
+
+    rendered with markers:  <|im_start|>user\\n  [content 0]  <|im_end|>\\n<|im_start|>assistant\\n
+                            └ template: specials ┘ └ plain ┘  └ template: specials ──────────────┘
+
+Plain text rather than a refusal: a user may quote such text (a question about chat
+templates, a pasted log) and deserves an answer. Contents without control-token text take
+the usual path (the rendered prompt tokenized whole), so their tokens are unchanged. A
+refusal is left only for a template that rewrites contents (trims them, say), where the
+split cannot be proven exact.
+"""
 from __future__ import annotations
 
+import uuid
+
 from engine.errors import InvalidRequestError
+
+ROLES = ("system", "user", "assistant", "tool")
 
 
 def render_chat_prompt(tokenizer, conversation: list[dict]) -> str:
@@ -14,6 +33,8 @@ def render_chat_prompt(tokenizer, conversation: list[dict]) -> str:
         raise InvalidRequestError("messages", "this model has no chat template")
     if not all(isinstance(m, dict) and "role" in m and "content" in m for m in conversation):
         raise InvalidRequestError("messages", "each message needs 'role' and 'content'")
+    for i, message in enumerate(conversation):
+        _check_message(i, message)
     try:
         return tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
     except Exception as e:  # the template's own checks (e.g. role order) raise from Jinja
@@ -24,4 +45,73 @@ def encode_chat_prompt(tokenizer, conversation: list[dict]) -> tuple[str, list[i
     """The rendered prompt and its token ids. No special tokens are added: the template
     already wrote them (a second BOS would change the model's answer)."""
     text = render_chat_prompt(tokenizer, conversation)
-    return text, list(tokenizer.encode(text, add_special_tokens=False))
+    specials = _special_tokens(tokenizer)
+    spelled = [_control_text(specials, m["content"]) for m in conversation]
+    if not any(spelled):
+        return text, list(tokenizer.encode(text, add_special_tokens=False))
+    return text, _encode_contents_plain(tokenizer, conversation, text, spelled)
+
+
+def _check_message(index: int, message: dict) -> None:
+    if message["role"] not in ROLES:
+        role = str(message["role"])[:40]
+        raise InvalidRequestError(f"messages[{index}].role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+    content = message["content"]
+    if isinstance(content, str):
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError:  # JSON's "\ud800": half a UTF-16 pair, not text
+            raise InvalidRequestError(f"messages[{index}].content", "holds a lone UTF-16 surrogate") from None
+
+
+def _control_text(specials: list[str], content) -> str | None:
+    """The first special token whose text `content` spells, if any."""
+    if not isinstance(content, str):
+        return None
+    return next((t for t in specials if t in content), None)
+
+
+def _special_tokens(tokenizer) -> list[str]:
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    tokens = {t.content for t in added.values() if getattr(t, "special", False)}
+    return sorted(tokens | set(getattr(tokenizer, "all_special_tokens", ()) or ()))
+
+
+def _encode_contents_plain(tokenizer, conversation: list[dict], text: str, spelled: list[str | None]) -> list[int]:
+    """Render with a unique marker in place of each content; the pieces between markers are
+    the template's own. Exact only if those pieces and the contents rebuild `text`."""
+    nonce = uuid.uuid4().hex
+    markers = [f"\x00{nonce}:{i}\x00" for i in range(len(conversation))]
+    marked = [dict(m, content=markers[i]) if isinstance(m["content"], str) else m for i, m in enumerate(conversation)]
+    pieces = _split_at_markers(render_chat_prompt(tokenizer, marked), markers)
+    if pieces is None or "".join(p if i is None else conversation[i]["content"] for p, i in pieces) != text:
+        index = next(i for i, token in enumerate(spelled) if token)
+        raise InvalidRequestError(f"messages[{index}].content", f"spells the control token {spelled[index]!r}, "
+                                  f"which this model's chat template cannot keep apart from its own: remove it")
+    ids: list[int] = []
+    for piece, index in pieces:
+        if index is None:
+            ids += tokenizer.encode(piece, add_special_tokens=False)
+        else:
+            ids += tokenizer.encode(conversation[index]["content"], add_special_tokens=False,
+                                    split_special_tokens=True)
+    return ids
+
+
+def _split_at_markers(rendered: str, markers: list[str]) -> list[tuple[str, int | None]] | None:
+    """[(template text, None) | ("", message index)] in order; None if a marker is missing
+    or repeated (the template dropped or copied a content)."""
+    pieces: list[tuple[str, int | None]] = []
+    rest = rendered
+    while True:
+        hits = [(rest.find(m), i) for i, m in enumerate(markers) if m in rest]
+        if not hits:
+            break
+        at, index = min(hits)
+        pieces += [(rest[:at], None), ("", index)]
+        rest = rest[at + len(markers[index]):]
+    pieces.append((rest, None))
+    found = [i for _, i in pieces if i is not None]
+    if len(found) != len(set(found)):
+        return None
+    return [(p, i) for p, i in pieces if p or i is not None]

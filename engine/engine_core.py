@@ -9,7 +9,7 @@ import torch
 
 from engine.attention.backend import get_attention_backend
 from engine.config import EngineConfig, SchedulerConfig
-from engine.core.block_hash import model_fingerprint
+from engine.core.block_hash import check_cache_salt, model_fingerprint
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.kv_events import KVEvents
 from engine.core.scheduler import Scheduler
@@ -21,7 +21,8 @@ from engine.model.source import resolve_model
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.request import Request, RequestMode, RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.kv_transfer import KVPayload
+from engine.dtypes import dtype_name
+from engine.kv_transfer import KVLayout, KVPayload
 from engine.stats import EngineStats
 from engine.step_rates import StepRates
 from engine.validation import validate_mode, validate_request, validate_transfer
@@ -58,9 +59,10 @@ class EngineCore:
         if config.cuda_graph_batch_sizes:
             self.runner.capture_decode_graphs(config.cuda_graph_batch_sizes, self.max_model_len,
                                               self.scheduler.config.max_num_seqs)
+        block_shape = (arch.num_layers, 2, cache.block_size, arch.num_kv_heads, arch.head_dim)
         self.info = EngineInfo(cache.block_size, self.max_model_len, arch.vocab_size,
-                               self.scheduler.config.max_num_seqs, self.root_hash,
-                               (arch.num_layers, 2, cache.block_size, arch.num_kv_heads, arch.head_dim))
+                               self.scheduler.config.max_num_seqs, self.root_hash, block_shape,
+                               KVLayout(self.source.model_id, dtype_name(self.dtype), block_shape, self.root_hash))
         self._outputs: dict[str, RequestOutput] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._aborted: list[RequestOutput] = []
@@ -88,7 +90,7 @@ class EngineCore:
     def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None = None, *, mode: RequestMode = RequestMode.COLOCATED,
                     output_token_ids: list[int] = (), kv_import: KVPayload | None = None,
-                    priority: int = 0, prefill_chunk_tokens: int = 0) -> None:
+                    priority: int = 0, prefill_chunk_tokens: int = 0, cache_salt: str = "") -> None:
         """Validate and queue a request; a bad one raises InvalidRequestError and changes nothing.
 
         Disaggregated serving (see RequestMode): a prefill worker adds PREFILL_ONLY requests
@@ -96,6 +98,7 @@ class EngineCore:
         `kv_import`; a decode worker adds DECODE_ONLY ones, with the tokens the prefill
         emitted as `output_token_ids` and the prompt's KV as `kv_import`.
         `prefill_chunk_tokens` caps this request's prefill chunks below the engine's own.
+        `cache_salt`: the request shares cached KV only with requests of the same salt.
         """
         info = self.info
         validate_request(req_id, prompt_token_ids, params, info.max_model_len, info.vocab_size, self._outputs)
@@ -103,9 +106,11 @@ class EngineCore:
         validate_transfer(prompt_token_ids, output_token_ids, kv_import, info.kv_block_shape, info.vocab_size)
         if prefill_chunk_tokens < 0:
             raise InvalidRequestError("prefill_chunk_tokens", f"must be >= 0 (0: no cap), got {prefill_chunk_tokens}")
+        if (problem := check_cache_salt(cache_salt)) is not None:
+            raise InvalidRequestError("cache_salt", problem)
         request = Request(req_id, prompt_token_ids, params, self.loaded.eos_token_ids,
                           output_token_ids=output_token_ids, kv_import=kv_import, mode=mode, priority=priority,
-                          prefill_chunk_tokens=prefill_chunk_tokens)
+                          prefill_chunk_tokens=prefill_chunk_tokens, cache_salt=cache_salt)
         # the output covers the whole completion, tokens produced elsewhere included
         out = RequestOutput(req_id, prompt, list(prompt_token_ids), token_ids=list(output_token_ids),
                             logprobs=[] if params.logprobs is not None else None, arrival_time=time.monotonic())

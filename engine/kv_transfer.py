@@ -9,11 +9,39 @@ The last block may be partial (the request's tail block); its unused slots are i
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.core.block_hash import kv_layout_fingerprint
+from engine.dtypes import DTYPE_SIZES
+
 if TYPE_CHECKING:  # the scheduler side stays free of torch
     import torch
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What every KV block of one engine is. A block that comes from elsewhere (the kvstore)
+    enters the cache only when its header says exactly this (services/worker/kv_integrity.py)."""
+    model_id: str
+    dtype: str                     # as engine.dtypes names it: "float32", ...
+    block_shape: tuple[int, ...]   # [num_layers, 2, block_size, num_kv_heads, head_dim]
+    fingerprint: bytes             # the root of every block hash (engine/core/block_hash.py)
+
+    @classmethod
+    def of(cls, model_id: str, dtype: str, block_shape: tuple[int, ...]) -> KVLayout:
+        """The layout of `model_id`'s blocks in `dtype`, its fingerprint computed."""
+        block_shape = tuple(block_shape)
+        return cls(model_id, dtype, block_shape, kv_layout_fingerprint(model_id, dtype, block_shape))
+
+    @property
+    def block_size(self) -> int:
+        return self.block_shape[2]
+
+    @property
+    def block_nbytes(self) -> int:
+        return math.prod(self.block_shape) * DTYPE_SIZES[self.dtype]
 
 
 @dataclass

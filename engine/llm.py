@@ -8,6 +8,7 @@ from tqdm.auto import tqdm
 
 from engine.chat import encode_chat_prompt, render_chat_prompt
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.core.block_hash import check_cache_salt
 from engine.engine_core import EngineCore
 from engine.errors import InvalidRequestError
 from engine.model.loader import LoadedModel
@@ -45,7 +46,9 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """One output per prompt, in order. All prompts are validated before any is queued."""
+        """One output per prompt, in order. All prompts are validated before any is queued.
+        A dict prompt may carry "cache_salt" (as in vLLM): it shares cached KV only with
+        prompts of the same salt."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         elif not isinstance(prompts, Sequence):
@@ -53,7 +56,8 @@ class LLM:
                                                 f"{type(prompts).__name__}")
         params = self._params_per_prompt(sampling_params, len(prompts))
         encoded = [self._encode(p, i) for i, p in enumerate(prompts)]
-        return self._run([(text, ids) for text, ids in encoded], params, use_tqdm)
+        salts = [p.get("cache_salt", "") if isinstance(p, dict) else "" for p in prompts]
+        return self._run([(text, ids) for text, ids in encoded], params, use_tqdm, salts)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -90,13 +94,16 @@ class LLM:
                                             "'prompt' or 'prompt_token_ids'")
 
     def _run(self, encoded: list[tuple[str | None, list[int]]], params: list[SamplingParams],
-             use_tqdm: bool) -> list[RequestOutput]:
+             use_tqdm: bool, salts: Sequence[str] = ()) -> list[RequestOutput]:
         engine = self.engine
         req_ids = [f"llm-{next(self._ids)}" for _ in encoded]
-        for (_, ids), p in zip(encoded, params):
+        salts = list(salts) or [""] * len(encoded)
+        for (_, ids), p, salt in zip(encoded, params, salts):
             engine.validate(ids, p)
-        for req_id, (text, ids), p in zip(req_ids, encoded, params):
-            engine.add_request(req_id, ids, p, prompt=text)
+            if (problem := check_cache_salt(salt)) is not None:
+                raise InvalidRequestError("cache_salt", problem)
+        for req_id, (text, ids), p, salt in zip(req_ids, encoded, params, salts):
+            engine.add_request(req_id, ids, p, prompt=text, cache_salt=salt)
         finished: dict[str, RequestOutput] = {}
         wanted = set(req_ids)
         with tqdm(total=len(req_ids), desc="Generating", disable=not use_tqdm) as bar:

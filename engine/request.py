@@ -41,7 +41,8 @@ class Request:
     def __init__(self, req_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_ids: frozenset[int] = frozenset(), arrival_time: float | None = None,
                  output_token_ids: list[int] = (), kv_import: KVPayload | None = None,
-                 mode: RequestMode = RequestMode.COLOCATED, priority: int = 0, prefill_chunk_tokens: int = 0):
+                 mode: RequestMode = RequestMode.COLOCATED, priority: int = 0, prefill_chunk_tokens: int = 0,
+                 cache_salt: str = ""):
         self.req_id = req_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -58,6 +59,8 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit at first scheduling; -1 until then
         self.num_preemptions = 0
+        # mixed into the first block hash: only requests with the same salt share cached KV
+        self.cache_salt = cache_salt
         self.block_hashes: list[bytes] = []
         self.stop_reason: int | str | None = None
 

@@ -33,7 +33,7 @@ class KVCacheManager:
         if len(hashes) < num_blocks:
             parent = hashes[-1] if hashes else None
             hashes.extend(hash_full_blocks(self.root_hash, request.all_token_ids[:num_blocks * self.block_size],
-                                           self.block_size, parent, len(hashes)))
+                                           self.block_size, parent, len(hashes), request.cache_salt))
         return hashes[:num_blocks]
 
     def find_longest_cache_hit(self, block_hashes: list[BlockHash]) -> list[KVCacheBlock]:

@@ -1,11 +1,23 @@
-"""Turning logits into tokens: greedy, or temperature with top-k / top-p / min-p filters."""
+"""Turning logits into tokens: greedy, or temperature with top-k / top-p / min-p filters.
+
+A seeded request's draw depends only on (seed, position): the token at sequence position
+p is sampled with noise hashed from the seed and p, never from a generator's running
+state. So any engine continues a seeded request exactly where another left off (the
+prefill worker samples the first token, a decode worker the rest, a migrated request
+resumes on a third) and preemption by recompute repeats nothing. Unseeded rows draw from
+the engine's one generator, all in one call.
+"""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
 
 from engine.sampling_params import SamplingParams
+
+_MASK32 = 0xFFFFFFFF
+_MIX32 = 0x45D9F3B  # < 2^31: a 32-bit value times it stays within int64
 
 
 @dataclass
@@ -15,18 +27,54 @@ class SamplerOutput:
     logprobs: list[tuple[float, dict[int, float]] | None]
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None], default_generator: torch.Generator) -> SamplerOutput:
-    """logits: [num_rows, vocab] float32, one row per sampling request."""
+def sample(logits: torch.Tensor, params: list[SamplingParams], positions: list[int],
+           default_generator: torch.Generator) -> SamplerOutput:
+    """logits: [num_rows, vocab] float32, one row per sampling request; positions[i]: the
+    sequence position of the token row i samples (its number of tokens so far)."""
     token_ids = logits.argmax(dim=-1)
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if random_rows:
         probs = _filtered_probs(logits[random_rows], [params[i] for i in random_rows])
-        for row, i in enumerate(random_rows):
-            gen = generators[i] or default_generator
-            token_ids[i] = torch.multinomial(probs[row], 1, generator=gen)[0]
+        seeded = [row for row, i in enumerate(random_rows) if params[i].seed is not None]
+        unseeded = [row for row, i in enumerate(random_rows) if params[i].seed is None]
+        picked = torch.empty(len(random_rows), dtype=token_ids.dtype, device=logits.device)
+        if unseeded:
+            picked[unseeded] = torch.multinomial(probs[unseeded], 1, generator=default_generator)[:, 0]
+        if seeded:
+            keys = [(params[random_rows[row]].seed, positions[random_rows[row]]) for row in seeded]
+            picked[seeded] = seeded_sample(probs[seeded], keys)
+        token_ids[random_rows] = picked
     ids = token_ids.tolist()
     return SamplerOutput(ids, _logprobs(logits, params, ids))
+
+
+def seeded_sample(probs: torch.Tensor, keys: list[tuple[int, int]]) -> torch.Tensor:
+    """One token per row of `probs` [rows, vocab], drawn with the noise of its (seed,
+    position) key: the exponential race argmax(p / E), E ~ Exp(1) per token, picks token
+    v with probability p[v] (the Gumbel-max trick), and E comes from a counter-based hash,
+    so the same key always gives the same draw, whatever else is in the batch."""
+    vocab = probs.shape[-1]
+    k1, k2 = torch.tensor([_row_key(seed, pos) for seed, pos in keys], dtype=torch.int64,
+                          device=probs.device).unbind(-1)
+    v = torch.arange(vocab, dtype=torch.int64, device=probs.device)
+    h = _mix32(_mix32(v[None, :] ^ k1[:, None]) ^ k2[:, None])
+    uniform = (h.to(torch.float64) + 0.5) / 2.0 ** 32  # in (0, 1)
+    exponential = -torch.log(uniform)
+    return (probs.to(torch.float64) / exponential).argmax(dim=-1)
+
+
+def _row_key(seed: int, position: int) -> tuple[int, int]:
+    """Two 32-bit keys from (seed, position); a cryptographic hash so nearby seeds and
+    positions give unrelated noise."""
+    digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest[:4], "little"), int.from_bytes(digest[4:], "little")
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xor-shift-multiply) on int64 tensors holding 32-bit values."""
+    x = (((x >> 16) ^ x) * _MIX32) & _MASK32
+    x = (((x >> 16) ^ x) * _MIX32) & _MASK32
+    return (x >> 16) ^ x
 
 
 def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -23,7 +23,6 @@ class CachedRequestState:
     token_ids: list[int]
     block_ids: list[int]
     sampling_params: SamplingParams
-    generator: torch.Generator | None
     num_computed_tokens: int = 0
 
 
@@ -66,7 +65,8 @@ class ModelRunner:
         if logits is None:
             logits = self._forward(batch.input_ids, batch.positions, batch.meta, batch.logits_indices)
         states = [self.requests[r] for r in batch.sampling_req_ids]
-        sampled = sample(logits, [s.sampling_params for s in states], [s.generator for s in states],
+        # a seeded draw depends on the position of the token it samples (see engine/sample)
+        sampled = sample(logits, [s.sampling_params for s in states], [len(s.token_ids) for s in states],
                          self.default_generator)
         out = ModelRunnerOutput()
         for state, token_id, logprob in zip(states, sampled.token_ids, sampled.logprobs):
@@ -88,21 +88,13 @@ class ModelRunner:
             self.requests.pop(req_id, None)
         for new in sched.scheduled_new_reqs:
             self.requests[new.req_id] = CachedRequestState(
-                new.req_id, list(new.token_ids), list(new.block_ids), new.sampling_params,
-                self._generator(new.sampling_params), new.num_computed_tokens)
+                new.req_id, list(new.token_ids), list(new.block_ids), new.sampling_params, new.num_computed_tokens)
             if new.kv_load is not None:
                 import_blocks(self.kv_caches, new.kv_load.block_ids, new.kv_load.blocks)
         for cached in sched.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
             state.block_ids.extend(cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
-
-    def _generator(self, params: SamplingParams) -> torch.Generator | None:
-        if params.seed is None:
-            return None
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(params.seed)
-        return gen
 
     def _prepare_inputs(self, sched: SchedulerOutput) -> StepBatch:
         # decodes first: the attention backend batches them together

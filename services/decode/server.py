@@ -1,6 +1,7 @@
 """The decode worker: the engine behind DecodeWorker.Decode.
 
-A continuation (first_token_id + kv_handle) pulls its prompt's blocks from the kvstore on
+A continuation (first_token_id + kv_handle; or a resumed request's output_token_ids,
+whose handle may be empty or partly evicted) pulls its prompt's blocks from the kvstore on
 the RPC thread while the engine keeps stepping, then joins the running batch as a
 decode-only request with the KV imported; a block the store no longer has is recomputed
 (the engine computes whatever the import does not cover). A short prompt (no handle) is
@@ -21,9 +22,10 @@ from services.kvstore.client import KVStoreClient
 from services.pb import common_pb2, decode_pb2_grpc
 from services.worker.config import WorkerConfig
 from services.worker.engine_loop import EngineLoop
+from services.worker.kv_integrity import KVSTORE_ADDRESS
 from services.worker.kv_wire import payload_from_batches
 from services.worker.metrics import WorkerMetrics
-from services.worker.runtime import RunningWorker, serve_worker
+from services.worker.runtime import KVSTORE_CHANNEL_OPTIONS, RunningWorker, serve_worker
 from services.worker.servicer import AdmittedRequest, WorkerServicer, now
 
 logger = logging.getLogger(__name__)
@@ -40,41 +42,66 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
 
     def Decode(self, request, context):
         req = self.admit(request, context)
-        continuation = request.HasField("first_token_id")
-        first = [request.first_token_id] if continuation else []
-        kv_import, kv_read_s = self._pull_kv(request) if continuation else (None, 0.0)
+        first = _tokens_given(request, context)
+        continuation = bool(first)
+        kv_import, kv_read_s = self._pull_kv(request, req, first) if continuation else (None, 0.0)
         mode = RequestMode.DECODE_ONLY if continuation else RequestMode.COLOCATED
         try:
             stream = self.loop.submit(req.req_id, req.prompt_token_ids, req.params, mode=mode,
                                       output_token_ids=first, kv_import=kv_import, priority=req.priority,
-                                      prefill_chunk_tokens=request.prefill_chunk_tokens)
+                                      prefill_chunk_tokens=request.prefill_chunk_tokens, cache_salt=req.cache_salt)
         except InvalidRequestError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         self.abort_when_caller_leaves(req.req_id, context)  # it may have left while the KV was pulled
         yield from self._stream(stream, req, len(first), kv_read_s, context)
 
     # ---- KV from the kvstore ---------------------------------------------------------
-    def _pull_kv(self, request) -> tuple[KVPayload | None, float]:
+    def _pull_kv(self, request, req: AdmittedRequest, given: list[int]) -> tuple[KVPayload | None, float]:
         """The longest usable prefix of the handle's blocks (see payload_from_batches),
         once the prefill's write under the lease has ended (the store waits, up to
-        KV_WRITE_WAIT_MS). Then the lease is released: the decode holds its own copy now."""
+        KV_WRITE_WAIT_MS). Then the lease is released: the decode holds its own copy now.
+
+        Only this worker's own kvstore (--kvstore) is read: a handle naming another address
+        is not followed (a forged handle would otherwise point the worker at any server),
+        and the prompt is recomputed: slower, never lost. The blocks asked for are named by
+        this worker's own hashes of the tokens (the prompt and the `given` ones) and salt,
+        not the handle's, so only KV of exactly these tokens can enter its cache."""
         handle = request.kv_handle
         if not handle.kvstore_address:
             return None, 0.0
+        tokens = req.prompt_token_ids + given
+        hashes = self.loop.info.prompt_block_hashes(tokens, req.cache_salt)[:handle.num_tokens // self.block_size]
+        tail_tokens = handle.num_tokens - len(hashes) * self.block_size if handle.tail_key else 0
+        fits = len(hashes) * self.block_size + tail_tokens < len(tokens)  # the last token's KV is computed here
+        tail_tokens = tail_tokens if 0 < tail_tokens < self.block_size and fits else 0
+        num_asked = len(hashes) + bool(tail_tokens)
+        if handle.kvstore_address != self.cfg.kvstore_address:
+            logger.warning("request %s: its KV handle names kvstore %r, this worker reads only %r; recomputing "
+                           "its prompt", req.req_id, handle.kvstore_address, self.cfg.kvstore_address)
+            self.metrics.kv_blocks_rejected.labels(KVSTORE_ADDRESS).inc(num_asked)
+            self.metrics.recompute.inc(num_asked)
+            return None, 0.0
+        if list(handle.block_hashes) != hashes:
+            logger.warning("request %s: its KV handle names other blocks than its prompt's; reading the prompt's",
+                           req.req_id)
         t = now()
-        client = self._kvstore(handle.kvstore_address)
-        num_asked = len(handle.block_hashes) + bool(handle.tail_key)
+        client = self._kvstore(self.cfg.kvstore_address)
         try:
-            tails = [handle.tail_key] if handle.tail_key else []
-            batches = client.get_blocks(list(handle.block_hashes), tails, lease_id=handle.lease_id,
+            tail_key = handle.tail_key if tail_tokens else ""
+            batches = client.get_blocks(hashes, [tail_key] if tail_key else [], lease_id=handle.lease_id,
                                         wait_ms=KV_WRITE_WAIT_MS if handle.lease_id else 0)
-            payload = payload_from_batches(batches, list(handle.block_hashes), self.block_size, handle.num_tokens)
-        except (grpc.RpcError, ValueError) as e:
+            read = payload_from_batches(batches, hashes, self.loop.info.kv_layout, tail_key, tail_tokens)
+        except grpc.RpcError as e:
             logger.warning("kvstore read for %s failed (%s); recomputing its prompt", request.req_id, e)
             self.metrics.recompute.inc(num_asked)
             return None, now() - t
         finally:
             client.release_lease_quietly(handle.lease_id)
+        if read.refused is not None:  # it and the blocks after it are recomputed
+            logger.warning("request %s: a kvstore block was refused (%s); recomputing from there",
+                           req.req_id, read.refused)
+            self.metrics.kv_blocks_rejected.labels(read.refused).inc()
+        payload = read.payload
         num_read = payload.num_blocks if payload is not None else 0
         self.metrics.recompute.inc(num_asked - num_read)
         seconds = now() - t
@@ -86,7 +113,9 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
     def _kvstore(self, address: str) -> KVStoreClient:
         with self._kvstores_lock:
             if address not in self._kvstores:
-                self._kvstores[address] = KVStoreClient(address, transport=self.cfg.kvstore_transport)
+                self._kvstores[address] = KVStoreClient(address, transport=self.cfg.kvstore_transport,
+                                                        security=self.cfg.internal,
+                                                        channel_options=KVSTORE_CHANNEL_OPTIONS)
             return self._kvstores[address]
 
     def close(self) -> None:
@@ -134,6 +163,17 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
             msg.timings.kv_read_s = kv_read_s
             msg.timings.decode_join_s = (out.first_scheduled_time or out.arrival_time) - out.arrival_time
         return msg
+
+
+def _tokens_given(request, context) -> list[int]:
+    """The tokens emitted before this call: the prefill's first token, or every token a
+    resumed request already streamed (a migration)."""
+    if request.output_token_ids:
+        if request.HasField("first_token_id"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "output_token_ids: a resumed request gives every emitted token there, not first_token_id")
+        return list(request.output_token_ids)
+    return [request.first_token_id] if request.HasField("first_token_id") else []
 
 
 def serve(cfg: WorkerConfig, loaded=None) -> RunningWorker:

@@ -19,6 +19,7 @@ import grpc
 
 from services.common.address import split_host_port
 from services.common.grpc_server import channel
+from services.common.security import ClientSecurity
 from services.kvstore.batch_codec import Decoded, OutBatch
 from services.kvstore.errors import KVStoreError, KVStoreFullError  # noqa: F401  (part of this API)
 from services.kvstore.transport import BlockTransport, GrpcTransport
@@ -33,9 +34,12 @@ TRANSPORTS = ("grpc", "ucx")
 
 class KVStoreClient:
     def __init__(self, address: str, transport: str = "grpc", ucx_address: str | None = None,
-                 timeout_s: float = 30.0):
+                 timeout_s: float = 30.0, security: ClientSecurity = ClientSecurity(),
+                 channel_options: tuple[tuple[str, int], ...] = ()):
         """`ucx_address` ("host:port") is only for transport="ucx"; without it, the port is
-        asked from the server at the first Put or Get, on the host of `address`."""
+        asked from the server at the first Put or Get, on the host of `address`.
+        `security`: the internal token (sent over both transports) and TLS (gRPC only).
+        `channel_options`: extra gRPC channel options (a worker's reconnect backoff)."""
         if transport not in TRANSPORTS:
             raise ValueError(f"transport: {transport!r} is not one of {TRANSPORTS}")
         if ucx_address is not None:
@@ -43,7 +47,8 @@ class KVStoreClient:
         self.address, self.transport = address, transport
         self._ucx_address = ucx_address
         self._timeout_s = timeout_s
-        self._channel = channel(address)
+        self._token = security.token
+        self._channel = channel(address, channel_options, security=security)
         self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
         self._lock = threading.Lock()
         self._blocks: BlockTransport | None = None
@@ -144,7 +149,7 @@ class KVStoreClient:
         # Imported only here: a gRPC-only process never loads UCX.
         from services.kvstore.ucx_client import UcxTransport
         host, port = split_host_port(self._ucx_address or self._discover_ucx_address(), "ucx_address")
-        return UcxTransport(host, port, self._timeout_s)
+        return UcxTransport(host, port, self._timeout_s, self._token)
 
     def _discover_ucx_address(self) -> str:
         _, call = self._stub.Stats.with_call(kvstore_pb2.StatsRequest(), timeout=self._timeout_s)

@@ -11,6 +11,7 @@ import sys
 
 from services.common.defaults import KVSTORE_PORT
 from services.common.process import configure_logging, wait_for_shutdown
+from services.common.security import add_internal_token_argument, add_server_tls_arguments, internal_server_security
 from services.kvstore.errors import KVStoreError
 from services.kvstore.server import KVStoreConfig, check_backend, serve
 
@@ -60,9 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", type=_backend, default="memory",
                         help="'memory' (default) or a Redis URL, redis://host:port/db")
     parser.add_argument("--lease-ttl-ms", type=_positive_ms, default=30_000,
-                        help="TTL of a lease created with ttl_ms = 0 (default: 30000)")
+                        help="TTL of a lease created with ttl_ms = 0, which is what prefill workers ask for: "
+                             "how long a prefill's KV stays pinned for its decode (default: 30000)")
     parser.add_argument("--ucx-port", type=_port, default=None,
                         help="also serve Put/Get over UCX on this port (default: off; 0: a free one)")
+    add_internal_token_argument(parser)
+    add_server_tls_arguments(parser, "the gRPC port (UCX has no TLS: docs/security.md)")
 
 
 def config_from_args(args: argparse.Namespace) -> KVStoreConfig:
@@ -70,7 +74,7 @@ def config_from_args(args: argparse.Namespace) -> KVStoreConfig:
                          capacity_bytes=args.capacity_bytes, backend=args.backend,
                          default_lease_ttl_ms=args.lease_ttl_ms,
                          max_lease_ttl_ms=max(args.lease_ttl_ms, KVStoreConfig.max_lease_ttl_ms),
-                         ucx_port=args.ucx_port)
+                         ucx_port=args.ucx_port, security=internal_server_security(args))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from services.common.grpc_server import RunningServer, ServiceSpec, start_server
 from services.common.kv_events import KVEventPublisher, kv_events_service
+from services.common.security import ServerSecurity, warn_if_open
 from services.kvstore.grpc_servicer import SERVICE_NAME, KVStoreServicer, add_to_server
 from services.kvstore.handlers import KVStoreHandlers, LeasePolicy
 from services.kvstore.kv_events import PublishingMetrics
@@ -30,6 +31,7 @@ class KVStoreConfig:
     max_lease_ttl_ms: int = 600_000
     sweep_interval_ms: int = 1_000     # how often expired leases are ended in the background
     ucx_port: int | None = None        # None: no UCX listener; 0: a free port
+    security: ServerSecurity = ServerSecurity()  # the internal token (gRPC and UCX), TLS (gRPC)
 
     def __post_init__(self):
         for name in ("capacity_bytes", "default_lease_ttl_ms", "max_lease_ttl_ms", "sweep_interval_ms"):
@@ -115,10 +117,12 @@ def serve(config: KVStoreConfig, clock: Callable[[], float] | None = None) -> Ru
     try:
         if config.ucx_port is not None:
             from services.kvstore.ucx_server import UcxKVStoreServer  # only a UCX-enabled server loads UCX
-            ucx = UcxKVStoreServer(handlers, config.ucx_port)
+            ucx = UcxKVStoreServer(handlers, config.ucx_port, config.security.tokens)
+            warn_if_open(config.security, f"UCX port {ucx.port}")
         servicer = KVStoreServicer(handlers, ucx.port if ucx else None)
         spec = ServiceSpec(SERVICE_NAME, add_to_server, servicer)
-        grpc_server = start_server([spec, kv_events_service(kv_events)], host=config.host, port=config.port)
+        grpc_server = start_server([spec, kv_events_service(kv_events)], host=config.host, port=config.port,
+                                   security=config.security)
         metrics_port = None if config.metrics_port is None else metrics.metrics.serve(config.host, config.metrics_port)
     except BaseException:  # a port already taken: free what started before re-raising
         if grpc_server is not None:

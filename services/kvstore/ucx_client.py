@@ -28,8 +28,10 @@ class UcxTransport(BlockTransport):
     # (measured: one block per message is slower here than the store's copy of a batch).
     put_batch_bytes = BATCH_BYTES
 
-    def __init__(self, host: str, port: int, timeout_s: float):
+    def __init__(self, host: str, port: int, timeout_s: float, token: str | None = None):
+        """`token`: the internal token, sent in each connection's hello."""
         self.host, self.port, self._timeout_s = host, port, timeout_s
+        self._hello = frames.hello_frame(token)
         self._lock = threading.Lock()
         self._idle: list = []  # connected endpoints no request is using
 
@@ -81,7 +83,18 @@ class UcxTransport(BlockTransport):
             except TimeoutError:  # nobody answered the handshake: unreachable, not slow
                 raise KVStoreError(grpc.StatusCode.UNAVAILABLE,
                                    f"cannot connect over UCX to {self.host}:{self.port}") from None
+            await self._greet(slot)
         return await exchange(slot[0])
+
+    async def _greet(self, slot: list) -> None:
+        """The hello (ucx_frames.py); a refusal drops the endpoint, which the server closes."""
+        await slot[0].send(self._hello)
+        reply = await slot[0].recv_obj()
+        if frames.kind_of(reply) != frames.HELLO_OK:
+            endpoint, slot[0] = slot[0], None  # not pooled: the server has closed it
+            endpoint.abort()
+            _raise_if_error(reply)
+            raise KVStoreError(grpc.StatusCode.UNKNOWN, f"UCX {self.host}:{self.port}: no answer to the hello")
 
     def _reuse(self, endpoint) -> None:
         if endpoint is not None:

@@ -1,6 +1,7 @@
 """The KVStore's Put and Get over UCX: the same protobuf messages as over gRPC, one per
 UCX message (ucxx's send_obj/recv_obj frame each with its length), behind a kind byte.
 
+    Hello:      client  A<len><token><padding>                 server  K | X<UNAUTHENTICATED>, closes
     Put:        client  P<PutRequest> P<PutRequest> ... E      server  R<PutResponse> | X<error>
     Get:        client  G<GetRequest>                           server  B<KVBlock> ... D | X<error>
     PutBlocks:  client  Q<sizes><PutBlocksRequest> raw... E     server  R<PutResponse> | X<error>
@@ -11,6 +12,11 @@ raw UCX messages of the sizes listed in the frame (a u32 count, then u64 sizes):
 moves them straight from the sender's buffers (a tensor's memory, stored block bytes;
 a CUDA tensor too, through its __cuda_array_interface__) into the buffer the receiver
 allocated for them, with no framing copy on either side.
+
+Every connection begins with the hello, once: the client's internal token (empty when it
+has none), in a fixed-size message, so the server reads it into a small buffer of its own
+before it trusts the peer with any allocation (recv_obj allocates what the sender says).
+A server configured with tokens refuses a missing or wrong one and closes the connection.
 
 An error frame carries the gRPC status name and the details, so a UCX caller sees the
 same codes and messages as a gRPC one. One request at a time per connection.
@@ -28,6 +34,10 @@ import grpc
 from services.kvstore.errors import InvalidArgument, KVStoreError, from_status
 
 UCX_PORT_METADATA = "pdserve-kvstore-ucx-port"
+
+HELLO = b"A"
+HELLO_OK = b"K"
+HELLO_BYTES = 1024  # the hello's fixed size; a token fits in HELLO_BYTES - 3
 
 PUT = b"P"
 PUT_END = b"E"
@@ -55,6 +65,21 @@ def parse(data, message_type):
         return message_type.FromString(memoryview(data)[1:])
     except Exception as e:  # protobuf's DecodeError, raised by its C extension
         raise InvalidArgument("frame", f"is not a valid {message_type.DESCRIPTOR.name}: {e}") from e
+
+
+def hello_frame(token: str | None) -> bytes:
+    data = (token or "").encode()
+    if len(data) > HELLO_BYTES - 3:
+        raise ValueError(f"internal token: {len(data)} bytes, UCX takes at most {HELLO_BYTES - 3}")
+    return (HELLO + struct.pack("<H", len(data)) + data).ljust(HELLO_BYTES, b"\0")
+
+
+def hello_token(data) -> bytes | None:
+    """The token a hello carries (b"" for none); None when `data` is no hello."""
+    if len(data) != HELLO_BYTES or kind_of(data) != HELLO:
+        return None
+    (size,) = struct.unpack_from("<H", data, 1)
+    return bytes(data[3:3 + size]) if size <= HELLO_BYTES - 3 else None
 
 
 def error_frame(error: KVStoreError) -> bytes:

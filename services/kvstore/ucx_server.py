@@ -12,6 +12,8 @@ import logging
 
 import grpc
 
+from services.common.auth import bearer_problem
+from services.common.security import INTERNAL_TOKEN
 from services.kvstore import ucx_frames as frames
 from services.kvstore import ucx_runtime
 from services.kvstore.batch_codec import Decoded
@@ -24,8 +26,10 @@ logger = logging.getLogger(__name__)
 
 
 class UcxKVStoreServer:
-    def __init__(self, handlers: KVStoreHandlers, port: int = 0):
+    def __init__(self, handlers: KVStoreHandlers, port: int = 0, tokens: tuple[str, ...] = ()):
+        """`tokens`: a connection's hello must carry one of them (none: any caller)."""
         self.handlers = handlers
+        self._tokens = tokens
         self._endpoints: set = set()
         self._listener = ucx_runtime.run(self._listen(port), timeout=30)
         self.port: int = self._listener.port
@@ -45,6 +49,8 @@ class UcxKVStoreServer:
         """One connection: requests one after another until the client goes away."""
         self._endpoints.add(endpoint)
         try:
+            if not await self._admit(endpoint):
+                return
             while True:
                 data = await endpoint.recv_obj()
                 await self._answer(endpoint, data)
@@ -52,6 +58,25 @@ class UcxKVStoreServer:
             logger.debug("UCX connection ended: %s", e)
         finally:
             self._endpoints.discard(endpoint)
+
+    async def _admit(self, endpoint) -> bool:
+        """Reads the hello; answers K, or refuses and closes the connection."""
+        hello = bytearray(frames.HELLO_BYTES)
+        await endpoint.recv(hello)
+        token = frames.hello_token(hello)
+        if token is None:
+            problem = "the connection's first frame must be the hello (a client of another version?)"
+        elif self._tokens:
+            problem = bearer_problem(b"Bearer " + token if token else None, self._tokens, INTERNAL_TOKEN)
+        else:
+            problem = None
+        if problem is None:
+            await endpoint.send_obj(frames.frame(frames.HELLO_OK))
+            return True
+        logger.warning("UCX connection refused: %s", problem)
+        await endpoint.send_obj(frames.error_frame(KVStoreError(grpc.StatusCode.UNAUTHENTICATED, problem)))
+        await endpoint.close()
+        return False
 
     async def _answer(self, endpoint, data) -> None:
         kind = frames.kind_of(data)

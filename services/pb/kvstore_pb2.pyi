@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class KVBlockHeader(_message.Message):
-    __slots__ = ("block_hash", "tail_key", "dtype", "shape", "layer_start", "layer_end", "num_tokens")
+    __slots__ = ("block_hash", "tail_key", "dtype", "shape", "layer_start", "layer_end", "num_tokens", "model_fingerprint", "model_id", "checksum")
     BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
     TAIL_KEY_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,9 @@ class KVBlockHeader(_message.Message):
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     block_hash: bytes
     tail_key: str
     dtype: str
@@ -22,7 +25,10 @@ class KVBlockHeader(_message.Message):
     layer_start: int
     layer_end: int
     num_tokens: int
-    def __init__(self, block_hash: _Optional[bytes] = ..., tail_key: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    model_fingerprint: bytes
+    model_id: str
+    checksum: int
+    def __init__(self, block_hash: _Optional[bytes] = ..., tail_key: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., num_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., model_id: _Optional[str] = ..., checksum: _Optional[int] = ...) -> None: ...
 
 class KVBlock(_message.Message):
     __slots__ = ("header", "data", "found")

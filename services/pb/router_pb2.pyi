@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("req_id", "text", "token_ids", "sampling", "slo_class", "model")
+    __slots__ = ("req_id", "text", "token_ids", "sampling", "slo_class", "model", "cache_salt")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SLO_CLASS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     text: str
     token_ids: _common_pb2.TokenIds
     sampling: _common_pb2.SamplingParams
     slo_class: str
     model: str
-    def __init__(self, req_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., slo_class: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, req_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., slo_class: _Optional[str] = ..., model: _Optional[str] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

@@ -21,6 +21,7 @@ real finish reason when that token ends it, else as a hand-off carrying the prom
 from __future__ import annotations
 
 import logging
+import secrets
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -33,9 +34,10 @@ from services.kvstore.client import KVStoreClient
 from services.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
 from services.worker.config import WorkerConfig
 from services.worker.engine_loop import EngineLoop
+from services.worker.in_flight import InFlight
 from services.worker.kv_wire import payload_from_batches, payload_to_put
 from services.worker.metrics import WorkerMetrics
-from services.worker.runtime import RunningWorker, serve_worker
+from services.worker.runtime import KVSTORE_CHANNEL_OPTIONS, RunningWorker, serve_worker
 from services.worker.servicer import AdmittedRequest, WorkerServicer, now
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,9 @@ _HANDOFF = RequestStatus.FINISHED_HANDOFF.value
 # Background KV writes at once: more than one, so a slow write does not queue the next
 # request's behind it; few, since each already moves bytes at the transport's speed.
 NUM_KV_WRITERS = 2
+# On shutdown, after the server's grace: how long calls it cut may take to leave their
+# handlers (they are aborted in the engine at once; this only bounds a stuck one).
+HANDLER_EXIT_S = 10.0
 
 
 class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
@@ -50,11 +55,16 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         super().__init__(cfg, loop, metrics)
         self.kvstore = kvstore
         self._writes = ThreadPoolExecutor(NUM_KV_WRITERS, thread_name_prefix="kv-write")
+        self._in_flight = InFlight()
 
     def Prefill(self, request: prefill_pb2.PrefillRequest, context) -> prefill_pb2.PrefillResponse:
+        with self._in_flight:  # counted until it returns: close() waits for it
+            return self._prefill(request, context)
+
+    def _prefill(self, request: prefill_pb2.PrefillRequest, context) -> prefill_pb2.PrefillResponse:
         req = self.admit(request, context)
         # the last prompt token is always computed here: it samples the first token
-        hashes = self.loop.info.prompt_block_hashes(req.prompt_token_ids)[
+        hashes = self.loop.info.prompt_block_hashes(req.prompt_token_ids, req.cache_salt)[
             : (len(req.prompt_token_ids) - 1) // self.block_size]
         t = now()
         lease_id = self._create_lease(req.req_id)
@@ -102,12 +112,16 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
             return None, num_in_store
         t = now()
         try:
-            batches = self.kvstore.get_blocks(hashes[:num_in_store])
-            payload = payload_from_batches(batches, hashes, self.block_size, num_in_store * self.block_size)
-        except (grpc.RpcError, ValueError) as e:
+            read = payload_from_batches(self.kvstore.get_blocks(hashes[:num_in_store]), hashes[:num_in_store],
+                                        self.loop.info.kv_layout)
+        except grpc.RpcError as e:
             logger.warning("kvstore get failed (%s); computing the whole prompt", e)
             return None, 0
         self.metrics.kv_transfer.labels("read").observe(now() - t)
+        if read.refused is not None:  # it and the blocks after it are computed here
+            logger.warning("a kvstore block of the prompt was refused (%s); computing from there", read.refused)
+            self.metrics.kv_blocks_rejected.labels(read.refused).inc()
+        payload = read.payload
         if payload is None:
             return None, 0
         self.metrics.kvstore_imported.inc(payload.num_tokens)
@@ -115,7 +129,7 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
 
     def _run(self, req: AdmittedRequest, imported: KVPayload | None, context) -> RequestOutput:
         stream = self.loop.submit(req.req_id, req.prompt_token_ids, req.params, mode=RequestMode.PREFILL_ONLY,
-                                  kv_import=imported, priority=req.priority)
+                                  kv_import=imported, priority=req.priority, cache_salt=req.cache_salt)
         self.abort_when_caller_leaves(req.req_id, context)
         final = None
         while (out := stream.get()) is not None:
@@ -138,7 +152,8 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
     def _hand_over(self, req_id: str, payload: KVPayload, num_in_store: int, lease_id: str) -> common_pb2.KVHandle:
         """The handle for the decode, and the write of the blocks the store does not hold
         yet, queued (under a lease; without one, the store was unreachable: no write)."""
-        tail_key = f"{req_id}/tail" if payload.num_tokens % self.block_size else ""
+        # unguessable: req_id may be the client's, and nobody else may write this request's tail
+        tail_key = f"{req_id}/tail/{secrets.token_hex(8)}" if payload.num_tokens % self.block_size else ""
         handle = common_pb2.KVHandle(block_hashes=payload.block_hashes, tail_key=tail_key, lease_id=lease_id,
                                      num_tokens=payload.num_tokens, kvstore_address=self.cfg.kvstore_address)
         if lease_id:
@@ -152,7 +167,7 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         t = now()
         failed = False
         try:
-            headers, data = payload_to_put(payload, self.block_size, tail_key, skip_blocks=num_in_store)
+            headers, data = payload_to_put(payload, self.loop.info.kv_layout, tail_key, skip_blocks=num_in_store)
             if headers:
                 self.kvstore.put_blocks(headers, data, lease_id=lease_id)
         except grpc.RpcError as e:  # KVStoreFullError among them
@@ -173,7 +188,11 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         self.metrics.kv_transfer.labels("write").observe(now() - t)
 
     def close(self) -> None:
-        """Finishes the queued writes (their decodes are waiting for them), then disconnects."""
+        """Drains, then disconnects: the handlers still running end first (a call the
+        server cut at its grace's end releases its lease, or queues its write), then the
+        queued writes and their EndWrite (their decodes are waiting for them)."""
+        if not self._in_flight.wait_idle(HANDLER_EXIT_S):
+            logger.warning("%d prefill handlers still running at shutdown", self._in_flight.count)
         self._writes.shutdown(wait=True)
         self.kvstore.close()
 
@@ -191,7 +210,8 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
 
 def serve(cfg: WorkerConfig, loaded=None) -> RunningWorker:
     def make(loop: EngineLoop, metrics: WorkerMetrics) -> PrefillServicer:
-        kvstore = KVStoreClient(cfg.kvstore_address, transport=cfg.kvstore_transport)
+        kvstore = KVStoreClient(cfg.kvstore_address, transport=cfg.kvstore_transport, security=cfg.internal,
+                                channel_options=KVSTORE_CHANNEL_OPTIONS)
         return PrefillServicer(cfg, loop, kvstore, metrics)
     return serve_worker(cfg, loaded, "prefill", "pdserve.v1.PrefillWorker",
                         prefill_pb2_grpc.add_PrefillWorkerServicer_to_server, make)

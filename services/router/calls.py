@@ -12,6 +12,7 @@ from services.kvstore.client import KVStoreClient
 from services.pb import common_pb2, decode_pb2, prefill_pb2
 from services.router.cancel import Cancellation, Cancelled
 from services.router.discovery import DECODE, PREFILL
+from services.router.migration import LostStream
 from services.router.workers import WorkerRegistry
 
 # A failed worker call worth one more try on another worker. CANCELLED here means the
@@ -48,18 +49,28 @@ class WorkerCalls:
 
     def decode(self, address: str, request: decode_pb2.DecodeRequest, timeout_s: float | None,
                cancel: Cancellation) -> Iterator[common_pb2.GenerateResponse]:
-        """The decode's messages; raises as `prefill` does. Closing the iterator early
-        cancels the call."""
+        """The decode's messages; raises as `prefill` does. A stream whose worker a poll finds
+        unreachable (hung, or cut off without the connection closing: its tokens would never
+        come) is cancelled and raises LostStream. Closing the iterator early cancels the call."""
         call = self._registry.stub(DECODE, address).Decode(request, timeout=timeout_s)
         unregister = cancel.on_cancel(call.cancel)
+        lost = threading.Event()
+
+        def on_lost() -> None:
+            lost.set()
+            call.cancel()
+        unwatch = self._registry.on_lost(address, on_lost)
         try:
             for msg in call:
                 yield msg
         except grpc.RpcError:
             cancel.raise_if_cancelled()
+            if lost.is_set():
+                raise LostStream(f"decode worker {address} stopped answering its polls") from None
             raise
         finally:
             unregister()
+            unwatch()
             call.cancel()  # a no-op when the stream already ended
 
     def release_lease(self, kvstore_address: str, lease_id: str) -> None:
@@ -76,5 +87,6 @@ class WorkerCalls:
     def _kvstore(self, address: str) -> KVStoreClient:
         with self._lock:
             if address not in self._kvstores:
-                self._kvstores[address] = KVStoreClient(address, timeout_s=self._release_timeout_s)
+                self._kvstores[address] = KVStoreClient(address, timeout_s=self._release_timeout_s,
+                                                        security=self._registry.security)
             return self._kvstores[address]

@@ -7,6 +7,8 @@ from typing import NamedTuple
 from engine import SamplingParams
 from services.common.convert import sampling_to_proto
 from services.common.grpc_server import channel
+from services.common.security import ClientSecurity
+from services.common.tls import ClientTLS
 from services.pb import common_pb2, router_pb2, router_pb2_grpc
 
 
@@ -19,17 +21,19 @@ class Generation(NamedTuple):
 
 
 class RouterClient:
-    def __init__(self, address: str):
+    def __init__(self, address: str, api_key: str | None = None, tls: ClientTLS | None = None):
+        """`api_key`: sent as `authorization: Bearer <key>`; `tls`: the router serves TLS
+        (ClientTLS(ca_file=...) for a private CA, ClientTLS() for the system's roots)."""
         self.address = address
-        self._channel = channel(address)
+        self._channel = channel(address, security=ClientSecurity(api_key, tls))
         self._stub = router_pb2_grpc.RouterStub(self._channel)
 
     def generate(self, prompt: str | list[int], sampling: SamplingParams | None = None,
                  slo_class: str = "interactive", req_id: str = "", model: str = "",
-                 timeout_s: float | None = None) -> Iterator[common_pb2.GenerateResponse]:
+                 timeout_s: float | None = None, cache_salt: str = "") -> Iterator[common_pb2.GenerateResponse]:
         """The router's stream: iterate it for messages; `.cancel()` it to abort the request.
         Raises grpc.RpcError (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE, ...)."""
-        request = router_pb2.GenerateRequest(req_id=req_id, slo_class=slo_class, model=model)
+        request = router_pb2.GenerateRequest(req_id=req_id, slo_class=slo_class, model=model, cache_salt=cache_salt)
         if isinstance(prompt, str):
             request.text = prompt
         else:

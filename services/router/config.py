@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 
 from services.common.defaults import DEFAULT_MODEL, HOST, ROUTER_PORT
+from services.common.security import API_KEY, ClientSecurity, ServerSecurity
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,11 @@ class RouterConfig:
     retry_after_ms: int = 500              # the hint sent with RESOURCE_EXHAUSTED
     worker_timeout_s: float | None = None  # per worker call; None: the client's deadline, if any
     max_concurrent_streams: int = 256      # server threads: each open Generate stream holds one
+    # docs/security.md: what the gRPC API asks of clients (the API key, TLS), how the router
+    # calls workers and the kvstore (the internal token, TLS), the largest request it reads
+    public: ServerSecurity = ServerSecurity(credential=API_KEY)
+    internal: ClientSecurity = ClientSecurity()
+    max_request_bytes: int | None = None   # None: from max_model_len (security.max_request_bytes)
 
     def __post_init__(self) -> None:
         if self.default_slo_class not in self.slo_classes:
@@ -115,6 +121,8 @@ class RouterConfig:
             raise ValueError(f"max_model_len: must be >= 2, got {self.max_model_len}")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement: {self.placement!r} is not one of {', '.join(PLACEMENTS)}")
+        if self.max_request_bytes is not None and self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes: must be >= 1, got {self.max_request_bytes}")
         if not 0 <= self.kv_store_weight <= 1:
             raise ValueError(f"kv_store_weight: must be within [0, 1], got {self.kv_store_weight}")
 

@@ -8,9 +8,11 @@
 
 Retries: a failed prefill is retried once on another prefill worker; a failed decode is
 retried once on another decode worker if it had not streamed anything yet (the KV is
-still leased in the kvstore). Once tokens are out, a failure ends the stream with an error.
-With no prefill worker reachable (before the request, or after its prefill calls failed
-and nothing was sent) a decode worker prefills the prompt itself: the direct path.
+still leased in the kvstore). A decode stream that breaks after tokens went out is resumed
+on another decode worker after the tokens sent (migration.py). With no prefill worker
+reachable (before the request, or after its prefill calls failed and nothing was sent), or
+the kvstore down, a decode worker prefills the prompt itself: the direct path. With no
+decode worker reachable nothing is prefilled: the request fails at once.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from services.router.cancel import Cancellation
 from services.router.discovery import DECODE, PREFILL
 from services.router.errors import RouterError, retry_after_from
 from services.router.metrics import RouterMetrics
+from services.router.migration import MAX_MIGRATIONS, IncompleteStream, migration_reason, resumed_request
 from services.router.paths import NO_PREFILL_WORKER, PathPolicy, PoolsNow
 from services.router.policy import DIRECT
 from services.router.pools import Need, Pool
@@ -62,7 +65,7 @@ class GenerateFlow:
             yield from self._direct(req, ResponseStream(req, arrival, self.metrics), cancel, time_left)
 
     def _choose_path(self, req: RoutedRequest) -> RoutedRequest:
-        pools = PoolsNow(self.pools[PREFILL].up_workers(), self.pools[DECODE].up_workers())
+        pools = PoolsNow(self.pools[PREFILL].up_workers(), self.pools[DECODE].up_workers(), self._kvstore_up())
         choice = self.paths.choose(len(req.prompt_token_ids), req.slo_class, pools)
         self.metrics.paths.labels(choice.path, choice.reason).inc()
         if choice.reason == NO_PREFILL_WORKER:
@@ -77,7 +80,7 @@ class GenerateFlow:
     def _direct(self, req, out: ResponseStream, cancel, time_left):
         decode_req = decode_pb2.DecodeRequest(req_id=req.req_id, prompt_token_ids=req.prompt_token_ids,
                                               sampling=req.sampling, priority=req.slo.priority,
-                                              prefill_chunk_tokens=req.prefill_chunk_tokens)
+                                              prefill_chunk_tokens=req.prefill_chunk_tokens, cache_salt=req.cache_salt)
         yield from self._decode(req, decode_req, len(req.prompt_token_ids), out, cancel, time_left)
 
     def _disaggregated(self, req, out: ResponseStream, cancel, time_left):
@@ -91,7 +94,8 @@ class GenerateFlow:
                 return
             decode_req = decode_pb2.DecodeRequest(
                 req_id=req.req_id, prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
-                priority=req.slo.priority, first_token_id=reply.first_token_id, kv_handle=reply.kv_handle)
+                priority=req.slo.priority, first_token_id=reply.first_token_id, kv_handle=reply.kv_handle,
+                cache_salt=req.cache_salt)
             for msg in self._decode(req, decode_req, 0, out, cancel, time_left):
                 taken = True
                 yield msg
@@ -101,13 +105,16 @@ class GenerateFlow:
 
     def _prefill(self, req: RoutedRequest, out: ResponseStream, cancel, time_left) -> prefill_pb2.PrefillResponse:
         request = prefill_pb2.PrefillRequest(req_id=req.req_id, prompt_token_ids=req.prompt_token_ids,
-                                             sampling=req.sampling, priority=req.slo.priority)
+                                             sampling=req.sampling, priority=req.slo.priority,
+                                             cache_salt=req.cache_salt)
         failed: list[str] = []
         last_error: RouterError | None = None
         for attempt in range(MAX_ATTEMPTS):
             slot = self._acquire(PREFILL, req, len(req.prompt_token_ids), failed, cancel, last_error)
-            out.dispatched()
             try:
+                # checked again after the admission wait: no decode worker may be left to finish it
+                self.pools[DECODE].require_reachable()
+                out.dispatched()
                 return self.calls.prefill(slot.address, request, time_left(), cancel)
             except grpc.RpcError as e:
                 last_error = self._failure(PREFILL, slot.address, e, can_retry=attempt + 1 < MAX_ATTEMPTS)
@@ -117,29 +124,50 @@ class GenerateFlow:
         raise AssertionError("unreachable: the last failure raises")
 
     def _decode(self, req, decode_req, num_prefill_tokens: int, out: ResponseStream, cancel, time_left):
+        """The decode stream, on another worker when a call fails: retried as is when the
+        call sent nothing (MAX_ATTEMPTS), resumed after the tokens sent when it broke
+        mid-way (MAX_MIGRATIONS)."""
         failed: list[str] = []
         last_error: RouterError | None = None
-        for attempt in range(MAX_ATTEMPTS):
+        num_retries = num_migrations = 0
+        migrating: str | None = None  # the reason, until the resumed call has a worker
+        while True:
             slot = self._acquire(DECODE, req, num_prefill_tokens, failed, cancel, last_error)
+            if migrating is not None:
+                self.metrics.migrations.labels(migrating).inc()
+                migrating = None
             out.dispatched()
-            stream = self.calls.decode(slot.address, decode_req, time_left(), cancel)
-            started = False
+            num_sent = out.num_tokens
             try:
-                for msg in stream:
-                    started = True
-                    yield out.forward(msg)
-                if not out.finished:  # the client must learn that its answer is incomplete
-                    raise RouterError(grpc.StatusCode.INTERNAL,
-                                      f"decode worker {slot.address} ended the stream without finishing")
+                yield from self._stream(slot.address, decode_req, out, cancel, time_left)
                 return
             except grpc.RpcError as e:
-                # once tokens are out a retry would repeat them: the stream ends with the error
-                last_error = self._failure(DECODE, slot.address, e,
-                                           can_retry=not started and attempt + 1 < MAX_ATTEMPTS)
                 failed.append(slot.address)
+                if out.num_tokens == num_sent:  # nothing came from this call
+                    num_retries += 1
+                    last_error = self._failure(DECODE, slot.address, e, can_retry=num_retries < MAX_ATTEMPTS)
+                    continue
+                migrating = migration_reason(e) if num_migrations < MAX_MIGRATIONS else None
+                last_error = self._failure(DECODE, slot.address, e, can_retry=migrating is not None,
+                                           mid_stream=out.num_tokens)
+                num_migrations += 1
+                decode_req = resumed_request(decode_req, out.token_ids, self._kvstore_up())
+                num_prefill_tokens = len(req.prompt_token_ids) + out.num_tokens  # at most: what it recomputes
             finally:
-                stream.close()  # cancels the call when the client went away mid-stream
                 slot.release()
+
+    def _stream(self, address: str, decode_req, out: ResponseStream, cancel, time_left):
+        stream = self.calls.decode(address, decode_req, time_left(), cancel)
+        try:
+            for msg in stream:
+                yield out.forward(msg)
+        finally:
+            stream.close()  # cancels the call when the client went away mid-stream
+        if not out.finished:  # the client must learn that its answer is incomplete
+            raise IncompleteStream(address)
+
+    def _kvstore_up(self) -> bool:
+        return self.pools[DECODE].registry.kvstore.up
 
     def _acquire(self, pool: str, req: RoutedRequest, num_prefill_tokens: int, failed: list[str],
                  cancel: Cancellation, last_error: RouterError | None):
@@ -153,9 +181,11 @@ class GenerateFlow:
                 raise last_error from None  # no other worker to retry on: report why the first failed
             raise
 
-    def _failure(self, pool: str, address: str, error: grpc.RpcError, can_retry: bool) -> RouterError:
+    def _failure(self, pool: str, address: str, error: grpc.RpcError, can_retry: bool,
+                 mid_stream: int = 0) -> RouterError:
         """The error a failed call means for the client: raised when it is final, returned
-        (and counted as a retry) when the request goes on to another worker."""
+        (and counted as a retry, unless the call broke after `mid_stream` tokens: a
+        migration) when the request goes on to another worker."""
         code = error.code()
         if code in WORKER_DOWN:
             self.pools[pool].registry.mark_down(pool, address)
@@ -163,8 +193,10 @@ class GenerateFlow:
                        if code == grpc.StatusCode.RESOURCE_EXHAUSTED else None)
         # a worker that aborted the request itself (not our client: see calls.py) is unavailable to it
         client_code = grpc.StatusCode.UNAVAILABLE if code == grpc.StatusCode.CANCELLED else code
-        failure = RouterError(client_code, f"{pool} worker {address} failed: {error.details()}", retry_after)
-        if not can_retry or code not in RETRYABLE:
+        where = f" mid-stream after {mid_stream} tokens" if mid_stream else ""
+        failure = RouterError(client_code, f"{pool} worker {address} failed{where}: {error.details()}", retry_after)
+        if not can_retry or (code not in RETRYABLE and not mid_stream):
             raise failure
-        self.metrics.retries.labels(pool).inc()
+        if not mid_stream:
+            self.metrics.retries.labels(pool).inc()
         return failure

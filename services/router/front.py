@@ -37,8 +37,12 @@ class Front:
             time_left: Callable[[], float | None]) -> Iterator[common_pb2.GenerateResponse]:
         """The request's messages; raises RouterError. A cancelled run just ends."""
         outcome = "cancelled"  # unless it ends otherwise: a closed generator means the client left
+        messages = self.flow.run(req, arrival, cancel, time_left)
         try:
-            yield from self.flow.run(req, arrival, cancel, time_left)
+            for msg in messages:
+                if req.client_req_id:  # the workers know it by the router's id; the client by its own
+                    msg.req_id = req.client_req_id
+                yield msg
             outcome = "ok"
         except Cancelled:
             return
@@ -49,4 +53,5 @@ class Front:
             outcome = "error"
             raise
         finally:
+            messages.close()  # as `yield from` would: the flow's cleanup runs when the client leaves
             self.metrics.requests.labels(req.slo_class, outcome).inc()

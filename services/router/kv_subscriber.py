@@ -18,6 +18,7 @@ from collections.abc import Iterable
 import grpc
 
 from services.common.grpc_server import channel
+from services.common.security import ClientSecurity
 from services.pb import kv_events_pb2, kv_events_pb2_grpc
 from services.router.kv_index import REMOVED, STORED, BlockNaming, KVIndex
 
@@ -31,8 +32,9 @@ class _Resubscribe(Exception):
 
 
 class KVSubscription:
-    def __init__(self, address: str, index: KVIndex, min_backoff_s: float = 0.1, max_backoff_s: float = 2.0):
-        self.address, self.index = address, index
+    def __init__(self, address: str, index: KVIndex, min_backoff_s: float = 0.1, max_backoff_s: float = 2.0,
+                 security: ClientSecurity = ClientSecurity()):
+        self.address, self.index, self.security = address, index, security
         self.min_backoff_s, self.max_backoff_s = min_backoff_s, max_backoff_s
         self._stopped = threading.Event()
         self._lock = threading.Lock()
@@ -72,7 +74,7 @@ class KVSubscription:
 
     def _follow(self) -> bool:
         """Apply the stream until it ends; True when it delivered at least a snapshot."""
-        with channel(self.address) as ch:
+        with channel(self.address, security=self.security) as ch:
             call = kv_events_pb2_grpc.KVEventsStub(ch).Subscribe(kv_events_pb2.SubscribeKVEventsRequest())
             with self._lock:
                 if self._stopped.is_set():
@@ -95,8 +97,8 @@ class KVSubscription:
 class KVSubscribers:
     """One KVSubscription per wanted source; `sync` follows the registry (each poll round)."""
 
-    def __init__(self, index: KVIndex):
-        self.index = index
+    def __init__(self, index: KVIndex, security: ClientSecurity = ClientSecurity()):
+        self.index, self.security = index, security
         self._lock = threading.Lock()
         self._subs: dict[str, KVSubscription] = {}
 
@@ -105,7 +107,7 @@ class KVSubscribers:
         with self._lock:
             gone = [self._subs.pop(a) for a in list(self._subs) if a not in wanted]
             for address in wanted - self._subs.keys():
-                self._subs[address] = KVSubscription(address, self.index).start()
+                self._subs[address] = KVSubscription(address, self.index, security=self.security).start()
         for sub in gone:
             sub.stop()
 

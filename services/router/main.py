@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
 from services.common.address import parse_addresses
-from services.common.defaults import KVSTORE_ADDRESS
+from services.common.defaults import DRAIN_TIMEOUT_S, KVSTORE_ADDRESS
 from services.common.process import configure_logging, wait_for_shutdown
 from services.router.config import (DEFAULT_SLO_CLASS, PLACEMENTS, PathConfig, RouterConfig, SaturationConfig,
                                     default_slo_classes, load_slo_classes)
-from services.router.http.config import API_KEY_ENV, HttpConfig
+from services.common.security import internal_client_security, server_tls_from_args
+from services.router import security
+from services.router.http.config import HttpConfig
 from services.router.k8s_discovery import add_discovery_arguments, discovery_from_args
 from services.router.paths import PATH_POLICIES
 
@@ -57,9 +58,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the hint sent with RESOURCE_EXHAUSTED")
     parser.add_argument("--http-port", type=port_or_off, default=HttpConfig.port,
                         help="OpenAI-compatible HTTP API port, on --host ('off': gRPC only)")
-    parser.add_argument("--api-key", default=None,
-                        help=f"require 'Authorization: Bearer KEY' on the HTTP API (default: ${API_KEY_ENV})")
+    security.add_arguments(parser)  # --api-key, TLS, --max-request-bytes, the internal token
+    parser.add_argument("--drain-timeout-s", type=_drain_timeout, default=DRAIN_TIMEOUT_S,
+                        help="on SIGTERM: new requests are refused (UNAVAILABLE / 503) and those in flight "
+                             "get this long to finish; any still running then end with an error. Match the "
+                             "decode workers' --drain-timeout-s, or the router cuts answers they would finish")
     add_discovery_arguments(parser)
+
+
+def _drain_timeout(value: str) -> float:
+    seconds = float(value)
+    if not seconds >= 0:
+        raise argparse.ArgumentTypeError(f"{value}: must be a number of seconds >= 0")
+    return seconds
 
 
 def port_or_off(value: str) -> int | None:
@@ -86,7 +97,8 @@ def config_from_args(args) -> RouterConfig:
         short_prompt_tokens=args.short_prompt_tokens, slo_classes=slo_classes, default_slo_class=default_class,
         max_model_len=args.max_model_len, host=args.host, port=args.port, metrics_port=args.metrics_port,
         poll_interval_s=args.poll_interval_s, retry_after_ms=args.retry_after_ms, placement=args.placement,
-        kv_store_weight=args.kv_store_weight,
+        kv_store_weight=args.kv_store_weight, public=security.public_security_from_args(args),
+        internal=internal_client_security(args), max_request_bytes=args.max_request_bytes,
         saturation=SaturationConfig(max_waiting=args.max_worker_waiting,
                                     max_in_flight_per_worker=args.max_in_flight_per_worker))
 
@@ -94,7 +106,8 @@ def config_from_args(args) -> RouterConfig:
 def http_config_from_args(args) -> HttpConfig | None:
     if args.http_port is None:
         return None
-    return HttpConfig(host=args.host, port=args.http_port, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None)
+    return HttpConfig(host=args.host, port=args.http_port, api_key=security.api_key_from_args(args),
+                      tls=server_tls_from_args(args), max_request_bytes=args.max_request_bytes)
 
 
 def run(args) -> int:
@@ -109,10 +122,11 @@ def run(args) -> int:
     metrics = f", metrics on :{running.metrics_port}" if running.metrics_port is not None else ""
     print(f"router serving on {cfg.host}:{running.server.port}{metrics}", flush=True)
     if running.http_port is not None:
-        print(f"OpenAI-compatible API on http://{cfg.host}:{running.http_port}/v1", flush=True)
+        scheme = "https" if http.tls is not None else "http"
+        print(f"OpenAI-compatible API on {scheme}://{cfg.host}:{running.http_port}/v1", flush=True)
     wait_for_shutdown()
-    logger.info("stopping")
-    running.stop()
+    logger.info("draining (up to %g s), then stopping", args.drain_timeout_s)
+    running.stop(grace_s=args.drain_timeout_s)
     if discovery is not None:
         discovery.stop()
     return 0

@@ -29,6 +29,10 @@ class RouterMetrics:
                                        ("source",))
         self.prefill_fallbacks = m.counter("router_prefill_fallbacks_total",
                                            "Long prompts prefilled by a decode worker: no prefill worker reachable")
+        self.migrations = m.counter("router_migrations_total",
+                                    "Streams resumed on another decode worker after theirs broke, by why",
+                                    ("reason",))
+        self.kvstore_up = m.gauge("router_kvstore_up", "Whether the kvstore answers its health checks")
         self.rejections = m.counter("router_admission_rejections_total",
                                     "Requests refused because every worker of a pool was saturated",
                                     ("pool", "slo_class"))
@@ -63,3 +67,4 @@ class RouterMetrics:
             views = registry.views(pool)
             self.workers.labels(pool).set(len(views))
             self.workers_up.labels(pool).set(sum(v.up for v in views))
+        self.kvstore_up.set(registry.kvstore.up)

@@ -22,6 +22,9 @@ from services.router.workers import WorkerView
 PATH_POLICIES = ("adaptive", "threshold", "colocated")
 # the pool the request would have used is down: a decode worker prefills it (counted as a fallback)
 NO_PREFILL_WORKER = "no_prefill_worker"
+# the kvstore is down: a prefill's KV could not reach the decode worker, which would
+# compute the prompt a second time; it prefills it once, directly
+KVSTORE_DOWN = "kvstore_down"
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class PoolsNow:
     """The workers a decision may use, as last polled (up ones only)."""
     prefill: Sequence[WorkerView]
     decode: Sequence[WorkerView]
+    kvstore_up: bool = True
 
 
 class PathPolicy(ABC):
@@ -66,9 +70,7 @@ class ThresholdPaths(PathPolicy):
         limit = self._per_class.get(slo_class, self._default)
         if num_prompt_tokens <= limit:
             return PathChoice(DIRECT, "short_prompt")
-        if not pools.prefill:
-            return PathChoice(DIRECT, NO_PREFILL_WORKER)
-        return PathChoice(DISAGGREGATED, "long_prompt")
+        return _pool_unusable(pools) or PathChoice(DISAGGREGATED, "long_prompt")
 
 
 class AdaptivePaths(PathPolicy):
@@ -107,8 +109,9 @@ class AdaptivePaths(PathPolicy):
         room_s = max(0.0, self._strictest_itl_s - step_s)
         if (backlog + n) / rate <= room_s:
             return PathChoice(DIRECT, "fits_itl_budget")
-        if not pools.prefill:
-            return PathChoice(DIRECT, NO_PREFILL_WORKER)
+        unusable = _pool_unusable(pools)
+        if unusable is not None:
+            return unusable
         pool_ttft_s = min(self._prefill_ttft_s(w, n, pools) for w in pools.prefill)
         stall_s = n / rate
         if stall_s <= cfg.max_direct_stall_itls * self._strictest_itl_s:
@@ -131,3 +134,12 @@ class AdaptivePaths(PathPolicy):
             return w.prefill_tokens_per_s
         measured = [v.prefill_tokens_per_s for v in (*pools.prefill, *pools.decode) if v.prefill_tokens_per_s > 0]
         return max(measured, default=self.cfg.default_prefill_tokens_per_s)
+
+
+def _pool_unusable(pools: PoolsNow) -> PathChoice | None:
+    """The direct path when the prefill pool's path cannot be taken, and why."""
+    if not pools.prefill:
+        return PathChoice(DIRECT, NO_PREFILL_WORKER)
+    if not pools.kvstore_up:
+        return PathChoice(DIRECT, KVSTORE_DOWN)
+    return None

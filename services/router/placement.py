@@ -50,7 +50,7 @@ class KVSources:
         self.enabled = cfg.placement == "kv"
         self.kvstore_address = cfg.kvstore_address
         self.registry = registry
-        self.subscribers = KVSubscribers(index)
+        self.subscribers = KVSubscribers(index, cfg.internal)
 
     def sync(self) -> None:
         if self.enabled:

@@ -5,7 +5,11 @@ hung worker costs a round its timeout, not a timeout per worker. A worker is up 
 answer and health says SERVING; a draining worker answers NOT_SERVING and so stops
 receiving new work while it finishes what it has. A worker that is merely slow to answer
 (a busy CPU, a long step) keeps its last state for a few rounds: only refusals, errors and
-repeated time-outs take it out of the pools.
+repeated time-outs take it out of the pools. A worker that does not answer at all is
+"lost": its open decode streams are moved to another worker (WorkerRegistry.on_lost).
+
+The kvstore's health is asked in the same round, under the same rules: while it is down
+the router sends no prompt through the prefill pool (paths.py).
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 MAX_SLOW_ROUNDS = 3  # consecutive poll time-outs before a worker counts as down
 _SLOW = object()
+_NOT_SERVING = object()
+_KVSTORE = "kvstore"  # the kvstore's key among the slow-round counts
 
 
 class LoadPoller:
@@ -56,17 +62,35 @@ class LoadPoller:
                     load = stub.GetLoad.future(common_pb2.GetLoadRequest(), timeout=self._timeout_s)
                     check = health.Check.future(health_pb2.HealthCheckRequest(), timeout=self._timeout_s)
                     pending.append((pool, address, load, check))
+            kvstore = self._registry.kvstore
+            kv_check = (kvstore.health.Check.future(health_pb2.HealthCheckRequest(), timeout=self._timeout_s)
+                        if kvstore.health is not None else None)
             for pool, address, load, check in pending:
-                answer = _answer(address, load, check)
+                answer = self._unless_slow(address, _answer(address, load, check))
                 if answer is _SLOW:
-                    self._slow_rounds[address] = self._slow_rounds.get(address, 0) + 1
-                    if self._slow_rounds[address] < MAX_SLOW_ROUNDS:
-                        continue  # keep the last report
-                    answer = None
+                    continue  # keep the last report
+                if answer is _NOT_SERVING:
+                    self._registry.report(pool, address, load.result(), serving=False)
                 else:
-                    self._slow_rounds.pop(address, None)
-                self._registry.report(pool, address, answer)
+                    self._registry.report(pool, address, answer)
+            if kv_check is not None:
+                self._report_kvstore(kvstore, kv_check)
         self._after_round()
+
+    def _unless_slow(self, key: str, answer):
+        """A time-out counts as an answer (None: down) only after MAX_SLOW_ROUNDS in a row."""
+        if answer is not _SLOW:
+            self._slow_rounds.pop(key, None)
+            return answer
+        self._slow_rounds[key] = self._slow_rounds.get(key, 0) + 1
+        return _SLOW if self._slow_rounds[key] < MAX_SLOW_ROUNDS else None
+
+    def _report_kvstore(self, kvstore, check) -> None:
+        answer = self._unless_slow(_KVSTORE, _health(kvstore.address, check))
+        if answer is not _SLOW:
+            if kvstore.up and not answer:
+                logger.warning("kvstore %s is down: prompts go to the decode workers directly", kvstore.address)
+            kvstore.report(bool(answer))
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
@@ -77,11 +101,21 @@ class LoadPoller:
 
 
 def _answer(address: str, load_future, check_future):
-    """The worker's load; None when it is down or draining; _SLOW when it timed out."""
+    """The worker's load; _NOT_SERVING when it answers but is draining; None when it did
+    not answer; _SLOW when it timed out."""
     try:
         load = load_future.result()
         serving = check_future.result().status == health_pb2.HealthCheckResponse.SERVING
     except grpc.RpcError as e:
         logger.debug("worker %s did not answer its poll (%s)", address, e.code())
         return _SLOW if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED else None
-    return load if serving else None
+    return load if serving else _NOT_SERVING
+
+
+def _health(address: str, check_future):
+    """True when SERVING; False when it refused or said otherwise; _SLOW when it timed out."""
+    try:
+        return check_future.result().status == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError as e:
+        logger.debug("%s did not answer its health check (%s)", address, e.code())
+        return _SLOW if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED else False

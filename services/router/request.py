@@ -5,6 +5,15 @@ servicer from its GenerateRequest, the HTTP API from its pydantic body), and han
 the same `RequestValidator`. Every check names its field (InvalidRequestError.field), the
 same names the engine uses, so a bad request fails at the router with the message a worker
 would have given, before it costs a worker anything.
+
+Caps (both fronts): every value a client sends is bounded before it costs anything, cheap
+checks first (a 10 KB slo_class is refused by its length, before the class lookup; a text
+prompt far longer than the context could ever hold, before it is tokenized), and an error
+message never echoes more than a short prefix of what the client sent.
+
+Request ids: the router names every request itself (uuid4 hex); a client's own id is kept
+only to label its responses, so two clients choosing the same id never meet on a worker
+(where the id names the request's KV blocks, lease and aborts).
 """
 from __future__ import annotations
 
@@ -12,6 +21,8 @@ import uuid
 from dataclasses import dataclass
 
 from engine import InvalidRequestError, SamplingParams
+from engine.core.block_hash import MAX_CACHE_SALT_CHARS
+from engine.validation import MAX_LOGPROBS
 from services.common.convert import sampling_to_proto
 from services.pb import common_pb2
 from services.router.config import SLOClass
@@ -21,20 +32,31 @@ _INT32_LIMIT = 1 << 31
 # the sampling fields the hop to the workers carries as int32 (common.proto)
 _INT32_FIELDS = ("max_tokens", "top_k", "logprobs")
 
+MAX_STOP_STRINGS = 16        # OpenAI allows 4; each is matched against the text after every step
+MAX_STOP_CHARS = 256         # per stop string
+MAX_STOP_TOKEN_IDS = 256
+MAX_NAME_CHARS = 256         # model and the client's req_id
+MAX_SLO_CLASS_CHARS = 64
+# A text prompt longer than this many characters per context token cannot fit (no tokenizer's
+# tokens are that long on average): refused before tokenizing, which would cost seconds.
+MAX_PROMPT_CHARS_PER_TOKEN = 64
+_SHOWN_CHARS = 40            # of a client's value quoted back in an error
+
 
 @dataclass(frozen=True)
 class GenerateInput:
     """One request as a front received it, before validation."""
     prompt: str | tuple[int, ...]  # text, or token ids; "" or (): none given
     sampling: SamplingParams       # already checked by the engine's own rules
-    req_id: str = ""               # "": the router names the request
+    req_id: str = ""               # the client's own id: labels its responses only (see above)
     slo_class: str = ""            # "": the router's default class
     model: str = ""                # "": the served model
+    cache_salt: str = ""           # shares cached KV only with requests of the same salt ("": none)
 
 
 @dataclass(frozen=True)
 class RoutedRequest:
-    req_id: str
+    req_id: str                    # the router's own (uuid4 hex): what the workers know it by
     prompt_token_ids: tuple[int, ...]
     sampling: common_pb2.SamplingParams  # as the workers receive it, built once here
     slo_class: str
@@ -42,6 +64,8 @@ class RoutedRequest:
     # chosen by the flow from the pools' state when the request starts (paths.py)
     path: str = ""                 # policy.DIRECT or policy.DISAGGREGATED
     prefill_chunk_tokens: int = 0  # the direct path: chunk cap for the decode worker (0: its own)
+    client_req_id: str = ""        # the client's id, if it sent one: its responses carry it
+    cache_salt: str = ""           # to the workers as is: it enters the first block hash
 
 
 class RequestValidator:
@@ -53,17 +77,44 @@ class RequestValidator:
 
     def validate(self, inp: GenerateInput) -> RoutedRequest:
         """Raises InvalidRequestError naming the bad field."""
-        if inp.model and inp.model not in (self.model.name, self.model.model_id):
-            raise InvalidRequestError("model", f"{inp.model!r} is not served here (serving {self.model.name!r})")
+        self._check_names(inp)
+        _check_text("cache_salt", inp.cache_salt, MAX_CACHE_SALT_CHARS)
         slo_class = inp.slo_class or self.default_slo_class
+        _check_text("slo_class", slo_class, MAX_SLO_CLASS_CHARS)
         if slo_class not in self.slo_classes:
-            raise InvalidRequestError("slo_class", f"unknown class {slo_class!r}; known: {sorted(self.slo_classes)}")
+            raise InvalidRequestError("slo_class", f"unknown class {shown(slo_class)}; "
+                                                   f"known: {sorted(self.slo_classes)}")
+        self._check_sampling(inp.sampling)
         sampling = _to_wire(inp.sampling)
         prompt = self._prompt(inp.prompt)
-        return RoutedRequest(inp.req_id or uuid.uuid4().hex, prompt, sampling, slo_class, self.slo_classes[slo_class])
+        return RoutedRequest(uuid.uuid4().hex, prompt, sampling, slo_class, self.slo_classes[slo_class],
+                             client_req_id=inp.req_id, cache_salt=inp.cache_salt)
+
+    def _check_names(self, inp: GenerateInput) -> None:
+        _check_text("req_id", inp.req_id, MAX_NAME_CHARS)
+        _check_text("model", inp.model, MAX_NAME_CHARS)
+        if inp.model and inp.model not in (self.model.name, self.model.model_id):
+            raise InvalidRequestError("model", f"{shown(inp.model)} is not served here (serving {self.model.name!r})")
+
+    def _check_sampling(self, params: SamplingParams) -> None:
+        """Bounds the engine does not set: what one request may ask of a worker."""
+        limit = self.model.max_model_len
+        if params.max_tokens > limit:  # the context bounds what any request can generate
+            raise InvalidRequestError("max_tokens", f"must be at most the context (max_model_len) {limit}, "
+                                                    f"got {params.max_tokens}")
+        if params.logprobs is not None and params.logprobs > MAX_LOGPROBS:
+            raise InvalidRequestError("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {params.logprobs}")
+        if len(params.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(params.stop)}")
+        for stop in params.stop:
+            _check_text("stop", stop, MAX_STOP_CHARS)
+        if len(params.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise InvalidRequestError("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} ids, "
+                                                        f"got {len(params.stop_token_ids)}")
 
     def _prompt(self, prompt: str | tuple[int, ...]) -> tuple[int, ...]:
         if isinstance(prompt, str):
+            _check_text("prompt", prompt, MAX_PROMPT_CHARS_PER_TOKEN * self.model.max_model_len)
             token_ids = tuple(self.tokenizer.encode(prompt)) if prompt else ()
         else:
             token_ids = tuple(prompt)
@@ -89,3 +140,26 @@ def _to_wire(params: SamplingParams) -> common_pb2.SamplingParams:
         if any(not -_INT32_LIMIT <= v < _INT32_LIMIT for v in field_values):
             raise InvalidRequestError(name, "a value is out of range")
     return sampling_to_proto(params)
+
+
+def shown(value: str) -> str:
+    """A client's value as an error quotes it: a short prefix (a long one would make the
+    error itself too big, e.g. for gRPC's trailing metadata), surrogates escaped by repr."""
+    return repr(value[:_SHOWN_CHARS]) + ("..." if len(value) > _SHOWN_CHARS else "")
+
+
+def _check_text(field: str, value: str, max_chars: int) -> None:
+    if len(value) > max_chars:
+        raise InvalidRequestError(field, f"has {len(value)} characters, at most {max_chars} are allowed")
+    if has_lone_surrogate(value):
+        raise InvalidRequestError(field, "holds a lone UTF-16 surrogate (e.g. \\ud800), which is not text")
+
+
+def has_lone_surrogate(text: str) -> bool:
+    """JSON may escape half of a UTF-16 pair on its own; Python decodes it into a str that
+    no UTF-8 encoder (tokenizer, protobuf, the response) accepts."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

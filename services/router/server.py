@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -27,6 +27,7 @@ from services.router.calls import WorkerCalls
 from services.router.cancel import Cancellation
 from services.router.config import RouterConfig
 from services.router.discovery import DECODE, PREFILL, Discovery, StaticDiscovery
+from services.router.drain import Drain, DrainingFront, DrainingReadiness
 from services.router.errors import RouterError
 from services.router.flow import GenerateFlow
 from services.router.front import Front
@@ -42,16 +43,19 @@ from services.router.policy import SaturationPolicy, WorkerPolicy
 from services.router.poller import LoadPoller
 from services.router.pools import Pool
 from services.router.readiness import Readiness
+from services.router.security import max_request_bytes
 from services.router.request import GenerateInput, RequestValidator
+from services.router.wire import add_router_to_server
 from services.router.workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
 
 _NO_DEADLINE_S = 365 * 24 * 3600.0
+_FINAL_MESSAGE_S = 2.0  # after a drain: for the last (error) messages to reach their clients
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
-    def __init__(self, cfg: RouterConfig, model: ModelInfo, front: Front):
+    def __init__(self, cfg: RouterConfig, model: ModelInfo, front: Front | DrainingFront):
         self.cfg, self.model, self.front = cfg, model, front
 
     @property
@@ -93,7 +97,8 @@ def _input(msg: router_pb2.GenerateRequest) -> GenerateInput:
     """Raises InvalidRequestError for a bad sampling field (the engine's own checks)."""
     which = msg.WhichOneof("prompt")
     prompt = msg.text if which == "text" else tuple(msg.token_ids.ids) if which == "token_ids" else ()
-    return GenerateInput(prompt, sampling_from_proto(msg.sampling), msg.req_id, msg.slo_class, msg.model)
+    return GenerateInput(prompt, sampling_from_proto(msg.sampling), msg.req_id, msg.slo_class, msg.model,
+                         msg.cache_salt)
 
 
 @dataclass
@@ -111,6 +116,7 @@ class RunningRouter:
     http: HttpServer | None = None  # the OpenAI-compatible API, when enabled
     kv_index: KVIndex | None = None  # which blocks each worker holds (placement "kv")
     kv_sources: KVSources | None = None
+    drain: Drain = field(default_factory=Drain)  # SIGTERM: refuse new requests, finish those in flight
 
     @property
     def http_port(self) -> int | None:
@@ -126,10 +132,20 @@ class RunningRouter:
         self.poller.poll_once()
 
     def stop(self, grace_s: float = 5.0) -> None:
+        """Drain, then stop (drain.py): new requests are refused at once (gRPC UNAVAILABLE,
+        HTTP 503, health NOT_SERVING); those in flight get `grace_s` (the drain timeout)
+        to finish; any still running then end with an error that says so."""
+        self.drain.start()
         self.poller.stop()  # first: a last round must not turn the stopping server's health back on
+        self.server.set_serving(False)
+        if not self.drain.wait_idle(grace_s):
+            num_cut = self.drain.cut(grace_s)
+            logger.warning("drain timeout (%g s): ending %d requests still in flight with an error", grace_s, num_cut)
+            self.drain.wait_idle(_FINAL_MESSAGE_S)
+        # the same short grace for both servers: what is left are final messages on their way out
         if self.http is not None:
-            self.http.stop(grace_s)
-        self.server.stop(grace_s)
+            self.http.stop(_FINAL_MESSAGE_S)
+        self.server.stop(_FINAL_MESSAGE_S)
         self.calls.close()
         if self.kv_sources is not None:
             self.kv_sources.close()
@@ -147,7 +163,8 @@ def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None,
                                  lambda cls, n, pool=pool: metrics.queued.labels(pool, cls).set(n))
              for pool in (PREFILL, DECODE)}
     registry = WorkerRegistry(discovery or StaticDiscovery(cfg.prefill_addresses, cfg.decode_addresses),
-                              on_change=lambda pool: gates[pool].wake())
+                              on_change=lambda pool: gates[pool].wake(), security=cfg.internal,
+                              kvstore_address=cfg.kvstore_address)
     kv_index = KVIndex(cfg.kv_index_max_blocks)
     kv_sources = KVSources(cfg, registry, kv_index)
     pools = _pools(cfg, registry, gates, metrics, placement_policies(
@@ -166,17 +183,20 @@ def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None,
     paths = path_policy(cfg, colocated=discovery is None and not cfg.prefill_addresses)
     flow = GenerateFlow(pools, paths, calls, metrics, cfg.kvstore_address, cfg.retry_after_ms)
     validator = RequestValidator(model, tokenizer, cfg.slo_classes, cfg.default_slo_class)
-    front = Front(validator, flow, metrics)
+    drain = Drain()
+    front = DrainingFront(Front(validator, flow, metrics), drain)
     servicer = RouterServicer(cfg, model, front)
     server = http_server = None
     try:
-        server = start_server([ServiceSpec("pdserve.v1.Router", router_pb2_grpc.add_RouterServicer_to_server,
+        server = start_server([ServiceSpec("pdserve.v1.Router", add_router_to_server,
                                            servicer)], cfg.host, cfg.port, max_workers=cfg.max_concurrent_streams,
-                              serving=readiness.ready())
+                              serving=readiness.ready(), security=cfg.public,
+                              max_receive_bytes=max_request_bytes(cfg.max_request_bytes, model.max_model_len))
         readiness.publish_to(server)
         metrics_port = metrics.metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None
         if http is not None:
-            backend = Backend(model, tokenizer, front, readiness, cfg.worker_timeout_s, time.time())
+            backend = Backend(model, tokenizer, front, DrainingReadiness(readiness, drain), cfg.worker_timeout_s,
+                              time.time())
             http_server = HttpServer(http, backend).start()
     except Exception:  # e.g. a port in use: leave no poller thread, channels or ports behind
         if server is not None:
@@ -190,7 +210,7 @@ def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None,
                 len(cfg.prefill_addresses), len(cfg.decode_addresses),
                 " (colocated: no prefill pool)" if paths.colocated else f" ({cfg.paths.policy} paths)", model.name)
     return RunningRouter(server, servicer, registry, poller, calls, metrics, metrics_port, pools, readiness,
-                         cfg.host, http_server, kv_index, kv_sources)
+                         cfg.host, http_server, kv_index, kv_sources, drain)
 
 
 def path_policy(cfg: RouterConfig, colocated: bool) -> PathPolicy:

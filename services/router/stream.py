@@ -2,6 +2,10 @@
 
     disaggregated: [first token, from the PrefillResponse] [decode msg] ... [final]
     direct:        [decode msg] ... [final]
+    resumed:       ... [decode msg] | the worker fails | [msg from another worker] ... [final]
+
+A resumed request's new worker replays the tokens already sent through its detokenizer,
+so its first message's text continues exactly where the last one's ended.
 
 The final message (finish_reason set) gets usage counted here, exactly as the client saw
 it, and timings merged from every hop: the router's queue time and TTFT, the prefill's
@@ -26,10 +30,14 @@ class ResponseStream:
         self.first_call: float | None = None
         self.first_token: float | None = None
         self.last_token: float | None = None
-        self.num_tokens = 0
+        self.token_ids: list[int] = []  # every token sent: a resumed request continues after them
         self._prefill_timings = common_pb2.Timings()
         self._cached_prompt_tokens: int | None = None  # from the prefill; None: the decode's count
         self._finished = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
 
     @property
     def finished(self) -> bool:
@@ -64,6 +72,7 @@ class ResponseStream:
     def _account(self, msg: common_pb2.GenerateResponse) -> common_pb2.GenerateResponse:
         if msg.token_ids:
             self._observe_tokens(len(msg.token_ids))
+            self.token_ids.extend(msg.token_ids)
         if msg.finish_reason:
             self._finish(msg)
         return msg
@@ -77,7 +86,6 @@ class ResponseStream:
             # a message may carry several tokens: each waited its share of the gap
             self.metrics.observe_itl(*self.labels, (t - self.last_token) / num_tokens)
         self.last_token = t
-        self.num_tokens += num_tokens
 
     def _finish(self, msg: common_pb2.GenerateResponse) -> None:
         self._finished = True

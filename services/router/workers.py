@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from grpc_health.v1 import health_pb2_grpc
 
 from services.common.grpc_server import channel
+from services.common.security import ClientSecurity
 from services.pb import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 from services.router.discovery import DECODE, POOLS, PREFILL, Discovery
 
@@ -52,22 +53,30 @@ def view_from_load(address: str, load: common_pb2.WorkerLoad, up: bool = True) -
 
 
 class _Worker:
-    def __init__(self, pool: str, address: str):
-        self.channel = channel(address, _RECONNECT_OPTIONS)
+    def __init__(self, pool: str, address: str, security: ClientSecurity):
+        self.channel = channel(address, _RECONNECT_OPTIONS, security)
         self.stub = _STUBS[pool](self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.view = WorkerView(address)
 
 
 class WorkerRegistry:
-    def __init__(self, discovery: Discovery, on_change: Callable[[str], None] = lambda pool: None):
+    def __init__(self, discovery: Discovery, on_change: Callable[[str], None] = lambda pool: None,
+                 security: ClientSecurity = ClientSecurity(), kvstore_address: str = ""):
         """`on_change(pool)` runs (outside the registry's lock) when a pool may have gained
         capacity: a poll's answer or a released request. Never on `reserve`, which runs
-        under an admission gate's lock: waking gates from there could deadlock two pools."""
+        under an admission gate's lock: waking gates from there could deadlock two pools.
+        `security`: how the router calls internal ports (its workers', the kvstore's).
+        `kvstore_address`: the kvstore whose health is polled with the workers ("": none)."""
+        self.security = security
         self._discovery = discovery
         self._on_change = on_change
         self._lock = threading.Lock()
         self._pools: dict[str, dict[str, _Worker]] = {pool: {} for pool in POOLS}
+        # callbacks run when a poll finds a worker unreachable (its open decode streams migrate)
+        self._lost_watchers: dict[str, dict[int, Callable[[], None]]] = {}
+        self._next_watcher = 0
+        self.kvstore = KVStoreStatus(kvstore_address, security)
         self.sync()
 
     def sync(self) -> None:
@@ -79,7 +88,7 @@ class WorkerRegistry:
                 gone = [workers.pop(a) for a in list(workers) if a not in wanted]
                 for address in wanted:
                     if address not in workers:  # (not setdefault: that would open a channel each time)
-                        workers[address] = _Worker(pool, address)
+                        workers[address] = _Worker(pool, address, self.security)
             for worker in gone:
                 worker.channel.close()
 
@@ -96,11 +105,29 @@ class WorkerRegistry:
         with self._lock:
             return {a: (w.stub, w.health) for a, w in self._pools[pool].items()}
 
-    def report(self, pool: str, address: str, load: common_pb2.WorkerLoad | None) -> None:
-        """A poll's answer; None when the worker did not answer or is not SERVING."""
-        self._update(pool, address, lambda v: replace(view_from_load(address, load), in_flight=v.in_flight,
+    def report(self, pool: str, address: str, load: common_pb2.WorkerLoad | None, serving: bool = True) -> None:
+        """A poll's answer; None when the worker did not answer. A worker that answers but
+        is not SERVING (draining) takes no new work, yet finishes the streams it has."""
+        self._update(pool, address, lambda v: replace(view_from_load(address, load, serving), in_flight=v.in_flight,
                                                       in_flight_tokens=v.in_flight_tokens)
                      if load is not None else replace(v, up=False))
+        if load is None:
+            self._lost(address)
+
+    def on_lost(self, address: str, fn: Callable[[], None]) -> Callable[[], None]:
+        """Run fn when a poll finds the worker unreachable (a hung or partitioned worker,
+        whose open streams would otherwise wait for ever); returns its unregister."""
+        with self._lock:
+            key, self._next_watcher = self._next_watcher, self._next_watcher + 1
+            self._lost_watchers.setdefault(address, {})[key] = fn
+
+        def unregister() -> None:
+            with self._lock:
+                watchers = self._lost_watchers.get(address, {})
+                watchers.pop(key, None)
+                if not watchers:
+                    self._lost_watchers.pop(address, None)
+        return unregister
 
     def mark_down(self, pool: str, address: str) -> None:
         """A call failed as if the worker were gone: stop choosing it until it answers a poll."""
@@ -122,6 +149,13 @@ class WorkerRegistry:
             self._pools = {pool: {} for pool in POOLS}
         for worker in workers:
             worker.channel.close()
+        self.kvstore.close()
+
+    def _lost(self, address: str) -> None:
+        with self._lock:
+            watchers = list(self._lost_watchers.pop(address, {}).values())
+        for fn in watchers:
+            fn()
 
     def _update(self, pool: str, address: str, change: Callable[[WorkerView], WorkerView],
                 notify: bool = True) -> None:
@@ -132,6 +166,26 @@ class WorkerRegistry:
             worker.view = change(worker.view)
         if notify:
             self._on_change(pool)
+
+
+class KVStoreStatus:
+    """Whether the kvstore answers its health checks, polled with the workers. While it is
+    down, prompts skip the prefill pool (their KV could not reach a decode worker: the
+    prompt would be prefilled twice) and resumed requests recompute instead of asking it.
+    Up until a poll says otherwise; always up when the router knows no kvstore."""
+
+    def __init__(self, address: str, security: ClientSecurity):
+        self.address = address
+        self._channel = channel(address, _RECONNECT_OPTIONS, security) if address else None
+        self.health = health_pb2_grpc.HealthStub(self._channel) if self._channel is not None else None
+        self.up = True
+
+    def report(self, up: bool) -> None:
+        self.up = up
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
 
 
 def _add_in_flight(requests: int, tokens: int) -> Callable[[WorkerView], WorkerView]:

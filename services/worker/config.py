@@ -6,9 +6,12 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.config import EngineConfig, SchedulerConfig
 from engine.dtypes import DTYPE_NAMES
 from services.common import defaults
+from services.common.security import (ClientSecurity, ServerSecurity, add_internal_client_arguments,
+                                      add_internal_token_argument, add_server_tls_arguments,
+                                      internal_client_security, internal_server_security)
 
 
 @dataclass(frozen=True)
@@ -20,8 +23,10 @@ class WorkerConfig:
     kvstore_address: str = ""
     kvstore_transport: str = "grpc"
     max_waiting: int = 256  # admission bound: beyond it the worker answers RESOURCE_EXHAUSTED
-    lease_ttl_ms: int = 60_000
-    drain_timeout_s: float = 30.0  # on shutdown: how long in-flight requests may take to finish
+    lease_ttl_ms: int = 0  # a prefill's lease on the KV it wrote; 0: the kvstore's --lease-ttl-ms decides
+    drain_timeout_s: float = defaults.DRAIN_TIMEOUT_S  # on shutdown: how long in-flight requests may take to finish
+    security: ServerSecurity = ServerSecurity()    # what its port asks of callers (the router)
+    internal: ClientSecurity = ClientSecurity()    # how it calls the kvstore
 
 
 _ENGINE, _SCHEDULER, _WORKER = EngineConfig(), SchedulerConfig(), WorkerConfig()
@@ -54,6 +59,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int) -> 
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for this worker")
     parser.add_argument("--drain-timeout-s", type=float, default=_WORKER.drain_timeout_s,
                         help="on SIGTERM: how long in-flight requests may take to finish")
+    add_internal_token_argument(parser)
+    add_server_tls_arguments(parser, "this worker's gRPC port")
+    add_internal_client_arguments(parser)
 
 
 def worker_config_from_args(args) -> WorkerConfig:
@@ -68,7 +76,8 @@ def worker_config_from_args(args) -> WorkerConfig:
                                  cuda_graph_batch_sizes=args.cuda_graph_batch_sizes)
     return WorkerConfig(engine=engine, host=args.host, port=args.port, metrics_port=args.metrics_port,
                         kvstore_address=args.kvstore, kvstore_transport=args.kvstore_transport,
-                        drain_timeout_s=args.drain_timeout_s)
+                        drain_timeout_s=args.drain_timeout_s, security=internal_server_security(args),
+                        internal=internal_client_security(args))
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:

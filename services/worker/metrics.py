@@ -27,6 +27,9 @@ class WorkerMetrics:
         self.prefix_hits = m.gauge("prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache")
         self.kvstore_imported = m.counter("kvstore_imported_tokens_total", "Prompt tokens imported from the kvstore")
         self.recompute = m.counter("recompute_fallbacks_total", "Blocks the kvstore no longer had, recomputed")
+        self.kv_blocks_rejected = m.counter("worker_kv_blocks_rejected_total",
+                                            "KV blocks read from the kvstore and refused before use (they and "
+                                            "the blocks after them are recomputed), by reason", ("reason",))
         self.kv_write_failures = m.counter("kv_write_failures_total", "Prefills whose KV could not be stored")
 
     def update(self, stats: EngineStats) -> None:

@@ -17,6 +17,13 @@ from services.worker.kv_events import WorkerKVEvents
 from services.worker.metrics import WorkerMetrics
 from services.worker.servicer import WorkerServicer
 
+# A worker's kvstore channel. A kvstore that restarts must be read from again within a
+# second, not after gRPC's default reconnect backoff (1 s growing 1.6x per failed try to
+# 2 min: about 30 s into a short outage), during which every long prompt is recomputed.
+# RPCs still fail fast while it is down (no wait_for_ready): computing beats waiting.
+KVSTORE_CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                           ("grpc.max_reconnect_backoff_ms", 1000))
+
 
 @dataclass
 class RunningWorker:
@@ -32,14 +39,18 @@ class RunningWorker:
         return f"127.0.0.1:{self.server.port}"
 
     def stop(self) -> None:
-        """Drain: stop taking work (health NOT_SERVING), let in-flight calls finish, stop."""
+        """Drain: stop taking work (health NOT_SERVING), let in-flight calls finish, then
+        the servicer's own drain (close: a prefill's KV writes and their EndWrite) while
+        the engine still runs, and only then the engine and the kvstore connection."""
         self.servicer.draining = True
         if self.kv_events is not None:
             self.kv_events.close()  # its open streams would otherwise hold the drain's whole grace
         self.server.stop(grace=self.drain_timeout_s)
+        # calls cut at the grace's end still run their handlers: close() waits for those
+        # (they need the engine loop to end) before it disconnects from the kvstore
+        self.servicer.close()
         self.loop.stop()
         self.servicer.metrics.metrics.close()
-        self.servicer.close()
 
 
 def build_engine(cfg: WorkerConfig, loaded=None) -> EngineCore:
@@ -56,7 +67,7 @@ def serve_worker(cfg: WorkerConfig, loaded, role: str, service_name: str, regist
     loop.start()
     servicer = make_servicer(loop, metrics)
     server = start_server([ServiceSpec(service_name, register, servicer), kv_events_service(kv_events.publisher)],
-                          cfg.host, cfg.port)
+                          cfg.host, cfg.port, security=cfg.security)
     metrics_port = metrics.metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None
     logging.getLogger(__name__).info("%s worker on %s:%d (model %s)", role, cfg.host, server.port, cfg.engine.model)
     return RunningWorker(server, loop, servicer, metrics_port, cfg.drain_timeout_s, kv_events)

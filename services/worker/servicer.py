@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import grpc
 
 from engine import InvalidRequestError, SamplingParams
+from engine.core.block_hash import check_cache_salt
 from engine.stats import EngineStats
 from services.common.convert import sampling_from_proto
 from services.pb import common_pb2
@@ -29,6 +30,7 @@ class AdmittedRequest:
     params: SamplingParams
     priority: int
     start: float  # when the worker took it (monotonic)
+    cache_salt: str = ""  # shares cached KV only with requests of the same salt
 
 
 def load_to_proto(stats: EngineStats, max_num_seqs: int, draining: bool) -> common_pb2.WorkerLoad:
@@ -59,9 +61,12 @@ class WorkerServicer:
         try:
             params = sampling_from_proto(request.sampling)
             self.loop.info.validate(prompt, params)
+            if (problem := check_cache_salt(request.cache_salt)) is not None:
+                raise InvalidRequestError("cache_salt", problem)
         except InvalidRequestError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        return AdmittedRequest(request.req_id or uuid.uuid4().hex, prompt, params, request.priority, start)
+        return AdmittedRequest(request.req_id or uuid.uuid4().hex, prompt, params, request.priority, start,
+                               request.cache_salt)
 
     def abort_when_caller_leaves(self, req_id: str, context: grpc.ServicerContext) -> None:
         if not context.add_callback(lambda: self.loop.abort(req_id)):  # (a no-op once the request is done)

@@ -131,15 +131,35 @@ def test_every_container_runs_as_non_root_on_a_read_only_root(name):
 
 
 @pytest.mark.parametrize("name", ALL)
-@pytest.mark.parametrize("pool", ["prefill", "decode"])
-def test_workers_drain_before_they_stop(name, pool):
+@pytest.mark.parametrize("pool", ["router", "prefill", "decode"])
+def test_router_and_workers_drain_before_they_stop(name, pool):
     v = values(name)[pool]
     spec = deployment(render(name), pool)["spec"]["template"]["spec"]
     c = spec["containers"][0]
     assert c["lifecycle"]["preStop"] == {"sleep": {"seconds": v["preStopSleepSeconds"]}}
-    # the pause, then SIGTERM: the worker goes NOT_SERVING (readiness fails) and finishes its work
-    assert spec["terminationGracePeriodSeconds"] == v["terminationGracePeriodSeconds"]
-    assert spec["terminationGracePeriodSeconds"] >= v["preStopSleepSeconds"] + 30
+    # the pause, then SIGTERM: the process goes NOT_SERVING (readiness fails) and finishes its
+    # work within its --drain-timeout-s, the pool's one value; the grace period covers both
+    assert parse(c).drain_timeout_s == v["drainTimeoutSeconds"]
+    assert spec["terminationGracePeriodSeconds"] > v["preStopSleepSeconds"] + v["drainTimeoutSeconds"]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_router_drains_as_long_as_the_decode_workers(name):
+    """A router that stopped sooner would cut streams its decode workers still finish."""
+    m = render(name)
+    router, decode = (parse(container(deployment(m, pool))) for pool in ("router", "decode"))
+    assert router.drain_timeout_s >= decode.drain_timeout_s
+
+
+def test_drain_values_reach_the_processes():
+    m = render("default", sets=("decode.drainTimeoutSeconds=200", "router.drainTimeoutSeconds=250",
+                                "prefill.drainTimeoutSeconds=7", "kvstore.leaseTtlMs=4321"))
+    grace = {pool: deployment(m, pool)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+             for pool in ("router", "prefill", "decode")}
+    assert grace == {"router": 5 + 250 + 10, "prefill": 5 + 7 + 10, "decode": 5 + 200 + 10}
+    assert parse(container(deployment(m, "prefill"))).drain_timeout_s == 7
+    # the lease TTL is the kvstore's, and the workers ask for the kvstore's (ttl 0)
+    assert parse(container(deployment(m, "kvstore"))).lease_ttl_ms == 4321
 
 
 @pytest.mark.parametrize("component", COMPONENTS)

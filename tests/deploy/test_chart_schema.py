@@ -49,7 +49,7 @@ def test_the_schema_refuses(sets, where):
     (("decode.imageVariant=cpu",), "decode: engine.device=cuda needs decode.imageVariant=cuda"),
     (("decode.autoscaling.minReplicas=9", "decode.autoscaling.maxReplicas=4"),
      "decode.autoscaling: minReplicas=9 is above maxReplicas=4"),
-    (("prefill.terminationGracePeriodSeconds=5",), "leaves no time to drain"),
+    (("router.drainTimeoutSeconds=30",), "router.drainTimeoutSeconds=30 is below decode.drainTimeoutSeconds=105"),
     (("decode.autoscaling.metric.name=pdserve_prefill_ttft_seconds",), "must differ"),
     (("router.http.port=50051",), "router: port, http.port and metricsPort must differ"),
     (("kvstore.port=9090",), "kvstore.port=9090 is also metricsPort"),

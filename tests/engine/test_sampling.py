@@ -7,7 +7,8 @@ import torch
 from engine import LLM, SamplingParams
 from engine.model.loader import load_model
 from engine.model.source import resolve_model
-from engine.sample.sampler import sample
+from engine.request import RequestMode
+from engine.sample.sampler import sample, seeded_sample
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,43 @@ def test_seed_is_per_request_not_per_batch(llm):
     assert alone == in_batch
 
 
+def _run(engine, req_id, prompt, params, **kw):
+    engine.add_request(req_id, prompt, params, **kw)
+    final = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.req_id == req_id and out.finished:
+                final = out
+    return final
+
+
+def test_seeded_continuation_elsewhere_equals_one_engine(llm):
+    # the first token sampled by a prefill-only request, the rest by a decode-only one that
+    # recomputes the prompt (another worker, say): the same tokens as one colocated run
+    engine = llm.engine
+    prompt = llm.tokenizer.encode(PROMPTS[1])
+    params = SamplingParams(temperature=1.0, seed=7, max_tokens=12, ignore_eos=True)
+    whole = llm.generate(PROMPTS[1], params)[0].token_ids
+    first = _run(engine, "p", prompt, params, mode=RequestMode.PREFILL_ONLY)
+    assert first.finish_reason == "handoff" and first.token_ids == whole[:1]
+    for cut in (1, 5):  # resumed after the prefill's first token, or mid-stream (a migration)
+        rest = _run(engine, f"d{cut}", prompt, params, mode=RequestMode.DECODE_ONLY, output_token_ids=whole[:cut])
+        assert rest.token_ids == whole
+
+
+def test_seeded_draw_follows_the_distribution():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0]])
+    n = 4000
+    picked = torch.cat([seeded_sample(probs, [(seed, 3)]) for seed in range(n)])
+    freq = torch.bincount(picked, minlength=5).double() / n
+    assert freq[4] == 0  # a filtered-out token is never drawn
+    assert torch.allclose(freq[:4], probs[0, :4].double(), atol=0.03)
+    # one key, one draw; neighbouring positions draw independently
+    assert seeded_sample(probs, [(1, 3)]) == seeded_sample(probs, [(1, 3)])
+    by_position = torch.cat([seeded_sample(probs, [(1, pos)]) for pos in range(200)])
+    assert len(set(by_position.tolist())) == 4
+
+
 def test_degenerate_filters_equal_greedy(llm):
     greedy = _ids(llm, SamplingParams(temperature=0, max_tokens=10))
     assert _ids(llm, SamplingParams(temperature=0.8, top_k=1, seed=3, max_tokens=10)) == greedy
@@ -49,12 +87,12 @@ def test_degenerate_filters_equal_greedy(llm):
 def test_filters_keep_only_allowed_tokens():
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]]).repeat(200, 1)
     gen = torch.Generator().manual_seed(0)
-    picked = set(sample(logits, [SamplingParams(temperature=5.0, top_k=2)] * 200, [None] * 200, gen).token_ids)
+    picked = set(sample(logits, [SamplingParams(temperature=5.0, top_k=2)] * 200, list(range(200)), gen).token_ids)
     assert picked == {0, 1}
     # top_p: probabilities of [4,3,2,1,0] at T=1 are .64 .24 .09 ...; p=0.8 keeps the first two
-    picked = set(sample(logits, [SamplingParams(temperature=1.0, top_p=0.8)] * 200, [None] * 200, gen).token_ids)
+    picked = set(sample(logits, [SamplingParams(temperature=1.0, top_p=0.8)] * 200, list(range(200)), gen).token_ids)
     assert picked == {0, 1}
-    picked = set(sample(logits, [SamplingParams(temperature=1.0, min_p=0.3)] * 200, [None] * 200, gen).token_ids)
+    picked = set(sample(logits, [SamplingParams(temperature=1.0, min_p=0.3)] * 200, list(range(200)), gen).token_ids)
     assert picked == {0, 1}  # 0.24 / 0.64 > 0.3 > 0.09 / 0.64
 
 

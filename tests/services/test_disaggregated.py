@@ -17,6 +17,7 @@ from services.common.grpc_server import channel
 from services.pb import (common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, router_pb2,
                          router_pb2_grpc)
 from services.router.client import RouterClient
+from services.kvstore.store import hash_key
 from tests.services.cluster import start_cluster
 
 MAX_TOKENS = 12
@@ -132,11 +133,13 @@ def test_prefix_reuse_across_prefill_workers(cluster, offline):
     assert [reply.first_token_id] + _tokens(msgs) == offline[tuple(shared)].token_ids
 
 
-def test_evicted_block_is_recomputed(cluster, offline):
+def test_evicted_block_is_recomputed(cluster, offline, monkeypatch):
     reply = _prefill_direct(cluster.prefills[0], LONG[1], "e")
-    handle = common_pb2.KVHandle()
-    handle.CopyFrom(reply.kv_handle)
-    handle.block_hashes[2] = b"\x00" * 32  # the store does not have it: as if evicted
+    handle = reply.kv_handle
+    store = cluster.kvstore.store
+    evicted, real_get = hash_key(handle.block_hashes[2]), store.get
+    # the store answers as if it no longer had block 2 (the decode asks by its own hashes)
+    monkeypatch.setattr(store, "get", lambda keys: [None if k == evicted else b for k, b in zip(keys, real_get(keys))])
     decode = cluster.decodes[0]
     before = decode.servicer.metrics.recompute._value.get()
     msgs = _decode_direct(decode, LONG[1], reply.first_token_id, handle, "e")

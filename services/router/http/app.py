@@ -30,6 +30,7 @@ from services.router.http.backend import Backend
 from services.router.http.config import HttpConfig
 from services.router.http.errors import (ApiError, from_invalid, from_router, install_handlers, model_not_found,
                                          server_error)
+from services.router.http.limits import BodyLimit
 from services.router.http.logprobs import TokenText
 from services.router.http.replies import ChatReply, CompletionReply, Reply
 from services.router.http.runs import RunGroup
@@ -43,8 +44,11 @@ _CLIENT_CLOSED = 499  # nobody reads it: the status logged for a client that wen
 
 
 def create_app(backend: Backend, cfg: HttpConfig, executor: Executor) -> FastAPI:
-    app = FastAPI(title="pdserve", docs_url=None, redoc_url=None, openapi_url=None)
+    # /openapi.json: the request bodies' schema (clients, and the fuzz tests, generate from it)
+    app = FastAPI(title="pdserve", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     install_handlers(app, on_invalid_body=backend.front.count_invalid)
+    # added first, so it runs after the key check: a stranger's body is never read
+    app.add_middleware(BodyLimit, max_bytes=cfg.request_bytes_limit(backend.model.max_model_len))
     if cfg.api_key is not None:
         app.add_middleware(ApiKeyGuard, api_key=cfg.api_key)
     api = _Api(backend, cfg, executor)
@@ -68,7 +72,8 @@ class _Api:
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         return await self._generate(request, ChatReply, lambda: chat_job(
-            body, self.backend.model, self.backend.tokenizer, request.headers.get(SLO_HEADER), self.cfg.max_choices))
+            body, self.backend.model, self.backend.tokenizer, request.headers.get(SLO_HEADER), self.cfg.max_choices,
+            self.cfg.max_messages))
 
     async def models(self) -> dict:
         return {"object": "list", "data": [self._card()]}

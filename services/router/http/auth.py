@@ -1,12 +1,14 @@
 """The API key check, when one is configured (without one the middleware is not installed).
 
 Every path needs `Authorization: Bearer <key>` except GET /health and /metrics: probes
-and Prometheus scrape without credentials, as they do every other pdserve service.
+and Prometheus scrape without credentials, as they do every other pdserve service. The
+check is the gRPC API's (services/common/auth.py): a comma-separated key lists several,
+any of them accepted (rotation, docs/security.md).
 """
 from __future__ import annotations
 
-import hmac
-
+from services.common.auth import bearer_problem, parse_tokens
+from services.common.security import API_KEY
 from services.router.http.errors import ApiError
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
@@ -18,7 +20,9 @@ class ApiKeyGuard:
 
     def __init__(self, app, api_key: str):
         self.app = app
-        self._key = api_key.encode()
+        self._keys = parse_tokens(api_key, "api_key")
+        if not self._keys:
+            raise ValueError("api_key: must not be empty")
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -34,7 +38,4 @@ class ApiKeyGuard:
     def _problem(self, header: bytes | None) -> str | None:
         if not header:
             return "missing API key: send the header 'Authorization: Bearer <key>'"
-        scheme, _, token = header.partition(b" ")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self._key):
-            return "invalid API key"
-        return None
+        return bearer_problem(header, self._keys, API_KEY)

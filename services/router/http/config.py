@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.common.auth import parse_tokens
 from services.common.defaults import HOST, ROUTER_HTTP_PORT
+from services.common.tls import ServerTLS
 
 API_KEY_ENV = "PDSERVE_API_KEY"
 
@@ -13,14 +15,28 @@ class HttpConfig:
     host: str = HOST
     port: int = ROUTER_HTTP_PORT  # 0: any free port (tests)
     api_key: str | None = field(default=None, repr=False)  # set: all but /health, /metrics need "Bearer <key>"
+    # (comma-separated: any of them; see docs/security.md)
+    tls: ServerTLS | None = None  # set: HTTPS only (the router's --tls-cert-file/--tls-key-file)
     max_choices: int = 64         # n × prompts of one request: each choice is a request on the workers
     max_threads: int = 256        # each running choice holds one thread while the routing flow blocks
     grace_s: float = 5.0          # on stop, how long open responses may take to finish
+    # the largest body read (413 past it); None: the router's rule from the context length
+    max_request_bytes: int | None = None
+    max_messages: int = 1024      # of one chat request (each is at least a few tokens of the context)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"http_port: must be in [0, 65535], got {self.port}")
         if self.api_key == "":
             raise ValueError("api_key: must not be empty (leave it unset to disable the check)")
-        if self.max_choices < 1 or self.max_threads < 1:
-            raise ValueError("max_choices and max_threads: must be >= 1")
+        parse_tokens(self.api_key, "api_key")
+        if self.max_choices < 1 or self.max_threads < 1 or self.max_messages < 1:
+            raise ValueError("max_choices, max_threads and max_messages: must be >= 1")
+        if self.max_request_bytes is not None and self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes: must be >= 1, got {self.max_request_bytes}")
+
+    def request_bytes_limit(self, max_model_len: int) -> int:
+        """The body bound: the same as the router's gRPC port (--max-request-bytes, else
+        generous bytes per token of the context plus slack)."""
+        from services.router.security import max_request_bytes  # here: that module imports this one
+        return max_request_bytes(self.max_request_bytes, max_model_len)

@@ -9,7 +9,9 @@
     500/504                   a worker failed / the worker timeout passed
 
 The router's own errors arrive as RouterError (a gRPC status) or InvalidRequestError (a
-field); both are translated here, so HTTP and gRPC clients learn the same reason.
+field); both are translated here, so HTTP and gRPC clients learn the same reason. No
+message names a worker (RouterError scrubs addresses) or quotes an exception's text (a
+bug's 500 says only that it happened; the log has the rest).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine import InvalidRequestError
 from services.router.errors import RouterError
+from services.router.request import shown
 
 INVALID = "invalid_request_error"
 _BY_GRPC_CODE = {  # status, type, code
@@ -37,6 +40,8 @@ _BY_GRPC_CODE = {  # status, type, code
 class ApiError(Exception):
     def __init__(self, status: int, message: str, type_: str = INVALID, param: str | None = None,
                  code: str | None = None, headers: Mapping[str, str] | None = None):
+        # a client's text quoted back may hold a lone surrogate, which no UTF-8 encoder takes
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
         self.headers = dict(headers or {})
@@ -53,7 +58,7 @@ def bad_request(param: str, message: str) -> ApiError:
 
 
 def model_not_found(model: str, served: str) -> ApiError:
-    return ApiError(404, f"The model {model!r} does not exist; this server serves {served!r}",
+    return ApiError(404, f"The model {shown(model)} does not exist; this server serves {served!r}",
                     param="model", code="model_not_found")
 
 
@@ -77,7 +82,10 @@ def from_router(e: RouterError) -> ApiError:
 
 def from_validation(e: RequestValidationError) -> ApiError:
     """pydantic's 422 as OpenAI's 400, naming the first bad field."""
-    first = e.errors()[0] if e.errors() else {}
+    errors = e.errors()
+    # a union's branches each report: a value the field's own check refused says more than
+    # "not a string" from a branch the value was never meant for
+    first = next((err for err in errors if err.get("type") == "value_error"), errors[0] if errors else {})
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = _param_path(loc) or None
     message = first.get("msg", "invalid request body")
@@ -100,7 +108,8 @@ def _param_path(loc: list[str]) -> str:
 
 
 def server_error(e: Exception) -> ApiError:
-    return ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+    """A bug's 500: its text could name anything (a worker, a path), so it stays in the log."""
+    return ApiError(500, "internal error; the router's log has the details", "server_error")
 
 
 def install_handlers(app: FastAPI, on_invalid_body: Callable[[], None]) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import uvicorn
 
+from services.common.tls import ServerTLS
 from services.router.http.app import create_app
 from services.router.http.backend import Backend
 from services.router.http.config import HttpConfig
@@ -24,7 +26,7 @@ class HttpServer:
         app = create_app(backend, cfg, self._executor)
         # log_config=None: keep the process's logging as the service configured it
         config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=cfg.grace_s)
+                                timeout_graceful_shutdown=cfg.grace_s, **_ssl(cfg.tls))
         self._server = uvicorn.Server(config)
         self._socket = _bind(cfg.host, cfg.port)  # here, so a taken port fails the router's start
         self.port: int = self._socket.getsockname()[1]
@@ -38,7 +40,11 @@ class HttpServer:
                 self.stop(0)
                 raise RuntimeError(f"the HTTP API did not start on {self.cfg.host}:{self.port}")
             time.sleep(0.01)
-        logger.info("OpenAI-compatible API on http://%s:%d/v1", self.cfg.host, self.port)
+        scheme = "https" if self.cfg.tls is not None else "http"
+        logger.info("OpenAI-compatible API on %s://%s:%d/v1", scheme, self.cfg.host, self.port)
+        if self.cfg.api_key is None:
+            logger.warning("the HTTP API on %s:%d accepts any caller: no API key is configured "
+                           "(see docs/security.md)", self.cfg.host, self.port)
         return self
 
     def stop(self, grace_s: float | None = None) -> None:
@@ -57,6 +63,14 @@ class HttpServer:
             self._server.run(sockets=[self._socket])
         except BaseException:  # uvicorn exits with SystemExit on startup failures
             logger.exception("the HTTP API server failed")
+
+
+def _ssl(tls: ServerTLS | None) -> dict:
+    """uvicorn's TLS settings: the certificate, and with a client CA, client certificates required."""
+    if tls is None:
+        return {}
+    client = {"ssl_ca_certs": tls.client_ca_file, "ssl_cert_reqs": ssl.CERT_REQUIRED} if tls.client_ca_file else {}
+    return {"ssl_certfile": tls.cert_file, "ssl_keyfile": tls.key_file, **client}
 
 
 def _bind(host: str, port: int) -> socket.socket:

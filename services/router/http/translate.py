@@ -56,14 +56,14 @@ def completion_job(body: CompletionRequest, model: ModelInfo, slo_header: str | 
 
 
 def chat_job(body: ChatCompletionRequest, model: ModelInfo, tokenizer, slo_header: str | None,
-             max_choices: int) -> Job:
+             max_choices: int, max_messages: int) -> Job:
     _check_common(body, model)
     if body.tools or body.functions:
         raise bad_request("tools" if body.tools else "functions", "tool calling is not supported")
     if body.response_format and body.response_format.get("type", "text") != "text":
         raise bad_request("response_format", "only {\"type\": \"text\"} is supported")
     top = _chat_top_logprobs(body)
-    token_ids = chat_prompt(body, tokenizer)
+    token_ids = chat_prompt(body, tokenizer, max_messages)
     max_name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if max_tokens is None:  # as OpenAI: up to the end of the context
@@ -73,9 +73,13 @@ def chat_job(body: ChatCompletionRequest, model: ModelInfo, tokenizer, slo_heade
     return _job(body, [token_ids], _sampling(body, max_tokens, top), slo_header, max_choices, top, rename)
 
 
-def chat_prompt(body: ChatCompletionRequest, tokenizer) -> list[int]:
+def chat_prompt(body: ChatCompletionRequest, tokenizer, max_messages: int) -> list[int]:
+    """Refused before the template runs: too many messages, a role the API does not know, and
+    (engine.chat) control-token text in a content that cannot be kept plain text."""
     if not body.messages:
         raise bad_request("messages", "must hold at least one message")
+    if len(body.messages) > max_messages:
+        raise bad_request("messages", f"at most {max_messages} messages, got {len(body.messages)}")
     conversation = [{"role": m.role, "content": _text(m.content, i)} for i, m in enumerate(body.messages)]
     try:
         return encode_chat_prompt(tokenizer, conversation)[1]
@@ -154,7 +158,8 @@ def _job(body: _GenerateRequest, prompts: list, sampling: dict, slo_header: str 
         run_id = req_id if num_choices == 1 else f"{req_id}-{i}"
         prompt = prompts[i // n]
         inputs.append(GenerateInput(prompt if isinstance(prompt, str) else tuple(prompt),
-                                    _params(run_sampling, rename), run_id, slo_class, body.model))
+                                    _params(run_sampling, rename), run_id, slo_class, body.model,
+                                    body.cache_salt or ""))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return Job(req_id, tuple(inputs), tuple(i // n for i in range(num_choices)), bool(body.stream),
                include_usage, logprobs, rename)

@@ -15,7 +15,10 @@ from services.kvstore.memory_store import MemoryBlockStore
 from services.kvstore.redis_store import RedisBlockStore
 from services.kvstore.server import KVStoreConfig, serve
 from services.kvstore.store import NULL_EVENTS, StoredBlock, StoreEvents, hash_key, tail_key
+from engine.core.block_hash import BLOCK_HASH_BYTES
+from engine.kv_transfer import KVLayout
 from services.pb import kvstore_pb2
+from services.worker.kv_integrity import seal
 
 START = 1_700_000_000.0  # the fake clock's epoch: a wall-clock-like value, as Redis leases expect
 
@@ -112,13 +115,23 @@ def block(name: str, num_bytes: int = 10, fill: bytes = b"x") -> StoredBlock:
     return StoredBlock(key, b"header:" + name.encode(), fill * num_bytes)
 
 
+def h(name: bytes) -> bytes:
+    """A well-formed block hash (32 bytes) named by a short test name."""
+    return name if len(name) == BLOCK_HASH_BYTES else name.ljust(BLOCK_HASH_BYTES, b".")
+
+
 def wire_block(block_hash: bytes = b"", tail: str = "", num_layers: int = 2, block_size: int = 4,
                fill: int = 1) -> kvstore_pb2.KVBlock:
-    """A valid float16 block on the wire: [layers, 2, block_size, 1 head, 2 dims]."""
+    """A valid, sealed float16 block on the wire: [layers, 2, block_size, 1 head, 2 dims],
+    under h(block_hash) (or the tail key)."""
     shape = [num_layers, 2, block_size, 1, 2]
-    header = kvstore_pb2.KVBlockHeader(block_hash=block_hash, tail_key=tail, dtype="float16", shape=shape,
-                                       layer_start=0, layer_end=num_layers, num_tokens=block_size)
-    return kvstore_pb2.KVBlock(header=header, data=bytes([fill]) * (num_layers * 2 * block_size * 2 * 2), found=True)
+    layout = KVLayout.of("test-model", "float16", tuple(shape))
+    header = kvstore_pb2.KVBlockHeader(block_hash=h(block_hash) if block_hash else b"", tail_key=tail,
+                                       dtype="float16", shape=shape, layer_start=0, layer_end=num_layers,
+                                       num_tokens=block_size, model_fingerprint=layout.fingerprint,
+                                       model_id=layout.model_id)
+    data = bytes([fill]) * (num_layers * 2 * block_size * 2 * 2)
+    return kvstore_pb2.KVBlock(header=seal(header, data), data=data, found=True)
 
 
 WIRE_BLOCK_BYTES = len(wire_block(b"x").data)

@@ -9,7 +9,7 @@ import grpc
 import pytest
 import torch
 
-from engine.kv_transfer import KVPayload
+from engine.kv_transfer import KVLayout, KVPayload
 from services.common.grpc_server import channel
 from services.kvstore import batch_codec
 from services.kvstore.client import KVStoreClient
@@ -17,8 +17,10 @@ from services.kvstore.errors import InvalidArgument
 from services.pb import kvstore_pb2 as pb
 from services.pb import kvstore_pb2_grpc
 from services.worker.kv_wire import payload_from_batches, payload_to_put
+from tests.services.kvstore.conftest import h, wire_block
 
 BLOCK_SIZE = 4
+LAYOUT = KVLayout.of("test-model", "bfloat16", (3, 2, BLOCK_SIZE, 2, 8))
 
 
 def test_the_codec_writes_what_protobuf_reads_and_reads_what_it_writes():
@@ -45,7 +47,7 @@ def test_a_malformed_message_is_invalid_argument(bad):
 def payload(num_blocks: int, num_tokens: int, seed: int = 0) -> KVPayload:
     gen = torch.Generator().manual_seed(seed)
     blocks = torch.randn((num_blocks, 3, 2, BLOCK_SIZE, 2, 8), generator=gen).to(torch.bfloat16)
-    hashes = [bytes([seed, i]) * 8 for i in range(num_tokens // BLOCK_SIZE)]
+    hashes = [bytes([seed, i]) * 16 for i in range(num_tokens // BLOCK_SIZE)]
     return KVPayload(num_tokens, blocks, hashes)
 
 
@@ -59,21 +61,21 @@ def client(request, start_kvstore):
 
 def test_a_payload_round_trips_bit_exact_with_its_tail(client):
     sent = payload(num_blocks=5, num_tokens=4 * BLOCK_SIZE + 3)   # 4 full blocks and a tail
-    headers, data = payload_to_put(sent, BLOCK_SIZE, tail_key="r/tail")
+    headers, data = payload_to_put(sent, LAYOUT, tail_key="r/tail")
     assert client.put_blocks(headers, data) == 5
-    got = payload_from_batches(client.get_blocks(sent.block_hashes, ["r/tail"]), sent.block_hashes,
-                               BLOCK_SIZE, sent.num_tokens)
+    got = payload_from_batches(client.get_blocks(sent.block_hashes, ["r/tail"]), sent.block_hashes, LAYOUT,
+                               "r/tail", 3).payload
     assert got.num_tokens == sent.num_tokens and got.block_hashes == sent.block_hashes
     assert torch.equal(got.blocks, sent.blocks)
 
 
 def test_a_missing_block_ends_the_usable_prefix(client):
     sent = payload(num_blocks=4, num_tokens=4 * BLOCK_SIZE)
-    headers, data = payload_to_put(sent, BLOCK_SIZE, tail_key="")
+    headers, data = payload_to_put(sent, LAYOUT, tail_key="")
     client.put_blocks(headers[:2] + headers[3:], bytes(data[:2 * len(data) // 4]) + bytes(data[3 * len(data) // 4:]))
     batches = client.get_blocks(sent.block_hashes)
     assert [f for b in batches for f in b.message.found] == [True, True, False, True]
-    got = payload_from_batches(batches, sent.block_hashes, BLOCK_SIZE, sent.num_tokens)
+    got = payload_from_batches(batches, sent.block_hashes, LAYOUT).payload
     assert got.num_tokens == 2 * BLOCK_SIZE and torch.equal(got.blocks, sent.blocks[:2])
 
 
@@ -81,10 +83,10 @@ def test_an_answer_of_many_batches_joins_in_order(client, monkeypatch):
     from services.kvstore import handlers
     monkeypatch.setattr(handlers, "BATCH_BYTES", 1)  # one block per batch
     sent = payload(num_blocks=6, num_tokens=6 * BLOCK_SIZE, seed=3)
-    client.put_blocks(*payload_to_put(sent, BLOCK_SIZE, tail_key=""))
+    client.put_blocks(*payload_to_put(sent, LAYOUT, tail_key=""))
     batches = client.get_blocks(sent.block_hashes)
     assert len(batches) == 6
-    assert torch.equal(payload_from_batches(batches, sent.block_hashes, BLOCK_SIZE, 24).blocks, sent.blocks)
+    assert torch.equal(payload_from_batches(batches, sent.block_hashes, LAYOUT).payload.blocks, sent.blocks)
 
 
 def test_a_read_waits_for_the_pending_write_of_its_lease(client):
@@ -93,7 +95,7 @@ def test_a_read_waits_for_the_pending_write_of_its_lease(client):
 
     def write_late():
         time.sleep(0.3)
-        client.put_blocks(*payload_to_put(sent, BLOCK_SIZE, tail_key="w/tail"), lease_id=lease)
+        client.put_blocks(*payload_to_put(sent, LAYOUT, tail_key="w/tail"), lease_id=lease)
         client.end_write(lease)
     writer = threading.Thread(target=write_late)
     writer.start()
@@ -101,7 +103,7 @@ def test_a_read_waits_for_the_pending_write_of_its_lease(client):
     batches = client.get_blocks(sent.block_hashes, ["w/tail"], lease_id=lease, wait_ms=10_000)
     waited = time.monotonic() - start
     writer.join()
-    got = payload_from_batches(batches, sent.block_hashes, BLOCK_SIZE, sent.num_tokens)
+    got = payload_from_batches(batches, sent.block_hashes, LAYOUT, "w/tail", 1).payload
     assert got is not None and torch.equal(got.blocks, sent.blocks)
     assert 0.25 < waited < 5
     assert client.release_lease(lease) is True
@@ -116,12 +118,12 @@ def test_a_failed_or_stuck_write_is_read_as_it_stands(client):
         start = time.monotonic()
         batches = client.get_blocks(sent.block_hashes, lease_id=lease, wait_ms=wait_ms)
         assert time.monotonic() - start < 5
-        assert payload_from_batches(batches, sent.block_hashes, BLOCK_SIZE, sent.num_tokens) is None
+        assert payload_from_batches(batches, sent.block_hashes, LAYOUT).payload is None
 
 
 def test_a_put_blocks_with_a_wrong_size_is_refused_naming_the_field(start_kvstore):
     running = start_kvstore()
-    header = pb.KVBlockHeader(block_hash=b"h", dtype="float16", shape=[1, 2, 4, 1, 2], layer_end=1, num_tokens=4)
+    header = wire_block(b"h", num_layers=1).header
     with channel(running.address) as ch:
         put = ch.stream_unary("/pdserve.v1.KVStore/PutBlocks")  # raw bytes, as any client may send
         with pytest.raises(grpc.RpcError) as e:
@@ -135,5 +137,5 @@ def test_a_put_blocks_with_a_wrong_size_is_refused_naming_the_field(start_kvstor
         stub = kvstore_pb2_grpc.KVStoreStub(ch)
         request = pb.PutBlocksRequest(headers=[header], data=b"\x00" * 32)
         assert stub.PutBlocks(iter([request]), timeout=5).num_stored == 1
-        answer = list(stub.GetBlocks(pb.GetRequest(block_hashes=[b"h", b"x"]), timeout=5))
+        answer = list(stub.GetBlocks(pb.GetRequest(block_hashes=[h(b"h"), h(b"x")]), timeout=5))
         assert [list(a.found) for a in answer] == [[True, False]] and answer[0].data == b"\x00" * 32

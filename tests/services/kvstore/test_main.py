@@ -18,7 +18,7 @@ import redis
 from services.kvstore.client import KVStoreClient
 from services.kvstore.main import add_arguments, parse_bytes, run
 from services.kvstore.server import KVStoreConfig, serve
-from tests.services.kvstore.conftest import free_port, wire_block
+from tests.services.kvstore.conftest import free_port, h, wire_block
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -100,13 +100,13 @@ def test_the_command_serves_redis_over_ucx_and_stops_on_sigterm(redis_url):
         try:
             lease = client.create_lease(10_000)
             assert client.put([wire_block(b"a", fill=7), wire_block(tail="r/tail")], lease_id=lease) == 2
-            got = client.get([b"a"], ["r/tail"])
+            got = client.get([h(b"a")], ["r/tail"])
             assert [b.found for b in got] == [True, True] and got[0].data == wire_block(b"a", fill=7).data
             assert client.release_lease(lease, drop_tail=True)
             assert client.stats().num_blocks == 1
         finally:
             client.close()
-        assert redis.Redis.from_url(url).exists(b"pdserve:kv:b:h:a") == 1  # the bytes live in Redis
+        assert redis.Redis.from_url(url).exists(b"pdserve:kv:b:h:" + h(b"a")) == 1  # the bytes live in Redis
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert "kvstore stopped" in proc.stdout.read()
@@ -126,8 +126,8 @@ def test_two_replicas_share_one_redis(redis_url):
     try:
         lease = a.create_lease(10_000)
         a.put([wire_block(b"x"), wire_block(tail="req/tail")], lease_id=lease)
-        assert b.lookup([b"x"]) == 1
-        assert [blk.found for blk in b.get([b"x"], ["req/tail"])] == [True, True]
+        assert b.lookup([h(b"x")]) == 1
+        assert [blk.found for blk in b.get([h(b"x")], ["req/tail"])] == [True, True]
         assert b.stats().num_pinned_blocks == 2
         assert b.release_lease(lease, drop_tail=True) is True   # a lease made on one, released on the other
         assert a.release_lease(lease, drop_tail=True) is False

@@ -20,7 +20,7 @@ from services.kvstore.server import KVStoreConfig, serve
 from services.kvstore.ucx_runtime import ucxx
 from services.pb import kvstore_pb2 as pb
 from services.pb import kvstore_pb2_grpc
-from tests.services.kvstore.conftest import WIRE_BLOCK_BYTES, redis_server, wire_block
+from tests.services.kvstore.conftest import WIRE_BLOCK_BYTES, h, redis_server, wire_block
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_metrics_follow_the_traffic(start_kvstore, clock):
         assert before["pdserve_kvstore_hits_total"] == 0
         lease = client.create_lease(1_000)
         client.put([wire_block(b"a"), wire_block(b"b")], lease_id=lease)
-        client.get([b"a", b"zz"])
+        client.get([h(b"a"), h(b"zz")])
         with pytest.raises(grpc.RpcError):
             client.put([wire_block(b"c")])            # full: both blocks pinned
         client.release_lease(lease)
@@ -130,7 +130,7 @@ BAD_PUTS = [
     ("put[0].block.header.block_hash", _with(lambda h: setattr(h, "block_hash", b"x" * 65))),
     ("put[0].block.header.dtype", _with(lambda h: setattr(h, "dtype", "int4"))),
     ("put[0].block.header.shape", _with(lambda h: h.shape.__setitem__(1, 0))),
-    ("put[0].block.header.shape", _with(lambda h: setattr(h, "layer_end", 3))),
+    ("put[0].block.header.layer_end", _with(lambda h: setattr(h, "layer_end", 3))),
     ("put[0].block.header.layer_end", _with(lambda h: setattr(h, "layer_start", 2))),
     ("put[0].block.header.num_tokens", _with(lambda h: setattr(h, "num_tokens", 0))),
     ("put[0].block.data", _with(data=b"\x00" * (WIRE_BLOCK_BYTES + 2))),
@@ -152,7 +152,7 @@ BAD_CALLS = [
                           pb.PutRequest(lease_id="y", block=wire_block(b"b"))]),
      grpc.StatusCode.INVALID_ARGUMENT, "put[1].lease_id"),
     ("Put", lambda: iter([pb.PutRequest()]), grpc.StatusCode.INVALID_ARGUMENT, "put[0].block"),
-    ("Get", lambda: pb.GetRequest(block_hashes=[b"ok", b""]), grpc.StatusCode.INVALID_ARGUMENT, "block_hashes[1]"),
+    ("Get", lambda: pb.GetRequest(block_hashes=[h(b"ok"), b""]), grpc.StatusCode.INVALID_ARGUMENT, "block_hashes[1]"),
     ("Get", lambda: pb.GetRequest(tail_keys=[""]), grpc.StatusCode.INVALID_ARGUMENT, "tail_keys[0]"),
     ("Lookup", lambda: pb.LookupRequest(block_hashes=[b"y" * 100]), grpc.StatusCode.INVALID_ARGUMENT,
      "block_hashes[0]"),
@@ -171,7 +171,7 @@ def test_a_bad_request_names_its_field_and_the_server_serves_on(stub, method, re
     assert err.value.code() == code
     assert err.value.details().startswith(field + ":")
     assert stub.Put(_blocks(wire_block(b"good")), timeout=5).num_stored == 1
-    assert [b.found for b in stub.Get(pb.GetRequest(block_hashes=[b"good"]), timeout=5)] == [True]
+    assert [b.found for b in stub.Get(pb.GetRequest(block_hashes=[h(b"good")]), timeout=5)] == [True]
 
 
 def test_a_lease_with_ttl_zero_gets_the_default(stub):
@@ -182,6 +182,8 @@ def test_a_lease_with_ttl_zero_gets_the_default(stub):
 async def _raw_ucx(port: int, sends: list[bytes], num_replies: int) -> list[bytes]:
     endpoint = await ucxx.create_endpoint("127.0.0.1", port)
     try:
+        await endpoint.send(frames.hello_frame(None))  # every connection begins with it
+        assert frames.kind_of(await endpoint.recv_obj()) == frames.HELLO_OK
         for data in sends:
             await endpoint.send_obj(data)
         return [bytes(await endpoint.recv_obj()) for _ in range(num_replies)]
@@ -221,9 +223,9 @@ def test_an_unexpected_failure_is_unknown_and_the_next_call_works(running, trans
     client = KVStoreClient(running.address, transport=transport)
     try:
         with pytest.raises(grpc.RpcError) as err:
-            client.get([b"a"])
+            client.get([h(b"a")])
         assert err.value.code() == grpc.StatusCode.UNKNOWN
-        assert [b.found for b in client.get([b"a"])] == [False]
+        assert [b.found for b in client.get([h(b"a")])] == [False]
     finally:
         client.close()
 
@@ -236,8 +238,8 @@ def test_a_redis_outage_is_unavailable_and_metrics_still_answer(start_kvstore):
             assert client.put([wire_block(b"a")]) == 1
             redis_proc.terminate()
             redis_proc.wait(timeout=10)
-            for call in (lambda: client.put([wire_block(b"b")]), lambda: client.get([b"a"]),
-                         lambda: client.lookup([b"a"]), client.stats):
+            for call in (lambda: client.put([wire_block(b"b")]), lambda: client.get([h(b"a")]),
+                         lambda: client.lookup([h(b"a")]), client.stats):
                 with pytest.raises(grpc.RpcError) as err:
                     call()
                 assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "redis" in err.value.details()

@@ -101,7 +101,8 @@ class FakeDecode(_Controls, decode_pb2_grpc.DecodeWorkerServicer):
     def __init__(self) -> None:
         super().__init__()
         self.hold_after = 0  # with `hold`: how many messages to stream before holding
-        self.fail_after: int | None = None  # fail (UNAVAILABLE) after streaming this many messages
+        self.fail_after: int | None = None  # fail (with fail_code) after streaming this many messages
+        self.fail_code = grpc.StatusCode.UNAVAILABLE
         self.end_after: int | None = None   # end the stream, unfinished, after this many messages
 
     def Decode(self, request, context):
@@ -113,11 +114,15 @@ class FakeDecode(_Controls, decode_pb2_grpc.DecodeWorkerServicer):
         if request.HasField("first_token_id"):
             assert request.first_token_id == tokens[0] and request.kv_handle.lease_id
             tokens = tokens[1:]
+        if request.output_token_ids:  # a resumed request: continues after what was sent
+            given = list(request.output_token_ids)
+            assert given == tokens[:len(given)] and not request.kv_handle.lease_id
+            tokens = tokens[len(given):]
         for i, token in enumerate(tokens):
             if i == self.hold_after and not self._wait_for_hold(context):
                 return
             if i == self.fail_after:
-                context.abort(grpc.StatusCode.UNAVAILABLE, "injected mid-stream failure")
+                context.abort(self.fail_code, "injected mid-stream failure")
             if i == self.end_after:
                 return
             msg = common_pb2.GenerateResponse(req_id=request.req_id, token_ids=[token], text=piece(token))

@@ -171,27 +171,118 @@ def test_failing_decode_before_any_token_is_retried_on_the_other(cluster, client
     assert not _views(cluster, DECODE)[address_of(cluster, failing)].up
 
 
-def test_decode_failing_mid_stream_is_not_retried(cluster, client):
+def _migrations(cluster, reason: str) -> float:
+    return cluster.router.metrics.metrics.value("router_migrations_total", {"reason": reason})
+
+
+def test_decode_failing_mid_stream_resumes_after_the_tokens_sent(cluster, client):
     for d in cluster.decodes:
         d.fail_after = 2
-    stream = client.generate(LONG, SamplingParams(max_tokens=8), timeout_s=30)
-    received = []
+    msgs = list(client.generate(LONG, SamplingParams(max_tokens=5), timeout_s=30))
+    # the first token from the prefill, two from the broken decode, the rest from the other:
+    # every token once, in order, and the text of each exactly once
+    assert _tokens(msgs) == expected_tokens(len(LONG), 5)
+    assert "".join(m.text for m in msgs) == "".join(f"<{t}>" for t in expected_tokens(len(LONG), 5))
+    assert msgs[-1].finish_reason == "length" and msgs[-1].usage.completion_tokens == 5
+    broken, resumed = sorted((r for d in cluster.decodes for r in d.requests), key=lambda r: len(r.output_token_ids))
+    assert broken.HasField("first_token_id") and not broken.output_token_ids
+    assert list(resumed.output_token_ids) == expected_tokens(len(LONG), 3)
+    assert not resumed.HasField("first_token_id") and resumed.kv_handle.block_hashes == broken.kv_handle.block_hashes
+    assert _migrations(cluster, "unavailable") == 1
+    assert cluster.kvstore.releases == []  # the first decode had taken the lease over
+
+
+def test_migrations_per_request_are_bounded(make_cluster):
+    cluster = make_cluster(num_decode=3)
+    for d in cluster.decodes:
+        d.fail_after = 1
+    with RouterClient(cluster.router.address) as client:
+        stream = client.generate(LONG, SamplingParams(max_tokens=16), timeout_s=30)
+        received = []
+        with pytest.raises(grpc.RpcError) as e:
+            for msg in stream:
+                received.extend(msg.token_ids)
+    # first token, then one from each of three decodes: two migrations, then the error
+    assert received == expected_tokens(len(LONG), 4)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "mid-stream after 4 tokens" in e.value.details()
+    assert [len(d.requests) for d in cluster.decodes] == [1, 1, 1]
+    assert _migrations(cluster, "unavailable") == 2
+
+
+def test_a_clear_answer_mid_stream_ends_the_request(cluster, client):
+    for d in cluster.decodes:
+        d.fail_after, d.fail_code = 2, grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(grpc.RpcError) as e:
-        for msg in stream:
-            received.extend(msg.token_ids)
-    # the first token from the prefill, two from the decode, then the error: nothing repeated
-    assert received == expected_tokens(len(LONG), 3)
-    assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "mid-stream" in e.value.details()
+        _generate(client, SHORT, max_tokens=8)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert sum(len(d.requests) for d in cluster.decodes) == 1
-    assert cluster.kvstore.releases == []  # the decode had taken the lease over
+    assert _migrations(cluster, "unavailable") == 0
+
+
+def test_a_stream_on_a_worker_that_stops_answering_polls_moves_on(cluster, client):
+    for d in cluster.decodes:
+        d.hold, d.hold_after = threading.Event(), 2
+    stream = client.generate(SHORT, SamplingParams(max_tokens=6), timeout_s=30)
+    received = []
+    for msg in stream:  # two tokens, then the worker hangs
+        received.extend(msg.token_ids)
+        if len(received) == 2:
+            break
+    hung = next(d for d in cluster.decodes if d.holding.is_set())
+    other = next(d for d in cluster.decodes if d is not hung)
+    other.hold = None
+    hung.load_fails = True
+    cluster.router.poll_now()  # the hung worker does not answer: its stream is given up
+    received.extend(t for msg in stream for t in msg.token_ids)
+    assert received == expected_tokens(len(SHORT), 6)
+    assert list(other.requests[0].output_token_ids) == expected_tokens(len(SHORT), 2)
+    assert _migrations(cluster, "worker_lost") == 1
+    wait_until(hung.saw_cancel.is_set, "the hung worker's call was cancelled")
+
+
+def test_queued_requests_are_not_prefilled_once_no_decode_worker_is_left(make_cluster):
+    slow = {"interactive": SLOClass(1000, 100, 0, max_queue_ms=30000), "batch": SLOClass(10000, 1000, 1)}
+    cluster = make_cluster(slo_classes=slow)
+    for p in cluster.prefills:
+        p.load.num_waiting = 32  # saturated: the request waits in the router's admission queue
+    cluster.router.poll_now()
+    with RouterClient(cluster.router.address) as client:
+        errors = []
+        waiting = threading.Thread(target=lambda: errors.append(_error(client, LONG)))
+        waiting.start()
+        wait_until(lambda: cluster.router.metrics.metrics.value(
+            "router_queued_requests", {"pool": PREFILL, "slo_class": "interactive"}) == 1, "the request queued")
+        for d in cluster.decodes:
+            cluster.stop_worker(d)
+        for p in cluster.prefills:
+            p.load.num_waiting = 0
+        cluster.router.poll_now()  # the decode pool is gone; the prefill pool has room again
+        waiting.join(timeout=10)
+    assert errors and errors[0].code() == grpc.StatusCode.UNAVAILABLE and "no decode worker" in errors[0].details()
+    assert all(not p.requests for p in cluster.prefills)
+
+
+def test_kvstore_down_sends_long_prompts_direct(cluster, client):
+    cluster.stop_worker(cluster.kvstore)
+    cluster.router.poll_now()
+    assert not cluster.router.registry.kvstore.up
+    assert _tokens(_generate(client, LONG)) == expected_tokens(len(LONG), 4)
+    assert all(not p.requests for p in cluster.prefills)
+    assert cluster.router.metrics.metrics.value("router_path_decisions_total",
+                                                {"path": "direct", "reason": "kvstore_down"}) == 1
+    assert cluster.router.metrics.metrics.value("router_kvstore_up") == 0
 
 
 def test_decode_stream_ending_unfinished_is_an_error(cluster, client):
+    # each worker ends its stream unfinished after two tokens: resumed once on the other,
+    # then no worker is left and the client learns its answer is incomplete
     for d in cluster.decodes:
         d.end_after = 2
     with pytest.raises(grpc.RpcError) as e:
-        _generate(client, SHORT)
+        _generate(client, SHORT, max_tokens=8)
     assert e.value.code() == grpc.StatusCode.INTERNAL and "without finishing" in e.value.details()
+    assert "after 4 tokens" in e.value.details()
+    assert _migrations(cluster, "incomplete_stream") == 1
 
 
 def test_overloaded_workers_pass_their_retry_hint_on(cluster, client):
@@ -275,5 +366,6 @@ def test_router_serves_queued_interactive_before_batch(make_cluster):
     decode.hold.set()
     for t in threads:
         t.join(timeout=30)
-    assert [r.req_id for r in decode.requests] == ["first", "interactive", "batch"]
+    # the worker knows requests by the router's ids; the classes' priorities show the order
+    assert [r.priority for r in decode.requests] == [0, 0, 1]  # first, interactive, batch
     assert results == {name: expected_tokens(len(SHORT), 4) for name in ("first", "batch", "interactive")}

@@ -29,9 +29,10 @@ def test_short_prompt_goes_straight_to_decode(cluster, client):
     assert all(not p.requests for p in cluster.prefills)
     (request,) = [r for d in cluster.decodes for r in d.requests]
     assert not request.HasField("first_token_id") and not request.HasField("kv_handle")
-    assert list(request.prompt_token_ids) == SHORT and request.req_id == "short-1"
+    assert list(request.prompt_token_ids) == SHORT
+    assert request.req_id != "short-1" and len(request.req_id) == 32  # the router's own: clients cannot collide
     assert request.priority == 0 and request.sampling.max_tokens == 5  # the interactive class travels as its priority
-    assert {m.req_id for m in msgs} == {"short-1"}
+    assert {m.req_id for m in msgs} == {"short-1"}  # the client's id labels its responses
 
 
 def test_long_prompt_prefills_then_decodes_first_token_first(cluster, client):

@@ -92,5 +92,6 @@ def test_token_ids_are_bounded_by_the_wire_when_the_vocabulary_is_unknown():
 def test_one_input_from_either_front_routes_the_same():
     req = _validator().validate(GenerateInput(tuple(GOOD), SamplingParams(max_tokens=3, seed=7), req_id="r-1",
                                               slo_class="batch"))
-    assert (req.req_id, req.prompt_token_ids, req.slo_class) == ("r-1", tuple(GOOD), "batch")
+    assert (req.client_req_id, req.prompt_token_ids, req.slo_class) == ("r-1", tuple(GOOD), "batch")
+    assert len(req.req_id) == 32 and req.req_id != "r-1"  # the router's own id: clients cannot collide
     assert req.sampling.max_tokens == 3 and req.sampling.seed == 7 and not req.sampling.HasField("logprobs")

@@ -45,7 +45,8 @@ def test_in_flight_counts_survive_load_reports_and_release_once():
 def test_discovery_changes_add_and_remove_workers_keeping_channels(monkeypatch):
     opened = []
     real = workers_module._Worker
-    monkeypatch.setattr(workers_module, "_Worker", lambda pool, address: opened.append(address) or real(pool, address))
+    monkeypatch.setattr(workers_module, "_Worker",
+                        lambda pool, address, *rest: opened.append(address) or real(pool, address, *rest))
     discovery = _Changing()
     registry = WorkerRegistry(discovery)
     try:

@@ -66,6 +66,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - --metrics-port={{ $root.Values.metricsPort }}
 - --kvstore={{ include "pdserve.kvstoreAddress" $root }}
 - --kvstore-transport={{ $root.Values.kvstore.transport }}
+- --drain-timeout-s={{ .pool.drainTimeoutSeconds }}
 - --device={{ $e.device }}
 - --dtype={{ $e.dtype }}
 - --attention-backend={{ $e.attentionBackend }}
@@ -93,7 +94,7 @@ automountServiceAccountToken: {{ eq .component "router" }}
 enableServiceLinks: false
 securityContext:
   {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
-terminationGracePeriodSeconds: {{ .spec.terminationGracePeriodSeconds }}
+terminationGracePeriodSeconds: {{ include "pdserve.terminationGrace" .spec }}
 {{- with .root.Values.image.pullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
@@ -110,6 +111,18 @@ tolerations:
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end -}}
+
+{{/* A pod's grace period. Router and workers: the preStop pause, then their drain
+(--drain-timeout-s, the same value) and a margin to exit after it (final messages, the
+last KV writes, the engine's stop), so Kubernetes never kills a drain it asked for. The
+kvstore, with no drain of its own, sets terminationGracePeriodSeconds. */}}
+{{- define "pdserve.terminationGrace" -}}
+{{- if hasKey . "drainTimeoutSeconds" -}}
+{{- add (int .preStopSleepSeconds) (int .drainTimeoutSeconds) 10 -}}
+{{- else -}}
+{{- .terminationGracePeriodSeconds -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Environment of every pdserve container: caches on the writable /tmp. */}}

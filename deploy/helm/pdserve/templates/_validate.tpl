@@ -40,9 +40,9 @@ render with a message naming the values. templates/validate.yaml runs them. */}}
 {{- if and $a.enabled (gt (int $a.minReplicas) (int $a.maxReplicas)) -}}
 {{- fail (printf "%s.autoscaling: minReplicas=%d is above maxReplicas=%d" $role (int $a.minReplicas) (int $a.maxReplicas)) -}}
 {{- end -}}
-{{- if le (int $pool.terminationGracePeriodSeconds) (int $pool.preStopSleepSeconds) -}}
-{{- fail (printf "%s: terminationGracePeriodSeconds=%d leaves no time to drain after preStopSleepSeconds=%d" $role (int $pool.terminationGracePeriodSeconds) (int $pool.preStopSleepSeconds)) -}}
 {{- end -}}
+{{- if lt (int $v.router.drainTimeoutSeconds) (int $v.decode.drainTimeoutSeconds) -}}
+{{- fail (printf "router.drainTimeoutSeconds=%d is below decode.drainTimeoutSeconds=%d: a stopping router would cut answers its decode workers still finish" (int $v.router.drainTimeoutSeconds) (int $v.decode.drainTimeoutSeconds)) -}}
 {{- end -}}
 {{- if eq $v.prefill.autoscaling.metric.name $v.decode.autoscaling.metric.name -}}
 {{- fail "prefill.autoscaling.metric.name and decode.autoscaling.metric.name must differ (one adapter rule each)" -}}

@@ -38,12 +38,14 @@ spec:
           imagePullPolicy: {{ $root.Values.image.pullPolicy }}
           args:
             {{- include "pdserve.workerArgs" (dict "root" $root "role" $role "pool" $pool) | nindent 12 }}
+            {{- include "pdserve.securityArgs" $ctx | nindent 12 }}
           env:
             {{- include "pdserve.env" $root | nindent 12 }}
+            {{- include "pdserve.securityEnv" $ctx | nindent 12 }}
           ports:
             - {name: grpc, containerPort: {{ $pool.port }}, protocol: TCP}
             - {name: metrics, containerPort: {{ $root.Values.metricsPort }}, protocol: TCP}
-          {{- include "pdserve.probes" (dict "port" $pool.port "startup" $pool.startupProbe) | nindent 10 }}
+          {{- include "pdserve.probes" (dict "port" (include "pdserve.probePort" (merge (dict "port" $pool.port) $ctx)) "startup" $pool.startupProbe) | nindent 10 }}
           lifecycle:
             {{- include "pdserve.preStop" (dict "root" $root "seconds" $pool.preStopSleepSeconds) | nindent 12 }}
           resources:
@@ -56,12 +58,14 @@ spec:
             {{- toYaml $root.Values.containerSecurityContext | nindent 12 }}
           volumeMounts:
             {{- include "pdserve.volumeMounts" $root | nindent 12 }}
+            {{- include "pdserve.securityVolumeMounts" $ctx | nindent 12 }}
             {{- if gt (int $pool.gpus) 0 }}
             - name: dshm
               mountPath: /dev/shm
             {{- end }}
       volumes:
         {{- include "pdserve.volumes" $root | nindent 8 }}
+        {{- include "pdserve.securityVolumes" $ctx | nindent 8 }}
         {{- if gt (int $pool.gpus) 0 }}
         # torch and NCCL need more shared memory than the runtime's 64 MiB default
         - name: dshm

@@ -1,0 +1,82 @@
+"""Is a KV block read from the kvstore what this engine asked for? Checked before it is used.
+
+The writer seals each block: a crc32 over the header's fields (hash or tail key, dtype,
+shape, layer range, tokens, model fingerprint and id) and then the block's bytes, in the
+header's `checksum`. The reader checks, in order, that the header names the block it asked
+for, describes this engine's layout (KVLayout: model fingerprint, dtype, shape) and that
+the checksum holds over the header and the bytes it received. The first block that fails
+is refused with a reason (the worker counts it), and it and every block after it are
+recomputed: KV is only valid after every token before it.
+
+Why crc32 (zlib): it is the cheapest check in the standard library on the decode's read
+path (one pass over the bytes the transport received, no copy); measured here, about
+0.4 ms per MiB, against about 1.8 ms per MiB for blake2b (docs/kvstore.md). It catches
+corruption and blocks written for another model or layout; it is not a signature: who may
+write blocks at all is the kvstore's authentication.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+
+from engine.kv_transfer import KVLayout
+from services.pb import kvstore_pb2
+
+_DOMAIN = b"pdserve-kv-block-v1"
+
+# reasons a block is refused, the label of pdserve_worker_kv_blocks_rejected_total
+HASH = "hash"                # the header names another block than the one asked for
+FINGERPRINT = "fingerprint"  # written for another model (or dtype, or layout)
+SHAPE = "shape"              # dtype, shape, layer range or token count not this engine's
+SIZE = "size"                # fewer bytes arrived than the header says
+CHECKSUM = "checksum"        # no checksum, or the bytes or header changed after it was taken
+KVSTORE_ADDRESS = "kvstore_address"  # the handle named a kvstore this worker was not configured with
+REASONS = (HASH, FINGERPRINT, SHAPE, SIZE, CHECKSUM, KVSTORE_ADDRESS)
+
+
+def header_bytes(header: kvstore_pb2.KVBlockHeader) -> bytes:
+    """The header's fields but its checksum, in one fixed encoding (protobuf's is not
+    canonical across libraries): length-prefixed strings, then the integers."""
+    texts = (header.block_hash, header.tail_key.encode(), header.dtype.encode(), header.model_fingerprint,
+             header.model_id.encode())
+    out = [_DOMAIN] + [struct.pack("<I", len(t)) + t for t in texts]
+    numbers = (header.layer_start, header.layer_end, header.num_tokens, len(header.shape), *header.shape)
+    out.append(struct.pack(f"<{len(numbers)}I", *numbers))
+    return b"".join(out)
+
+
+def checksum(header: kvstore_pb2.KVBlockHeader, data) -> int:
+    """crc32 of the header's fields, then of `data` (any buffer; read in place)."""
+    return zlib.crc32(data, zlib.crc32(header_bytes(header)))
+
+
+def seal(header: kvstore_pb2.KVBlockHeader, data) -> kvstore_pb2.KVBlockHeader:
+    """Sets the header's checksum over itself and `data`; returns the header."""
+    header.checksum = checksum(header, data)
+    return header
+
+
+def stamp(header: kvstore_pb2.KVBlockHeader, layout: KVLayout) -> kvstore_pb2.KVBlockHeader:
+    """Names the model the block belongs to (before seal)."""
+    header.model_fingerprint, header.model_id = layout.fingerprint, layout.model_id
+    return header
+
+
+def refusal(header: kvstore_pb2.KVBlockHeader, data, layout: KVLayout, block_hash: bytes = b"",
+            tail_key: str = "", num_tokens: int = 0) -> str | None:
+    """Why the block (`header`, its bytes `data`) may not be used as the block asked for
+    (`block_hash`, or `tail_key` holding `num_tokens` tokens), or None when it may. `data`
+    may be longer than the block: the block is its first layout.block_nbytes bytes."""
+    if header.block_hash != block_hash or header.tail_key != tail_key:
+        return HASH
+    if header.model_fingerprint != layout.fingerprint or header.model_id != layout.model_id:
+        return FINGERPRINT
+    expected_tokens = num_tokens if tail_key else layout.block_size
+    if (header.dtype != layout.dtype or tuple(header.shape) != layout.block_shape or header.layer_start != 0
+            or header.layer_end != layout.block_shape[0] or header.num_tokens != expected_tokens):
+        return SHAPE
+    if len(data) < layout.block_nbytes:
+        return SIZE
+    if not header.HasField("checksum") or checksum(header, data[:layout.block_nbytes]) != header.checksum:
+        return CHECKSUM
+    return None
