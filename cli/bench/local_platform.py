@@ -16,8 +16,9 @@ from dataclasses import replace
 from cli.launcher import Platform, PlatformConfig, plan
 
 
-def _free_range(n: int, rng: random.Random, attempts: int = 200) -> int:
+def free_port_range(n: int, rng: random.Random | None = None, attempts: int = 200) -> int:
     """The first of `n` consecutive loopback ports that are free now."""
+    rng = rng or random.Random()
     for _ in range(attempts):
         base = rng.randrange(20000, 60000 - n)
         socks = []
@@ -40,8 +41,8 @@ def with_free_ports(cfg: PlatformConfig, http: bool = False) -> PlatformConfig:
     port when `http`, else none."""
     rng = random.Random()
     num_workers = cfg.num_prefill + cfg.num_decode
-    grpc_base = _free_range(num_workers + 3, rng)
-    metrics_base = _free_range(num_workers + 2, rng)
+    grpc_base = free_port_range(num_workers + 3, rng)
+    metrics_base = free_port_range(num_workers + 2, rng)
     return replace(cfg, host="127.0.0.1", router_port=grpc_base, kvstore_port=grpc_base + 1,
                    worker_base_port=grpc_base + 2, metrics_base_port=metrics_base,
                    http_port=grpc_base + 2 + num_workers if http else None)

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 from cli.launcher import PlatformConfig, plan, split_cpus
+from tests.services.security.procs import free_ports
 
 
 def test_cores_are_split_among_workers():
@@ -41,19 +41,9 @@ def test_plan_without_prefill_workers_is_colocated():
     assert all(s.argv[-1] == "--no-chunked-prefill" for s in specs[1:3])
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def test_up_serves_requests_and_stops_everything_on_ctrl_c(tiny_llama_dir):
-    router, kvstore, metrics, http = _free_ports(4)
-    workers = _free_ports(2)
+    router, kvstore, metrics, http = free_ports(4)
+    workers = free_ports(2)
     cmd = [sys.executable, "-m", "cli.main", "up", "--model", tiny_llama_dir, "--port", str(router),
            "--kvstore-port", str(kvstore), "--http-port", str(http), "--worker-base-port", str(min(workers)),
            "--metrics-base-port", str(metrics), "--short-prompt-tokens", "8"]

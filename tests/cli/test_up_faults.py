@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from cli.bench.local_platform import free_port_range
 from engine import SamplingParams
 from services.router.client import RouterClient
 
@@ -88,33 +88,10 @@ class Platform:
         return float(match.group(1)) if match else 0.0
 
 
-def _free_run(n: int) -> int:
-    """A port p with p..p+n-1 all free (`pdserve up` numbers workers and metrics ports in a row)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(base, base + n):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no run of free ports")
-
-
 @pytest.fixture(scope="module")
 def platform(tiny_llama_dir, tmp_path_factory):
-    ports = {"router": _free_run(1), "kvstore": _free_run(1), "http": _free_run(1), "workers": _free_run(2),
-             "metrics": _free_run(4)}
+    ports = {"router": free_port_range(1), "kvstore": free_port_range(1), "http": free_port_range(1), "workers": free_port_range(2),
+             "metrics": free_port_range(4)}
     cmd = [sys.executable, "-m", "cli.main", "up", "--model", tiny_llama_dir, "--prefill", "1", "--decode", "1",
            "--port", str(ports["router"]), "--kvstore-port", str(ports["kvstore"]), "--http-port", str(ports["http"]),
            "--worker-base-port", str(ports["workers"]), "--metrics-base-port", str(ports["metrics"]),
