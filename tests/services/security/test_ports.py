@@ -140,9 +140,13 @@ def test_the_router_takes_only_the_api_key_and_moves_kv_through_the_secured_stor
         text, ids, finish, usage = client.generate_text("a prompt long enough to need the prefill pool " * 3,
                                                         SamplingParams(max_tokens=3), timeout_s=60)
     assert finish and len(ids) == 3
+    # the prefill writes in the background (the decode may have recomputed instead of
+    # waiting, on a loaded machine): the blocks arrive, through the kvstore's checks
+    deadline = time.monotonic() + 30
     with channel(secured.address("kvstore"), security=secured.internal("tok-new")) as ch:
-        stats = kvstore_pb2_grpc.KVStoreStub(ch).Stats(kvstore_pb2.StatsRequest(), timeout=10)
-    assert stats.num_blocks > 0  # the prefill's write got through the kvstore's checks
+        while (stats := kvstore_pb2_grpc.KVStoreStub(ch).Stats(kvstore_pb2.StatsRequest(), timeout=10)).num_blocks == 0:
+            assert time.monotonic() < deadline, f"no block reached the kvstore: {stats}"
+            time.sleep(0.1)
 
 
 def test_health_stays_open_on_every_port(secured):
