@@ -22,7 +22,7 @@ class TargetConfig:
     backend: str = "grpc"
     url: str = DEFAULT_URLS["grpc"]  # grpc: host:port; openai: base URL (http://host:port/v1)
     model: str = ""               # openai: the model name (default: the first of /v1/models)
-    api_key: str = "unused"
+    api_key: str = "unused"      # the router's API key (gRPC and openai); "unused": none
     slo_class: str = ""           # sent as the request's SLO class when set
     temperature: float = 0.0
     ignore_eos: bool = True
@@ -55,7 +55,8 @@ class GrpcTarget:
     def __init__(self, cfg: TargetConfig):
         from services.router.client import RouterClient
         self.cfg = cfg
-        self.client = RouterClient(cfg.url)
+        # "unused" is the OpenAI client's placeholder: a router without a key takes no header
+        self.client = RouterClient(cfg.url, api_key=None if cfg.api_key == "unused" else cfg.api_key)
 
     def describe(self) -> dict:
         models = self.client.list_models(timeout_s=30)
