@@ -12,7 +12,6 @@ Both fronts (gRPC Router.Generate and the HTTP API) run every request through on
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -65,14 +64,8 @@ class Drain:
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Until no request is in flight (True) or `timeout_s` passed (False)."""
-        deadline = time.monotonic() + max(0.0, timeout_s)
         with self._lock:
-            while self._active:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._lock.wait(left)
-            return True
+            return self._lock.wait_for(lambda: not self._active, max(0.0, timeout_s))
 
     def cut(self, after_s: float) -> int:
         """Ends every request still in flight (as its client's cancel would: the workers

@@ -8,7 +8,6 @@ lets it end cleanly (its lease released, its KV write queued or dropped)."""
 from __future__ import annotations
 
 import threading
-import time
 
 
 class InFlight:
@@ -32,11 +31,5 @@ class InFlight:
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Until no handler runs (True) or `timeout_s` passed (False)."""
-        deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-            return True
+            return self._cond.wait_for(lambda: not self._count, timeout_s)
