@@ -60,6 +60,8 @@ class EngineConfig:
     # Decode batch sizes to capture as CUDA graphs at start-up (e.g. (1, 2, 4, 8, 16, 32, 64));
     # empty: every step runs eagerly (vLLM's enforce_eager). CUDA and the triton backend only.
     cuda_graph_batch_sizes: tuple[int, ...] = ()
+    # structured outputs: a request whose grammar takes longer to compile ends with an error
+    structured_outputs_compile_timeout_s: float = 30.0
 
     def __post_init__(self):
         sizes = self.cuda_graph_batch_sizes

@@ -24,6 +24,7 @@ from engine.sampling_params import SamplingParams
 from engine.dtypes import dtype_name
 from engine.kv_transfer import KVLayout, KVPayload
 from engine.stats import EngineStats
+from engine.structured.manager import StructuredOutputManager
 from engine.step_rates import StepRates
 from engine.validation import validate_mode, validate_request, validate_transfer
 from engine.worker.kv_cache import allocate_kv_caches, num_kv_blocks
@@ -67,6 +68,16 @@ class EngineCore:
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._aborted: list[RequestOutput] = []
         self.step_rates = StepRates()
+        self._structured: StructuredOutputManager | None = None  # built by the first guided request
+
+    @property
+    def structured(self) -> StructuredOutputManager:
+        """Grammars and matchers (its tokenizer table takes ~0.3 s: built on first use)."""
+        if self._structured is None:
+            self._structured = StructuredOutputManager(self.tokenizer, self.loaded.arch.vocab_size,
+                                                       self.loaded.eos_token_ids,
+                                                       self.config.structured_outputs_compile_timeout_s)
+        return self._structured
 
     def _resolve_max_model_len(self, num_blocks: int) -> int:
         wanted = self.config.scheduler.max_model_len or self.loaded.arch.max_position_embeddings
@@ -120,7 +131,10 @@ class EngineCore:
             detok.update(token_id)
             detok.take_delta(finished=False)
         self._outputs[req_id], self._detokenizers[req_id] = out, detok
-        self.scheduler.add_request(request)
+        if params.structured_outputs is not None:
+            self.structured.add(request)  # the scheduler gets it once its grammar is compiled
+        else:
+            self.scheduler.add_request(request)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """The checks of add_request, without queueing anything."""
@@ -130,26 +144,68 @@ class EngineCore:
         """Stop a request and free its blocks; its final output comes with the next step."""
         for request in self.scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED):
             self._aborted.append(self._finish_output(request))
+        if self._structured is not None and (request := self._structured.remove(req_id)) is not None:
+            request.status = RequestStatus.FINISHED_ABORTED
+            self._aborted.append(self._finish_output(request))
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self._aborted)
+        return (self.scheduler.has_unfinished_requests() or bool(self._aborted)
+                or (self._structured is not None and self._structured.num_pending > 0))
+
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Requests whose grammar finished compiling go to the scheduler; those whose
+        grammar failed end with the error (the outputs)."""
+        if self._structured is None or not self._structured.num_pending:
+            return []
+        ready, failed = self._structured.poll()
+        for request in ready:
+            self.scheduler.add_request(request)
+        ended = []
+        for request, error in failed:
+            request.status = RequestStatus.FINISHED_ABORTED
+            out = self._finish_output(request)
+            out.error = str(error)
+            ended.append(out)
+        return ended
 
     # ---- the loop --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One engine iteration; returns the outputs of requests that advanced or ended."""
         outputs, self._aborted = self._aborted, []
+        outputs += self._admit_compiled()
         start = time.perf_counter()
         sched = self.scheduler.schedule()
         if sched.is_empty and not sched.finished_req_ids:
+            if self._structured is not None and self._structured.num_pending and not outputs:
+                time.sleep(0.001)  # only grammars compiling: do not spin a core against them
             return outputs
+        if self._structured is not None:
+            sched.grammar_bitmask = self._structured.bitmask(self._sampling_requests(sched))
         result = self.runner.execute_model(sched)
         for request in self.scheduler.update_from_output(sched, result):
+            if not StructuredOutputManager.accept(request, request.all_token_ids[-1]):
+                outputs.append(self._fail(request, "structured_outputs", "the sampled token is not allowed by the "
+                                                                         "grammar (an engine bug; see the log)"))
+                continue
             outputs.append(self._process_token(request, result.logprobs.get(request.req_id)))
         # a one-token chunk of a prompt counts as a decode: too small to matter either way
         num_decodes = sum(1 for n in sched.num_scheduled_tokens.values() if n == 1)
         self.step_rates.observe(sched.total_num_scheduled_tokens - num_decodes, num_decodes,
                                 time.perf_counter() - start)
         return outputs
+
+    def _sampling_requests(self, sched) -> list[Request]:
+        """The scheduled requests that sample a token this step (their known tokens are
+        all computed by its end)."""
+        requests = self.scheduler.requests
+        return [r for r in (requests.get(req_id) for req_id in sched.num_scheduled_tokens)
+                if r is not None and r.num_computed_tokens == r.num_tokens]
+
+    def _fail(self, request: Request, field: str, reason: str) -> RequestOutput:
+        self.scheduler.finish_requests([request.req_id], RequestStatus.FINISHED_ABORTED)
+        out = self._finish_output(request)
+        out.error = str(InvalidRequestError(field, reason))
+        return out
 
     def _process_token(self, request: Request, logprob) -> RequestOutput:
         out, detok = self._outputs[request.req_id], self._detokenizers[request.req_id]
@@ -188,6 +244,8 @@ class EngineCore:
             request.stop_reason = matched_stop
             return RequestStatus.FINISHED_STOPPED
         status = self.scheduler.check_stop(request)
+        if status is None and request.grammar is not None and request.grammar.terminated:
+            status = RequestStatus.FINISHED_STOPPED  # the grammar is complete: nothing may follow
         if status is None and request.mode == RequestMode.PREFILL_ONLY:
             return RequestStatus.FINISHED_HANDOFF
         return status
@@ -228,7 +286,8 @@ class EngineCore:
     def stats(self) -> EngineStats:
         scheduler, kv = self.scheduler, self.kv_manager
         return EngineStats(
-            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting) + (self._structured.num_pending if self._structured else 0),
             num_queued_prefill_tokens=scheduler.num_queued_prefill_tokens(),
             num_free_kv_blocks=kv.num_free_blocks, num_total_kv_blocks=kv.pool.num_blocks,
             num_preemptions=scheduler.num_preemptions, num_prefix_queried_tokens=kv.num_queried_tokens,

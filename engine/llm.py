@@ -102,6 +102,8 @@ class LLM:
             engine.validate(ids, p)
             if (problem := check_cache_salt(salt)) is not None:
                 raise InvalidRequestError("cache_salt", problem)
+            if p.structured_outputs is not None:  # a spec that does not compile is refused before anything runs
+                engine.structured.compiler.check(p.structured_outputs)
         for req_id, (text, ids), p, salt in zip(req_ids, encoded, params, salts):
             engine.add_request(req_id, ids, p, prompt=text, cache_salt=salt)
         finished: dict[str, RequestOutput] = {}

@@ -32,6 +32,9 @@ class RequestOutput:
     first_token_time: float | None = None
     finished_time: float | None = None
     kv_export: KVPayload | None = None  # prefill mode: the prompt's KV, on the final output
+    # why the engine ended the request itself (finish_reason "abort"), naming the field:
+    # e.g. its structured_outputs spec did not compile
+    error: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -10,6 +10,7 @@ from engine.sampling_params import SamplingParams
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    WAITING_FOR_GRAMMAR = "waiting_for_grammar"  # structured outputs: its grammar is compiling
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "stop"
@@ -20,7 +21,8 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING, RequestStatus.PREEMPTED)
+        return self not in (RequestStatus.WAITING, RequestStatus.WAITING_FOR_GRAMMAR, RequestStatus.RUNNING,
+                            RequestStatus.PREEMPTED)
 
 
 class RequestMode(enum.Enum):
@@ -63,6 +65,8 @@ class Request:
         self.cache_salt = cache_salt
         self.block_hashes: list[bytes] = []
         self.stop_reason: int | str | None = None
+        # structured outputs: the matcher (engine/structured), once the grammar is compiled
+        self.grammar = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
+from engine.structured.params import StructuredOutputsParams
 
 _GREEDY_EPS = 1e-5
 
@@ -21,12 +22,15 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N logprobs per generated token, besides the sampled one
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None  # guided decoding: see engine/structured
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self.validate()
 
     @property
@@ -54,6 +58,11 @@ class SamplingParams:
                 raise InvalidRequestError("stop", f"stop strings must be non-empty strings, got {s!r}")
         for t in self.stop_token_ids:
             _check_int("stop_token_ids", t, minimum=0)
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise InvalidRequestError("structured_outputs", "must be StructuredOutputsParams, got "
+                                                                f"{type(self.structured_outputs).__name__}")
+            self.structured_outputs.validate()
 
 
 def _check_int(name: str, value, minimum: int) -> None:

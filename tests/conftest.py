@@ -28,5 +28,15 @@ def tiny(tiny_llama_dir):
 
 
 @pytest.fixture(scope="session")
+def smollm2_loaded(smollm2_path):
+    """SmolLM2's weights loaded once per session (engines over it only read them)."""
+    import torch
+
+    from engine.model.loader import load_model
+    from engine.model.source import resolve_model
+    return load_model(resolve_model("smollm2"), torch.float32, "cpu", progress=False)
+
+
+@pytest.fixture(scope="session")
 def smollm2_path() -> str:
     return smollm2_gguf_path()

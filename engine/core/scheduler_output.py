@@ -7,9 +7,13 @@ request's tokens and block table.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.kv_transfer import KVLoad
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.structured.manager import GrammarBitmask
 
 
 @dataclass
@@ -38,6 +42,8 @@ class SchedulerOutput:
     # requests the runner must forget before this step (finished, aborted or preempted)
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
+    # structured outputs: the next-token bitmask of the guided requests that sample this step
+    grammar_bitmask: "GrammarBitmask | None" = None
 
     @property
     def is_empty(self) -> bool:

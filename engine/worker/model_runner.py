@@ -14,6 +14,7 @@ from engine.model.packed_linear import can_prepack
 from engine.sample.sampler import sample
 from engine.sampling_params import SamplingParams
 from engine.worker.cuda_graphs import CudaGraph, DecodeGraphs, Graph, sizes_to_capture
+from engine.structured.grammar import apply_grammar_bitmask
 from engine.worker.kv_cache import export_blocks, import_blocks
 
 
@@ -65,6 +66,8 @@ class ModelRunner:
         if logits is None:
             logits = self._forward(batch.input_ids, batch.positions, batch.meta, batch.logits_indices)
         states = [self.requests[r] for r in batch.sampling_req_ids]
+        if sched.grammar_bitmask is not None:  # structured outputs: forbidden tokens to -inf
+            apply_grammar_bitmask(logits, sched.grammar_bitmask, batch.sampling_req_ids)
         # a seeded draw depends on the position of the token it samples (see engine/sample)
         sampled = sample(logits, [s.sampling_params for s in states], [len(s.token_ids) for s in states],
                          self.default_generator)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from engine.outputs import TokenLogprob
 from engine.sampling_params import SamplingParams
+from engine.structured import StructuredOutputsParams
 from services.pb import common_pb2
 
 _OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "logprobs")
@@ -12,6 +13,8 @@ def sampling_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int 
     """Unset fields take the engine's defaults; raises InvalidRequestError naming a bad field."""
     kwargs = {name: getattr(msg, name) for name in _OPTIONAL if msg.HasField(name)}
     kwargs.setdefault("max_tokens", default_max_tokens)
+    if msg.HasField("structured_outputs"):
+        kwargs["structured_outputs"] = structured_from_proto(msg.structured_outputs)
     return SamplingParams(stop=list(msg.stop), stop_token_ids=list(msg.stop_token_ids),
                           ignore_eos=msg.ignore_eos, **kwargs)
 
@@ -23,6 +26,28 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
         value = getattr(params, name)
         if value is not None:
             setattr(msg, name, value)
+    if params.structured_outputs is not None:
+        msg.structured_outputs.CopyFrom(structured_to_proto(params.structured_outputs))
+    return msg
+
+
+def structured_from_proto(msg: common_pb2.StructuredOutputs) -> StructuredOutputsParams:
+    """Raises InvalidRequestError naming the field (none or several specs set, ...)."""
+    return StructuredOutputsParams(
+        json=msg.json if msg.HasField("json") else None, regex=msg.regex if msg.HasField("regex") else None,
+        choice=list(msg.choice.choices) if msg.HasField("choice") else None,
+        grammar=msg.grammar if msg.HasField("grammar") else None, json_object=msg.json_object,
+        disable_any_whitespace=msg.disable_any_whitespace)
+
+
+def structured_to_proto(params: StructuredOutputsParams) -> common_pb2.StructuredOutputs:
+    msg = common_pb2.StructuredOutputs(json_object=params.json_object,
+                                       disable_any_whitespace=params.disable_any_whitespace)
+    kind = params.kind
+    if kind == "choice":
+        msg.choice.choices.extend(params.choice)
+    elif kind != "json_object":
+        setattr(msg, kind, params.spec_text)
     return msg
 
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/common.proto\x12\npdserve.v1\"\xb6\x02\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x15\n\x08logprobs\x18\n \x01(\x05H\x06\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x0b\n\t_logprobs\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xa6\x01\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12?\n\x0ctop_logprobs\x18\x03 \x03(\x0b\x32).pdserve.v1.TokenLogprob.TopLogprobsEntry\x1a\x32\n\x10TopLogprobsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"\x9b\x01\n\x07Timings\x12\x16\n\x0erouter_queue_s\x18\x01 \x01(\x01\x12\x17\n\x0fprefill_queue_s\x18\x02 \x01(\x01\x12\x11\n\tprefill_s\x18\x03 \x01(\x01\x12\x12\n\nkv_write_s\x18\x04 \x01(\x01\x12\x11\n\tkv_read_s\x18\x05 \x01(\x01\x12\x15\n\rdecode_join_s\x18\x06 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x07 \x01(\x01\"q\n\x08KVHandle\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x10\n\x08tail_key\x18\x02 \x01(\t\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12\x17\n\x0fkvstore_address\x18\x05 \x01(\t\"\xf0\x01\n\nWorkerLoad\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12!\n\x19num_queued_prefill_tokens\x18\x03 \x01(\r\x12\x1a\n\x12num_free_kv_blocks\x18\x04 \x01(\r\x12\x1b\n\x13num_total_kv_blocks\x18\x05 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x06 \x01(\r\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x1c\n\x14prefill_tokens_per_s\x18\x08 \x01(\x02\x12\x16\n\x0e\x64\x65\x63ode_step_ms\x18\t \x01(\x02\"\x10\n\x0eGetLoadRequest\"\xdc\x01\n\x10GenerateResponse\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12*\n\x08logprobs\x18\x05 \x03(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12 \n\x05usage\x18\x06 \x01(\x0b\x32\x11.pdserve.v1.Usage\x12$\n\x07timings\x18\x07 \x01(\x0b\x32\x13.pdserve.v1.Timings\x12\x0c\n\x04path\x18\x08 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/common.proto\x12\npdserve.v1\"\x8d\x03\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x15\n\x08logprobs\x18\n \x01(\x05H\x06\x88\x01\x01\x12>\n\x12structured_outputs\x18\x0b \x01(\x0b\x32\x1d.pdserve.v1.StructuredOutputsH\x07\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x0b\n\t_logprobsB\x15\n\x13_structured_outputs\"\xdc\x01\n\x11StructuredOutputs\x12\x11\n\x04json\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x12\n\x05regex\x18\x02 \x01(\tH\x01\x88\x01\x01\x12+\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x16.pdserve.v1.ChoiceListH\x02\x88\x01\x01\x12\x14\n\x07grammar\x18\x04 \x01(\tH\x03\x88\x01\x01\x12\x13\n\x0bjson_object\x18\x05 \x01(\x08\x12\x1e\n\x16\x64isable_any_whitespace\x18\x06 \x01(\x08\x42\x07\n\x05_jsonB\x08\n\x06_regexB\t\n\x07_choiceB\n\n\x08_grammar\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xa6\x01\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12?\n\x0ctop_logprobs\x18\x03 \x03(\x0b\x32).pdserve.v1.TokenLogprob.TopLogprobsEntry\x1a\x32\n\x10TopLogprobsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"\x9b\x01\n\x07Timings\x12\x16\n\x0erouter_queue_s\x18\x01 \x01(\x01\x12\x17\n\x0fprefill_queue_s\x18\x02 \x01(\x01\x12\x11\n\tprefill_s\x18\x03 \x01(\x01\x12\x12\n\nkv_write_s\x18\x04 \x01(\x01\x12\x11\n\tkv_read_s\x18\x05 \x01(\x01\x12\x15\n\rdecode_join_s\x18\x06 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x07 \x01(\x01\"q\n\x08KVHandle\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x10\n\x08tail_key\x18\x02 \x01(\t\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12\x17\n\x0fkvstore_address\x18\x05 \x01(\t\"\xf0\x01\n\nWorkerLoad\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12!\n\x19num_queued_prefill_tokens\x18\x03 \x01(\r\x12\x1a\n\x12num_free_kv_blocks\x18\x04 \x01(\r\x12\x1b\n\x13num_total_kv_blocks\x18\x05 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x06 \x01(\r\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x1c\n\x14prefill_tokens_per_s\x18\x08 \x01(\x02\x12\x16\n\x0e\x64\x65\x63ode_step_ms\x18\t \x01(\x02\"\x10\n\x0eGetLoadRequest\"\xdc\x01\n\x10GenerateResponse\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12*\n\x08logprobs\x18\x05 \x03(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12 \n\x05usage\x18\x06 \x01(\x0b\x32\x11.pdserve.v1.Usage\x12$\n\x07timings\x18\x07 \x01(\x0b\x32\x13.pdserve.v1.Timings\x12\x0c\n\x04path\x18\x08 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,23 +34,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENLOGPROB_TOPLOGPROBSENTRY']._loaded_options = None
   _globals['_TOKENLOGPROB_TOPLOGPROBSENTRY']._serialized_options = b'8\001'
   _globals['_SAMPLINGPARAMS']._serialized_start=40
-  _globals['_SAMPLINGPARAMS']._serialized_end=350
-  _globals['_TOKENIDS']._serialized_start=352
-  _globals['_TOKENIDS']._serialized_end=375
-  _globals['_TOKENLOGPROB']._serialized_start=378
-  _globals['_TOKENLOGPROB']._serialized_end=544
-  _globals['_TOKENLOGPROB_TOPLOGPROBSENTRY']._serialized_start=494
-  _globals['_TOKENLOGPROB_TOPLOGPROBSENTRY']._serialized_end=544
-  _globals['_USAGE']._serialized_start=546
-  _globals['_USAGE']._serialized_end=633
-  _globals['_TIMINGS']._serialized_start=636
-  _globals['_TIMINGS']._serialized_end=791
-  _globals['_KVHANDLE']._serialized_start=793
-  _globals['_KVHANDLE']._serialized_end=906
-  _globals['_WORKERLOAD']._serialized_start=909
-  _globals['_WORKERLOAD']._serialized_end=1149
-  _globals['_GETLOADREQUEST']._serialized_start=1151
-  _globals['_GETLOADREQUEST']._serialized_end=1167
-  _globals['_GENERATERESPONSE']._serialized_start=1170
-  _globals['_GENERATERESPONSE']._serialized_end=1390
+  _globals['_SAMPLINGPARAMS']._serialized_end=437
+  _globals['_STRUCTUREDOUTPUTS']._serialized_start=440
+  _globals['_STRUCTUREDOUTPUTS']._serialized_end=660
+  _globals['_CHOICELIST']._serialized_start=662
+  _globals['_CHOICELIST']._serialized_end=691
+  _globals['_TOKENIDS']._serialized_start=693
+  _globals['_TOKENIDS']._serialized_end=716
+  _globals['_TOKENLOGPROB']._serialized_start=719
+  _globals['_TOKENLOGPROB']._serialized_end=885
+  _globals['_TOKENLOGPROB_TOPLOGPROBSENTRY']._serialized_start=835
+  _globals['_TOKENLOGPROB_TOPLOGPROBSENTRY']._serialized_end=885
+  _globals['_USAGE']._serialized_start=887
+  _globals['_USAGE']._serialized_end=974
+  _globals['_TIMINGS']._serialized_start=977
+  _globals['_TIMINGS']._serialized_end=1132
+  _globals['_KVHANDLE']._serialized_start=1134
+  _globals['_KVHANDLE']._serialized_end=1247
+  _globals['_WORKERLOAD']._serialized_start=1250
+  _globals['_WORKERLOAD']._serialized_end=1490
+  _globals['_GETLOADREQUEST']._serialized_start=1492
+  _globals['_GETLOADREQUEST']._serialized_end=1508
+  _globals['_GENERATERESPONSE']._serialized_start=1511
+  _globals['_GENERATERESPONSE']._serialized_end=1731
 # @@protoc_insertion_point(module_scope)

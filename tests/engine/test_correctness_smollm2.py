@@ -2,12 +2,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from engine import CacheConfig, EngineConfig, SchedulerConfig
 from engine.engine_core import EngineCore
-from engine.model.loader import load_model
-from engine.model.source import resolve_model
 from tests.engine.correctness import MODES, run_added_mid_run, run_llm
 from tests.engine.hf_reference import hf_greedy, load_hf_model
 
@@ -26,8 +23,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def smollm2(smollm2_path):
-    loaded = load_model(resolve_model("smollm2"), torch.float32, "cpu", progress=False)
+def smollm2(smollm2_path, smollm2_loaded):
+    loaded = smollm2_loaded
     prompts = [loaded.tokenizer.encode(t) for t in TEXTS]
     assert min(map(len, prompts)) == 1 and max(map(len, prompts)) > 300
     expected = hf_greedy(load_hf_model(smollm2_path), prompts, MAX_TOKENS, loaded.eos_token_ids)

@@ -1,0 +1,122 @@
+"""The engine's side of structured outputs: requests wait for their grammar off the step
+loop, and each step gets the bitmask of the rows it samples under a grammar.
+
+    add_request ──▶ WAITING_FOR_GRAMMAR (compiling on a thread; every other request runs)
+    poll()      ──▶ compiled: a GrammarState advanced past the tokens already emitted
+                    (a decode worker continuing a prefill's first token, a migrated
+                    request), then the scheduler's queue; failed or too slow: an error
+    bitmask()   ──▶ one row per request sampling this step, for the runner to apply
+    accept()    ──▶ after sampling: the matcher advances (a preempted request keeps its
+                    tokens and so its matcher: nothing to roll back)
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.errors import InvalidRequestError
+from engine.request import Request, RequestStatus
+from engine.structured.grammar import DEFAULT_COMPILE_TIMEOUT_S, GrammarCompiler, GrammarState, allocate_bitmask
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GrammarBitmask:
+    """For the runner: `bitmask` row rows[req_id] constrains that request's sampled row."""
+    bitmask: torch.Tensor
+    rows: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Pending:
+    request: Request
+    future: object
+    deadline: float
+
+
+class StructuredOutputManager:
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids, compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S):
+        self.compiler = GrammarCompiler(tokenizer, vocab_size, stop_token_ids, compile_timeout_s=compile_timeout_s)
+        self.vocab_size = vocab_size
+        self._pending: dict[str, _Pending] = {}
+        self._bitmask = allocate_bitmask(1, vocab_size)
+
+    # ---- waiting for grammars --------------------------------------------------------
+    def add(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING_FOR_GRAMMAR
+        future = self.compiler.submit(request.sampling_params.structured_outputs)
+        self._pending[request.req_id] = _Pending(request, future, time.monotonic() + self.compiler.compile_timeout_s)
+
+    def remove(self, req_id: str) -> Request | None:
+        pending = self._pending.pop(req_id, None)
+        return pending.request if pending else None
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    def poll(self) -> tuple[list[Request], list[tuple[Request, InvalidRequestError]]]:
+        """Requests whose grammar is ready (status WAITING, for the scheduler), and those
+        whose grammar failed or took too long, with the error."""
+        ready, failed, now = [], [], time.monotonic()
+        for req_id, pending in list(self._pending.items()):
+            request, future = pending.request, pending.future
+            if not future.done():
+                if now > pending.deadline:
+                    del self._pending[req_id]
+                    kind = request.sampling_params.structured_outputs.kind
+                    failed.append((request, InvalidRequestError(
+                        f"structured_outputs.{kind}", f"did not compile within {self.compiler.compile_timeout_s:g} s")))
+                continue
+            del self._pending[req_id]
+            error = future.exception()
+            if error is None:
+                error = self._start(request, future.result())
+            if error is None:
+                request.status = RequestStatus.WAITING
+                ready.append(request)
+            else:
+                failed.append((request, error if isinstance(error, InvalidRequestError)
+                               else InvalidRequestError("structured_outputs", str(error))))
+        return ready, failed
+
+    def _start(self, request: Request, compiled) -> InvalidRequestError | None:
+        state = GrammarState(compiled)
+        for i, token_id in enumerate(request.output_token_ids):
+            if not state.accept(token_id):
+                return InvalidRequestError("output_token_ids", f"token {i} ({token_id}) is not allowed by the "
+                                                               "request's structured_outputs")
+        request.grammar = state
+        return None
+
+    # ---- each step -------------------------------------------------------------------
+    def bitmask(self, sampling: list[Request]) -> GrammarBitmask | None:
+        """The next-token bitmask of each request in `sampling` that has a grammar."""
+        guided = [r for r in sampling if r.grammar is not None]
+        if not guided:
+            return None
+        if self._bitmask.shape[0] < len(guided):
+            self._bitmask = allocate_bitmask(len(guided), self.vocab_size)
+        rows = {}
+        for row, request in enumerate(guided):
+            request.grammar.fill(self._bitmask, row)
+            rows[request.req_id] = row
+        return GrammarBitmask(self._bitmask[:len(guided)].clone(), rows)
+
+    @staticmethod
+    def accept(request: Request, token_id: int) -> bool:
+        """Advances the request's matcher past its sampled token; False if the grammar
+        forbids it (a bug: the token was sampled under the grammar's mask)."""
+        if request.grammar is None:
+            return True
+        if request.grammar.accept(token_id):
+            return True
+        logger.error("request %s sampled token %d, which its grammar forbids", request.req_id, token_id)
+        return False
+
+    def close(self) -> None:
+        self.compiler.close()

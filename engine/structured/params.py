@@ -1,0 +1,89 @@
+"""What a request's output must match: exactly one of a JSON schema, any JSON object, a
+regular expression, a list of choices or an EBNF grammar (vLLM's StructuredOutputsParams
+names, so users' code ports)."""
+from __future__ import annotations
+
+import json as jsonlib
+from dataclasses import dataclass
+
+from engine.errors import InvalidRequestError
+
+KINDS = ("json", "regex", "choice", "grammar", "json_object")
+# Bounds on a spec's size: compiling is superlinear in it, and a spec travels with every
+# hop of a request (router, prefill, decode, a migration).
+MAX_SPEC_CHARS = 64 * 1024
+MAX_CHOICES = 1024
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    json: dict | str | bool | None = None  # a JSON schema: a dict, or its JSON text
+    regex: str | None = None
+    choice: tuple[str, ...] | list[str] | None = None
+    grammar: str | None = None  # EBNF, as xgrammar (and llama.cpp's GBNF) reads it
+    json_object: bool = False   # any JSON object
+    # JSON only: no whitespace between tokens (a small model may otherwise pad forever)
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.choice, list):
+            object.__setattr__(self, "choice", tuple(self.choice))
+        self.validate()
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in KINDS if self._is_set(k))
+
+    def _is_set(self, kind: str) -> bool:
+        value = getattr(self, kind)
+        return value is True if kind == "json_object" else value is not None
+
+    def validate(self) -> None:
+        """Exactly one spec, of the right type and size; raises InvalidRequestError naming
+        `structured_outputs.<kind>`. Whether the spec compiles is grammar.py's check."""
+        given = [k for k in KINDS if self._is_set(k)]
+        if len(given) != 1:
+            raise InvalidRequestError("structured_outputs", "exactly one of json, regex, choice, grammar or "
+                                                            f"json_object must be set, got {given or 'none'}")
+        kind = given[0]
+        field = f"structured_outputs.{kind}"
+        if kind == "json":
+            if isinstance(self.json, str):
+                try:
+                    parsed = jsonlib.loads(self.json)
+                except ValueError as e:
+                    raise InvalidRequestError(field, f"is not valid JSON: {e}") from None
+            else:
+                parsed = self.json
+            if not isinstance(parsed, (dict, bool)):
+                raise InvalidRequestError(field, f"must be a JSON schema (an object), got {type(parsed).__name__}")
+        elif kind == "choice":
+            if not self.choice:
+                raise InvalidRequestError(field, "must hold at least one choice")
+            if len(self.choice) > MAX_CHOICES:
+                raise InvalidRequestError(field, f"at most {MAX_CHOICES} choices, got {len(self.choice)}")
+            if any(not isinstance(c, str) or not c for c in self.choice):
+                raise InvalidRequestError(field, "every choice must be a non-empty string")
+        elif kind in ("regex", "grammar"):
+            value = getattr(self, kind)
+            if not isinstance(value, str) or not value:
+                raise InvalidRequestError(field, "must be a non-empty string")
+        if len(self.spec_text) > MAX_SPEC_CHARS:
+            raise InvalidRequestError(field, f"is {len(self.spec_text)} characters; at most {MAX_SPEC_CHARS}")
+
+    @property
+    def spec_text(self) -> str:
+        """The spec as one string: what the compiler caches by, with kind. A schema keeps
+        its key order: xgrammar generates properties in that order."""
+        kind = self.kind
+        if kind == "json":
+            return self.json if isinstance(self.json, str) else jsonlib.dumps(self.json)
+        if kind == "choice":
+            return jsonlib.dumps(list(self.choice))
+        if kind == "json_object":
+            return ""
+        return getattr(self, kind)
+
+    @property
+    def key(self) -> tuple[str, str, bool]:
+        return self.kind, self.spec_text, self.disable_any_whitespace
