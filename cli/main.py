@@ -8,6 +8,7 @@ import shlex
 import sys
 
 from cli.launcher import PlatformConfig, run_platform
+from cli.structured_args import add_structured_arguments, structured_from_args
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.dtypes import DTYPE_NAMES
 from services.router.config import DEFAULT_SLO_CLASS
@@ -34,6 +35,7 @@ def _generate_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the full output as JSON")
     p.add_argument("--url", default=None, help="a router's gRPC address (host:port): stream through the platform")
     p.add_argument("--slo-class", default=DEFAULT_SLO_CLASS, help="with --url: the request's SLO class")
+    add_structured_arguments(p)
     p.set_defaults(func=_run_generate)
 
 
@@ -41,7 +43,7 @@ def _run_generate(args) -> int:
     from engine import LLM, InvalidRequestError, SamplingParams
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=args.stop,
-                            logprobs=args.logprobs)
+                            logprobs=args.logprobs, structured_outputs=structured_from_args(args))
     if not args.prompt:
         raise InvalidRequestError("prompt", "is empty")
     if args.url:

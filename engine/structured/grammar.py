@@ -25,6 +25,10 @@ from engine.structured.params import StructuredOutputsParams
 # interrupted (xgrammar runs it in C++), so past this the request fails and the thread
 # finishes on its own; the result is still cached for the next request with that spec.
 DEFAULT_COMPILE_TIMEOUT_S = 30.0
+# Bounds on what a long-running server keeps per distinct spec: futures (each holding its
+# compiled grammar) and xgrammar's own cache.
+MAX_CACHED_SPECS = 1024
+XGRAMMAR_CACHE_BYTES = 256 << 20
 
 
 def _choice_grammar(choices) -> str:
@@ -53,8 +57,13 @@ class GrammarCompiler:
             if self._compiler is None:
                 info = xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self.vocab_size,
                                                           stop_token_ids=self._stop_token_ids)
-                self._compiler = xgr.GrammarCompiler(info, max_threads=self._max_threads, cache_enabled=True)
+                self._compiler = xgr.GrammarCompiler(info, max_threads=self._max_threads, cache_enabled=True,
+                                                     cache_limit_bytes=XGRAMMAR_CACHE_BYTES)
             return self._compiler
+
+    def prepare(self) -> None:
+        """Builds the tokenizer table now rather than on the first compile."""
+        self._xgr_compiler()
 
     def compile(self, params: StructuredOutputsParams):
         """The compiled grammar, now (on the caller's thread); a spec xgrammar refuses
@@ -81,6 +90,8 @@ class GrammarCompiler:
             if future is None or (future.done() and future.exception() is not None):
                 future = self._pool.submit(self.compile, params)
                 self._futures[params.key] = future
+                while len(self._futures) > MAX_CACHED_SPECS:  # the oldest spec goes first
+                    del self._futures[next(iter(self._futures))]
             return future
 
     def check(self, params: StructuredOutputsParams, timeout_s: float | None = None):

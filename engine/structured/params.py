@@ -53,6 +53,8 @@ class StructuredOutputsParams:
                     parsed = jsonlib.loads(self.json)
                 except ValueError as e:
                     raise InvalidRequestError(field, f"is not valid JSON: {e}") from None
+                except RecursionError:
+                    raise InvalidRequestError(field, "is nested too deeply") from None
             else:
                 parsed = self.json
             if not isinstance(parsed, (dict, bool)):

@@ -128,6 +128,9 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
         last_token_time, final = None, None
         try:
             while (out := stream.get()) is not None:
+                if out.error:  # the engine refused the request: INVALID_ARGUMENT below, no final message
+                    final = out
+                    break
                 t = now()
                 if last_token_time is not None:
                     self.metrics.itl.observe(t - last_token_time)
@@ -143,6 +146,8 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
         if final is None or final.finish_reason == RequestStatus.FINISHED_ABORTED.value:
             self.metrics.requests.labels("aborted").inc()
             if context.is_active():
+                if final is not None and final.error:  # the engine refused it (a spec that does not compile)
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, final.error)
                 context.abort(grpc.StatusCode.CANCELLED, f"request {req.req_id} was aborted")
             return
         self.metrics.requests.labels("ok").inc()

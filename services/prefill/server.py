@@ -136,6 +136,8 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
             final = out
         if final is None or final.finish_reason == RequestStatus.FINISHED_ABORTED.value:
             self.metrics.requests.labels("aborted").inc()
+            if final is not None and final.error:  # the engine refused it (a spec that does not compile)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, final.error)
             context.abort(grpc.StatusCode.CANCELLED, f"request {req.req_id} was aborted")
         return final
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from engine.structured.grammar import DEFAULT_COMPILE_TIMEOUT_S
 from services.common.defaults import DEFAULT_MODEL, HOST, ROUTER_PORT
 from services.common.security import API_KEY, ClientSecurity, ServerSecurity
 
@@ -108,6 +109,8 @@ class RouterConfig:
     public: ServerSecurity = ServerSecurity(credential=API_KEY)
     internal: ClientSecurity = ClientSecurity()
     max_request_bytes: int | None = None   # None: from max_model_len (security.max_request_bytes)
+    # structured outputs: a spec that takes longer to compile is refused (INVALID_ARGUMENT / 400)
+    grammar_compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.default_slo_class not in self.slo_classes:
@@ -123,6 +126,8 @@ class RouterConfig:
             raise ValueError(f"placement: {self.placement!r} is not one of {', '.join(PLACEMENTS)}")
         if self.max_request_bytes is not None and self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes: must be >= 1, got {self.max_request_bytes}")
+        if not self.grammar_compile_timeout_s > 0:
+            raise ValueError(f"grammar_compile_timeout_s: must be > 0, got {self.grammar_compile_timeout_s}")
         if not 0 <= self.kv_store_weight <= 1:
             raise ValueError(f"kv_store_weight: must be within [0, 1], got {self.kv_store_weight}")
 

@@ -58,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the hint sent with RESOURCE_EXHAUSTED")
     parser.add_argument("--http-port", type=port_or_off, default=HttpConfig.port,
                         help="OpenAI-compatible HTTP API port, on --host ('off': gRPC only)")
+    parser.add_argument("--grammar-compile-timeout-s", type=float, default=RouterConfig.grammar_compile_timeout_s,
+                        help="structured outputs: a spec (JSON schema, regex, grammar) that takes longer to "
+                             "compile is refused with INVALID_ARGUMENT / 400")
     security.add_arguments(parser)  # --api-key, TLS, --max-request-bytes, the internal token
     parser.add_argument("--drain-timeout-s", type=_drain_timeout, default=DRAIN_TIMEOUT_S,
                         help="on SIGTERM: new requests are refused (UNAVAILABLE / 503) and those in flight "
@@ -99,6 +102,7 @@ def config_from_args(args) -> RouterConfig:
         poll_interval_s=args.poll_interval_s, retry_after_ms=args.retry_after_ms, placement=args.placement,
         kv_store_weight=args.kv_store_weight, public=security.public_security_from_args(args),
         internal=internal_client_security(args), max_request_bytes=args.max_request_bytes,
+        grammar_compile_timeout_s=args.grammar_compile_timeout_s,
         saturation=SaturationConfig(max_waiting=args.max_worker_waiting,
                                     max_in_flight_per_worker=args.max_in_flight_per_worker))
 

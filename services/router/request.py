@@ -22,10 +22,12 @@ from dataclasses import dataclass
 
 from engine import InvalidRequestError, SamplingParams
 from engine.core.block_hash import MAX_CACHE_SALT_CHARS
+from engine.structured.grammar import DEFAULT_COMPILE_TIMEOUT_S
 from engine.validation import MAX_LOGPROBS
 from services.common.convert import sampling_to_proto
 from services.pb import common_pb2
 from services.router.config import SLOClass
+from services.router.grammar_check import GrammarCheck
 from services.router.model_info import ModelInfo
 
 _INT32_LIMIT = 1 << 31
@@ -69,11 +71,14 @@ class RoutedRequest:
 
 
 class RequestValidator:
-    def __init__(self, model: ModelInfo, tokenizer, slo_classes: dict[str, SLOClass], default_slo_class: str):
+    def __init__(self, model: ModelInfo, tokenizer, slo_classes: dict[str, SLOClass], default_slo_class: str,
+                 grammar_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S):
         self.model = model
         self.tokenizer = tokenizer
         self.slo_classes = slo_classes
         self.default_slo_class = default_slo_class
+        # structured outputs: a spec that does not compile is refused here (grammar_check.py)
+        self.grammars = GrammarCheck(tokenizer, model.vocab_size or None, grammar_timeout_s)
 
     def validate(self, inp: GenerateInput) -> RoutedRequest:
         """Raises InvalidRequestError naming the bad field."""
@@ -87,6 +92,8 @@ class RequestValidator:
         self._check_sampling(inp.sampling)
         sampling = _to_wire(inp.sampling)
         prompt = self._prompt(inp.prompt)
+        if inp.sampling.structured_outputs is not None:  # last: the costliest check (a compile)
+            self.grammars.check(inp.sampling.structured_outputs)
         return RoutedRequest(uuid.uuid4().hex, prompt, sampling, slo_class, self.slo_classes[slo_class],
                              client_req_id=inp.req_id, cache_salt=inp.cache_salt)
 

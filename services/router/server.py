@@ -182,7 +182,8 @@ def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None,
     calls = WorkerCalls(registry)
     paths = path_policy(cfg, colocated=discovery is None and not cfg.prefill_addresses)
     flow = GenerateFlow(pools, paths, calls, metrics, cfg.kvstore_address, cfg.retry_after_ms)
-    validator = RequestValidator(model, tokenizer, cfg.slo_classes, cfg.default_slo_class)
+    validator = RequestValidator(model, tokenizer, cfg.slo_classes, cfg.default_slo_class,
+                                 cfg.grammar_compile_timeout_s)
     drain = Drain()
     front = DrainingFront(Front(validator, flow, metrics), drain)
     servicer = RouterServicer(cfg, model, front)

@@ -4,6 +4,7 @@ to exactly the non-streamed text.
 
     completions  text_completion        choices[i] = {index, text, logprobs, finish_reason}
     chat         chat.completion(.chunk) choices[i] = {index, message|delta, logprobs, finish_reason}
+                 (tool calls, when the request forced them: tool_calls.py)
 
 Usage: completion_tokens is the sum over choices of what the router sent; a prompt is
 counted once however many choices (n) it has, as OpenAI does, and its cached tokens are
@@ -16,6 +17,7 @@ from abc import ABC, abstractmethod
 
 from services.pb import common_pb2
 from services.router.http.logprobs import ChatLogprobs, LegacyLogprobs, TokenText
+from services.router.http.tool_calls import ToolCallReply, tool_call_reply
 from services.router.http.translate import Job
 
 
@@ -109,17 +111,29 @@ class CompletionReply(Reply):
 class ChatReply(Reply):
     id_prefix, object_whole, object_chunk = "chatcmpl", "chat.completion", "chat.completion.chunk"
 
+    def __init__(self, job: Job, model: str, text_of: TokenText):
+        super().__init__(job, model, text_of)
+        choice = job.tool_choice
+        self.tool_calls: list[ToolCallReply] | None = (
+            None if choice is None else [tool_call_reply(choice) for _ in job.inputs])
+
     def _logprobs(self, text_of):
         return ChatLogprobs(text_of)
 
     def opening(self) -> list[dict]:
-        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+        content = "" if self.tool_calls is None else None  # tool calls: no content, as OpenAI streams them
+        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": content}, "logprobs": None,
                               "finish_reason": None}]) for i in range(len(self.choices))]
 
     def _choice(self, index, text, logprobs, finish_reason):
-        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                "finish_reason": finish_reason}
+        message = {"role": "assistant", "content": text}
+        if self.tool_calls is not None:
+            message, finish_reason = self.tool_calls[index].message(text, finish_reason)
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def _delta(self, index, text, logprobs, finish_reason):
-        return {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs,
-                "finish_reason": finish_reason}
+        delta = {"content": text} if text else {}
+        if self.tool_calls is not None:
+            whole = "".join(self.choices[index].text)
+            delta, finish_reason = self.tool_calls[index].delta(text, whole, finish_reason)
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}

@@ -3,7 +3,8 @@
 Unknown fields are ignored, as OpenAI clients and agent frameworks send many; the fields
 pdserve cannot honour are listed here and refused by translate.py when they are set to
 anything but their neutral value. Extensions (vLLM's names): top_k, min_p, ignore_eos,
-stop_token_ids, and slo_class (also the `x-pdserve-slo` header).
+stop_token_ids, slo_class (also the `x-pdserve-slo` header) and structured_outputs (guided
+decoding: what OpenAI's response_format and tools have no field for).
 
 Every string is `Text`: JSON may carry half of a UTF-16 pair ("\\ud800") that Python keeps
 as a lone surrogate, which no tokenizer, protobuf or response encoder accepts; it is
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from services.router.request import has_lone_surrogate
 
@@ -30,6 +31,33 @@ Text = Annotated[str, AfterValidator(_whole_text)]
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     include_usage: bool | None = None
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: Text | None = None  # OpenAI requires one; it names the schema, nothing more
+    description: Text | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # the output always follows the schema, strict or not
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's extra body: exactly one of these. An unknown key is refused (a client asking
+    for a constraint this server would silently not apply is better told)."""
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    json_: dict[str, Any] | Text | None = Field(default=None, alias="json")  # a schema, or its JSON text
+    regex: Text | None = None
+    choice: list[Text] | None = None
+    grammar: Text | None = None  # EBNF (xgrammar's dialect; llama.cpp's GBNF)
+    json_object: bool | None = None
+    # an option, not a spec: JSON without whitespace between tokens (also with response_format or tools)
+    disable_any_whitespace: bool | None = None
 
 
 class _GenerateRequest(BaseModel):
@@ -55,6 +83,9 @@ class _GenerateRequest(BaseModel):
     stop_token_ids: list[int] | None = None
     slo_class: Text | None = None
     cache_salt: Text | None = None  # vLLM's: shares cached KV only with requests of the same salt
+    # guided decoding (at most one of the two; see structured.py)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 class CompletionRequest(_GenerateRequest):
@@ -78,11 +109,37 @@ class ChatMessage(BaseModel):
     content: Text | list[ContentPart] | None = None
 
 
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: Text
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; none: any JSON object
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: Text
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatCompletionRequest(_GenerateRequest):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None  # the newer name of max_tokens; wins when both are set
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None

@@ -6,6 +6,8 @@ the same typed input from both fronts).
                  choice i = prompt i // n, run i % n (seed + i % n when a seed is given)
     chat:        messages -> the model's chat template -> token ids (engine.chat, the same
                  function as engine.LLM.chat), × n
+    both:        response_format / structured_outputs / forcing tools -> structured_outputs
+                 (structured.py), the same spec for every choice
 
 Everything the engine cannot honour is refused here, naming the field (400).
 """
@@ -18,6 +20,7 @@ from engine import InvalidRequestError, SamplingParams
 from engine.chat import encode_chat_prompt
 from services.router.http.errors import bad_request, from_invalid, model_not_found
 from services.router.http.schemas import ChatCompletionRequest, CompletionRequest, _GenerateRequest
+from services.router.http.structured import Guide, ToolChoice, guide
 from services.router.model_info import ModelInfo
 from services.router.request import GenerateInput
 
@@ -36,6 +39,7 @@ class Job:
     include_usage: bool
     logprobs: int | None                               # top-N to report; None: no logprobs
     rename: dict[str, str] = field(default_factory=dict)  # the router's field names -> this API's
+    tool_choice: ToolChoice | None = None              # chat: the output is tool calls (tool_calls.py)
 
 
 def completion_job(body: CompletionRequest, model: ModelInfo, slo_header: str | None, max_choices: int) -> Job:
@@ -51,17 +55,16 @@ def completion_job(body: CompletionRequest, model: ModelInfo, slo_header: str | 
         raise bad_request("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {body.logprobs}")
     prompts = _prompts(body.prompt)
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETION_MAX_TOKENS
-    sampling = _sampling(body, max_tokens, body.logprobs)
-    return _job(body, prompts, sampling, slo_header, max_choices, body.logprobs, {"prompt_token_ids": "prompt"})
+    guided = guide(body)
+    sampling = _sampling(body, max_tokens, body.logprobs, guided)
+    return _job(body, prompts, sampling, slo_header, max_choices, body.logprobs,
+                {"prompt_token_ids": "prompt", **guided.rename})
 
 
 def chat_job(body: ChatCompletionRequest, model: ModelInfo, tokenizer, slo_header: str | None,
              max_choices: int, max_messages: int) -> Job:
     _check_common(body, model)
-    if body.tools or body.functions:
-        raise bad_request("tools" if body.tools else "functions", "tool calling is not supported")
-    if body.response_format and body.response_format.get("type", "text") != "text":
-        raise bad_request("response_format", "only {\"type\": \"text\"} is supported")
+    guided = guide(body)
     top = _chat_top_logprobs(body)
     token_ids = chat_prompt(body, tokenizer, max_messages)
     max_name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -69,8 +72,9 @@ def chat_job(body: ChatCompletionRequest, model: ModelInfo, tokenizer, slo_heade
     if max_tokens is None:  # as OpenAI: up to the end of the context
         max_tokens = max(1, model.max_model_len - len(token_ids))
     rename = {"prompt": "messages", "prompt_token_ids": "messages", "logprobs": "top_logprobs",
-              "max_tokens": max_name}
-    return _job(body, [token_ids], _sampling(body, max_tokens, top), slo_header, max_choices, top, rename)
+              "max_tokens": max_name, **guided.rename}
+    return _job(body, [token_ids], _sampling(body, max_tokens, top, guided), slo_header, max_choices, top, rename,
+                guided.tool_choice)
 
 
 def chat_prompt(body: ChatCompletionRequest, tokenizer, max_messages: int) -> list[int]:
@@ -129,17 +133,17 @@ def _prompts(prompt) -> list[str | list[int]]:
     return list(prompt)
 
 
-def _sampling(body: _GenerateRequest, max_tokens: int, logprobs: int | None) -> dict:
+def _sampling(body: _GenerateRequest, max_tokens: int, logprobs: int | None, guided: Guide) -> dict:
     """The sampling fields that are set (unset ones take SamplingParams' defaults, the engine's)."""
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     values = dict(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                  min_p=body.min_p, seed=body.seed, logprobs=logprobs)
+                  min_p=body.min_p, seed=body.seed, logprobs=logprobs, structured_outputs=guided.params)
     return dict({k: v for k, v in values.items() if v is not None}, stop=stop,
                 stop_token_ids=list(body.stop_token_ids or []), ignore_eos=bool(body.ignore_eos))
 
 
 def _job(body: _GenerateRequest, prompts: list, sampling: dict, slo_header: str | None, max_choices: int,
-         logprobs: int | None, rename: dict[str, str]) -> Job:
+         logprobs: int | None, rename: dict[str, str], tool_choice: ToolChoice | None = None) -> Job:
     n = body.n if body.n is not None else 1
     if n < 1:
         raise bad_request("n", f"must be >= 1, got {n}")
@@ -162,7 +166,7 @@ def _job(body: _GenerateRequest, prompts: list, sampling: dict, slo_header: str 
                                     body.cache_salt or ""))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return Job(req_id, tuple(inputs), tuple(i // n for i in range(num_choices)), bool(body.stream),
-               include_usage, logprobs, rename)
+               include_usage, logprobs, rename, tool_choice)
 
 
 def _params(sampling: dict, rename: dict[str, str]) -> SamplingParams:

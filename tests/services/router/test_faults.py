@@ -254,9 +254,14 @@ def test_queued_requests_are_not_prefilled_once_no_decode_worker_is_left(make_cl
             "router_queued_requests", {"pool": PREFILL, "slo_class": "interactive"}) == 1, "the request queued")
         for d in cluster.decodes:
             cluster.stop_worker(d)
+        cluster.router.poll_now()
+        # the router learns of the dead decode pool first (a request released into prefill
+        # while the router still believed in its decode workers would be a different race)
+        wait_until(lambda: cluster.router.metrics.metrics.value("router_workers_up", {"pool": DECODE}) == 0,
+                   "the router saw the decode pool go")
         for p in cluster.prefills:
             p.load.num_waiting = 0
-        cluster.router.poll_now()  # the decode pool is gone; the prefill pool has room again
+        cluster.router.poll_now()  # the prefill pool has room again
         waiting.join(timeout=10)
     assert errors and errors[0].code() == grpc.StatusCode.UNAVAILABLE and "no decode worker" in errors[0].details()
     assert all(not p.requests for p in cluster.prefills)
