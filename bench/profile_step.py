@@ -83,7 +83,7 @@ def instrumented(llm: LLM):
     inner.wrap(type(runner.backend), "forward", "attention")
     wrapped = ((runner, "model", "forward"), (runner, "_prepare_inputs", "prepare"),
                (scheduler, "schedule", "schedule"), (scheduler, "update_from_output", "schedule"),
-               (engine, "_process_token", "output"))
+               (engine, "_process_tokens", "output"))
     instance_attrs = [(obj, name, obj.__dict__.get(name)) for obj, name, _ in wrapped]
     for obj, name, part in wrapped:
         outer.wrap(obj, name, part)

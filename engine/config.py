@@ -1,6 +1,8 @@
 """Frozen configuration dataclasses, one per component; the LLM API and the CLI build them."""
 from __future__ import annotations
 
+from engine.spec_decode.config import SpeculativeConfig
+
 from dataclasses import dataclass, field
 
 # the embedded default model (engine/model/source.py resolves the alias)
@@ -62,6 +64,8 @@ class EngineConfig:
     cuda_graph_batch_sizes: tuple[int, ...] = ()
     # structured outputs: a request whose grammar takes longer to compile ends with an error
     structured_outputs_compile_timeout_s: float = 30.0
+    # speculative decoding (engine/spec_decode): None: off
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self):
         sizes = self.cuda_graph_batch_sizes

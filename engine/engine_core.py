@@ -25,6 +25,8 @@ from engine.dtypes import dtype_name
 from engine.kv_transfer import KVLayout, KVPayload
 from engine.stats import EngineStats
 from engine.structured.manager import StructuredOutputManager
+from engine.spec_decode.ngram import NgramProposer
+from engine.spec_decode.proposer import DraftRequest, Proposer
 from engine.step_rates import StepRates
 from engine.validation import validate_mode, validate_request, validate_transfer
 from engine.worker.kv_cache import allocate_kv_caches, num_kv_blocks
@@ -69,6 +71,26 @@ class EngineCore:
         self._aborted: list[RequestOutput] = []
         self.step_rates = StepRates()
         self._structured: StructuredOutputManager | None = None  # built by the first guided request
+        self.proposer = self._make_proposer(num_blocks)
+        self._spec_counts = {"proposed": 0, "accepted": 0, "verifications": 0}
+
+    def _make_proposer(self, num_blocks: int) -> Proposer | None:
+        spec = self.config.speculative_config
+        if spec is None:
+            return None
+        if spec.method == "ngram":
+            return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
+        from engine.spec_decode.draft_model import DraftModelProposer, check_same_tokenizer
+        source = resolve_model(spec.model)
+        draft = self.loaded if source.model_id == self.source.model_id else load_model(
+            source, self.dtype, self.config.device, self.max_model_len, progress=False)
+        check_same_tokenizer(self.tokenizer, draft.tokenizer)
+        arch, bs = draft.arch, self.config.cache.block_size
+        # room for as many tokens as the target's cache holds
+        block_bytes = 2 * arch.num_layers * bs * arch.num_kv_heads * arch.head_dim * self.dtype.itemsize
+        return DraftModelProposer(draft, spec.num_speculative_tokens, self.config.device, self.dtype,
+                                  num_blocks * block_bytes, bs, self.config.attention_backend,
+                                  vocab_limit=len(self.tokenizer), max_model_len=self.max_model_len)
 
     @property
     def structured(self) -> StructuredOutputManager:
@@ -174,6 +196,7 @@ class EngineCore:
         outputs, self._aborted = self._aborted, []
         outputs += self._admit_compiled()
         start = time.perf_counter()
+        self._propose_drafts()
         sched = self.scheduler.schedule()
         if sched.is_empty and not sched.finished_req_ids:
             if self._structured is not None and self._structured.num_pending and not outputs:
@@ -182,17 +205,40 @@ class EngineCore:
         if self._structured is not None:
             sched.grammar_bitmask = self._structured.bitmask(self._sampling_requests(sched))
         result = self.runner.execute_model(sched)
-        for request in self.scheduler.update_from_output(sched, result):
-            if not StructuredOutputManager.accept(request, request.all_token_ids[-1]):
-                outputs.append(self._fail(request, "structured_outputs", "the sampled token is not allowed by the "
-                                                                         "grammar (an engine bug; see the log)"))
-                continue
-            outputs.append(self._process_token(request, result.logprobs.get(request.req_id)))
+        self._count_spec(sched, result)
+        for request, token_ids in self.scheduler.update_from_output(sched, result):
+            outputs.append(self._process_tokens(request, token_ids, result.logprobs.get(request.req_id)))
         # a one-token chunk of a prompt counts as a decode: too small to matter either way
         num_decodes = sum(1 for n in sched.num_scheduled_tokens.values() if n == 1)
         self.step_rates.observe(sched.total_num_scheduled_tokens - num_decodes, num_decodes,
                                 time.perf_counter() - start)
         return outputs
+
+    def _propose_drafts(self) -> None:
+        """Draft tokens for the running requests that decode this step (none for a prefill-
+        only or guided request, or when the batch is past disable_by_batch_size). Drafts
+        never take a request past max_tokens or the context."""
+        spec, running = self.config.speculative_config, self.scheduler.running
+        if self.proposer is None or (spec.disable_by_batch_size and len(running) > spec.disable_by_batch_size):
+            return
+        wanted = []
+        for request in running:
+            room = min(spec.num_speculative_tokens, request.sampling_params.max_tokens - request.num_output_tokens - 1,
+                       self.max_model_len - request.num_tokens - 1)
+            if (room >= 1 and request.num_tokens - request.num_computed_tokens == 1
+                    and request.mode != RequestMode.PREFILL_ONLY and request.grammar is None):
+                wanted.append(DraftRequest(request.req_id, request.all_token_ids, room))
+        if wanted:
+            drafts = self.proposer.propose(wanted)
+            for want in wanted:
+                self.scheduler.requests[want.req_id].spec_token_ids = list(drafts.get(want.req_id, ()))[:want.max_drafts]
+
+    def _count_spec(self, sched, result) -> None:
+        for req_id, drafts in sched.spec_token_ids.items():
+            if req_id in result.sampled_token_ids:
+                self._spec_counts["proposed"] += len(drafts)
+                self._spec_counts["accepted"] += len(result.sampled_token_ids[req_id]) - 1
+                self._spec_counts["verifications"] += 1
 
     def _sampling_requests(self, sched) -> list[Request]:
         """The scheduled requests that sample a token this step (their known tokens are
@@ -207,20 +253,32 @@ class EngineCore:
         out.error = str(InvalidRequestError(field, reason))
         return out
 
-    def _process_token(self, request: Request, logprob) -> RequestOutput:
+    def _process_tokens(self, request: Request, token_ids: list[int], logprobs) -> RequestOutput:
+        """This step's tokens of the request, one at a time: a stop (EOS, a stop string or
+        token, a length limit, a complete grammar) ends it there and drops the tokens after."""
         out, detok = self._outputs[request.req_id], self._detokenizers[request.req_id]
-        matched_stop = self._record_token(request, out, detok, logprob)
-        status = self._finish_status(request, matched_stop)
-        if status is None:
-            out.text = detok.output_text
-            out.new_text = detok.take_delta(finished=False)
-            return out
-        if status == RequestStatus.FINISHED_HANDOFF:
-            out.kv_export = self._export_kv(request)
-        elif matched_stop is None:  # (a stop string's text is already cut at the match)
-            detok.flush()
-        self.scheduler.finish_requests([request.req_id], status)
-        return self._finish_output(request)
+        out.new_token_ids, new_text = [], ""
+        for i, token_id in enumerate(token_ids):
+            request.append_output_token(token_id)
+            if not StructuredOutputManager.accept(request, token_id):
+                return self._fail(request, "structured_outputs", "the sampled token is not allowed by the "
+                                                                 "grammar (an engine bug; see the log)")
+            matched_stop = self._record_token(request, out, detok, logprobs[i] if logprobs else None)
+            status = self._finish_status(request, matched_stop)
+            if status is None:
+                new_text += detok.take_delta(finished=False)
+                continue
+            if status == RequestStatus.FINISHED_HANDOFF:
+                out.kv_export = self._export_kv(request)
+            elif matched_stop is None:  # (a stop string's text is already cut at the match)
+                detok.flush()
+            self.scheduler.finish_requests([request.req_id], status)
+            final = self._finish_output(request)
+            final.new_text = new_text + final.new_text
+            return final
+        out.text = detok.output_text
+        out.new_text = new_text
+        return out
 
     def _record_token(self, request: Request, out: RequestOutput, detok: IncrementalDetokenizer,
                       logprob) -> str | None:
@@ -232,7 +290,7 @@ class EngineCore:
             out.first_scheduled_time = request.first_scheduled_time
             out.num_cached_tokens = max(request.num_cached_tokens, 0)
         out.token_ids.append(token_id)
-        out.new_token_ids = [token_id]
+        out.new_token_ids.append(token_id)
         if logprob is not None:
             out.logprobs.append(TokenLogprob(token_id, logprob[0], logprob[1]))
         return detok.update(token_id)
@@ -256,6 +314,8 @@ class EngineCore:
         replays the tokens and emits it there."""
         out = self._outputs.pop(request.req_id)
         detok = self._detokenizers.pop(request.req_id)
+        if self.proposer is not None:
+            self.proposer.finish(request.req_id)
         handoff = request.status == RequestStatus.FINISHED_HANDOFF
         if request.status != RequestStatus.FINISHED_ABORTED:
             out.new_text = detok.take_delta(finished=not handoff)
@@ -293,4 +353,7 @@ class EngineCore:
             num_preemptions=scheduler.num_preemptions, num_prefix_queried_tokens=kv.num_queried_tokens,
             num_prefix_hit_tokens=kv.num_hit_tokens,
             prefill_tokens_per_s=self.step_rates.prefill_tokens_per_s,
-            decode_step_ms=self.step_rates.decode_step_s * 1000)
+            decode_step_ms=self.step_rates.decode_step_s * 1000,
+            num_spec_proposed_tokens=self._spec_counts["proposed"],
+            num_spec_accepted_tokens=self._spec_counts["accepted"],
+            num_spec_verifications=self._spec_counts["verifications"])

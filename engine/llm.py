@@ -1,6 +1,8 @@
 """The offline API: `LLM(model=...).generate(prompts, params)` drives the engine loop."""
 from __future__ import annotations
 
+from engine.spec_decode.config import SpeculativeConfig
+
 import itertools
 from collections.abc import Sequence
 
@@ -31,14 +33,16 @@ class LLM:
                  long_prefill_token_threshold: int = SchedulerConfig.long_prefill_token_threshold,
                  max_model_len: int | None = SchedulerConfig.max_model_len,
                  enable_chunked_prefill: bool = SchedulerConfig.enable_chunked_prefill,
-                 cuda_graph_batch_sizes: Sequence[int] = EngineConfig.cuda_graph_batch_sizes, progress: bool = True,
+                 cuda_graph_batch_sizes: Sequence[int] = EngineConfig.cuda_graph_batch_sizes,
+                 speculative_config: dict | SpeculativeConfig | None = None, progress: bool = True,
                  loaded_model: LoadedModel | None = None):
         config = EngineConfig(
             model=model, dtype=dtype, device=device, attention_backend=attention_backend, seed=seed,
             cache=CacheConfig(block_size, enable_prefix_caching, kv_cache_memory_bytes, kv_cache_memory_fraction),
             scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold,
                                       max_model_len, enable_chunked_prefill),
-            cuda_graph_batch_sizes=_as_tuple(cuda_graph_batch_sizes))
+            cuda_graph_batch_sizes=_as_tuple(cuda_graph_batch_sizes),
+            speculative_config=SpeculativeConfig.from_dict(speculative_config))
         self.engine = EngineCore(config, progress=progress, loaded=loaded_model)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()

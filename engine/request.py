@@ -67,6 +67,8 @@ class Request:
         self.stop_reason: int | str | None = None
         # structured outputs: the matcher (engine/structured), once the grammar is compiled
         self.grammar = None
+        # speculative decoding: this step's draft tokens, proposed before scheduling
+        self.spec_token_ids: list[int] = []
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -17,3 +17,8 @@ class EngineStats:
     num_prefix_hit_tokens: int = 0       # ...and found there
     prefill_tokens_per_s: float = 0.0    # measured over recent steps (engine/step_rates.py); 0: not yet
     decode_step_ms: float = 0.0          # a pure decode step of the recent batches; 0: not yet
+    # speculative decoding, since start: draft tokens proposed and scored, those accepted,
+    # and the verifications (one per request per step that had drafts)
+    num_spec_proposed_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
+    num_spec_verifications: int = 0

@@ -58,7 +58,8 @@ class KVCacheManager:
         return hits, len(hits) * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: list[KVCacheBlock] = ()) -> list[KVCacheBlock] | None:
+                       new_computed_blocks: list[KVCacheBlock] = (),
+                       num_lookahead_tokens: int = 0) -> list[KVCacheBlock] | None:
         """Give the request room for `num_new_tokens` more tokens; None if blocks run out.
 
             | computed before | prefix hits        | new tokens this step     |
@@ -67,11 +68,13 @@ class KVCacheManager:
 
         Full blocks covering tokens up to the end of this step are registered in the
         prefix cache right away: their tokens are known, and within a step every layer
-        writes its KV before any attention reads it.
+        writes its KV before any attention reads it. `num_lookahead_tokens` (speculative
+        drafts) get slots too but are never registered: a rejected draft's KV must not be
+        found by anyone (trim() gives back the blocks that only drafts used).
         """
         blocks = self.req_to_blocks.setdefault(request.req_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        num_needed = cdiv(num_computed + num_new_tokens, self.block_size)
+        num_needed = cdiv(num_computed + num_new_tokens + num_lookahead_tokens, self.block_size)
         num_new_blocks = max(0, num_needed - len(blocks) - len(new_computed_blocks))
         num_free_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         if num_new_blocks + num_free_hits > self.pool.num_free_blocks:
@@ -94,6 +97,17 @@ class KVCacheManager:
         for i in range(start, num_full):
             self.pool.cache_block(blocks[i], hashes[i])
         self._num_cached_blocks[request.req_id] = num_full
+
+    def trim(self, request: Request) -> None:
+        """Frees the request's blocks past its computed tokens (after rejected drafts)."""
+        blocks = self.req_to_blocks.get(request.req_id)
+        keep = cdiv(request.num_computed_tokens, self.block_size)
+        if blocks is not None and len(blocks) > keep:
+            self.pool.free_blocks(reversed(blocks[keep:]))
+            del blocks[keep:]
+
+    def num_blocks(self, req_id: str) -> int:
+        return len(self.req_to_blocks.get(req_id, ()))
 
     def get_block_ids(self, req_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(req_id, [])]

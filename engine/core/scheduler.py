@@ -103,19 +103,27 @@ class Scheduler:
             if num_new == 0:  # does not fit unsplit: it waits, the decodes behind it need not
                 i += 1
                 continue
-            new_blocks = self.kv.allocate_slots(request, num_new)
+            # drafts ride along a decode, within the budget; they never start a prefix-cache entry
+            drafts, request.spec_token_ids = request.spec_token_ids, []
+            if request.num_tokens - request.num_computed_tokens != 1:
+                drafts = []
+            drafts = drafts[:budget - num_new]
+            num_kept = self.kv.num_blocks(request.req_id)
+            new_blocks = self.kv.allocate_slots(request, num_new, num_lookahead_tokens=len(drafts))
             while new_blocks is None:
                 victim = self.running.pop()  # lowest priority: the latest admitted
                 self._preempt(victim, out)
                 if victim is request:
                     break
-                new_blocks = self.kv.allocate_slots(request, num_new)
+                new_blocks = self.kv.allocate_slots(request, num_new, num_lookahead_tokens=len(drafts))
             if new_blocks is None:
                 break
             out.scheduled_cached_reqs.append(CachedRequestData(
-                request.req_id, [b.block_id for b in new_blocks], request.num_computed_tokens))
-            self._advance(request, num_new, out)
-            budget -= num_new
+                request.req_id, [b.block_id for b in new_blocks], request.num_computed_tokens, num_kept))
+            if drafts:
+                out.spec_token_ids[request.req_id] = drafts
+            self._advance(request, num_new + len(drafts), out)
+            budget -= num_new + len(drafts)
             i += 1
         return budget
 
@@ -130,6 +138,8 @@ class Scheduler:
         out.preempted_req_ids.add(request.req_id)
         out.num_scheduled_tokens.pop(request.req_id, None)
         out.scheduled_cached_reqs = [c for c in out.scheduled_cached_reqs if c.req_id != request.req_id]
+        out.spec_token_ids.pop(request.req_id, None)
+        request.spec_token_ids = []
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -181,15 +191,25 @@ class Scheduler:
         request.num_computed_tokens += num_new
 
     # ---- results ---------------------------------------------------------------------
-    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
-        """Append sampled tokens; returns the requests that got a new token this step."""
+    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[tuple[Request, list[int]]]:
+        """The requests that got tokens this step, with them, for the caller to append one
+        at a time (a stop may come before the last). Rejected drafts are rolled back here:
+        the computed length drops to the tokens the step kept, and blocks only the
+        rejected drafts used go back to the pool.
+
+            scored:  [last][d1][d2][d3]   accepted d1, then the target's t:  tokens [d1, t]
+            KV kept: [last][d1]           computed = num_tokens - 1 once they are appended
+        """
         updated = []
-        for req_id, token_id in result.sampled_token_ids.items():
+        for req_id, token_ids in result.sampled_token_ids.items():
             request = self.requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue
-            request.append_output_token(token_id)
-            updated.append(request)
+            drafts = out.spec_token_ids.get(req_id)
+            if drafts is not None:
+                request.num_computed_tokens -= len(drafts) + 1 - len(token_ids)
+                self.kv.trim(request)
+            updated.append((request, token_ids))
         return updated
 
     def check_stop(self, request: Request) -> RequestStatus | None:

@@ -31,6 +31,9 @@ class CachedRequestData:
     req_id: str
     new_block_ids: list[int]
     num_computed_tokens: int
+    # the runner keeps this many of the request's block ids before appending the new ones
+    # (fewer than it has after rejected drafts gave blocks back); None: all
+    num_kept_blocks: int | None = None
 
 
 @dataclass
@@ -44,6 +47,8 @@ class SchedulerOutput:
     preempted_req_ids: set[str] = field(default_factory=set)
     # structured outputs: the next-token bitmask of the guided requests that sample this step
     grammar_bitmask: "GrammarBitmask | None" = None
+    # speculative decoding: draft tokens scored after each such request's last token
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -52,7 +57,8 @@ class SchedulerOutput:
 
 @dataclass
 class ModelRunnerOutput:
-    # one sampled token for each request that reached the end of its known tokens
-    sampled_token_ids: dict[str, int] = field(default_factory=dict)
-    # per sampled request: (sampled token logprob, {token_id: logprob} of the top N)
-    logprobs: dict[str, tuple[float, dict[int, float]]] = field(default_factory=dict)
+    # the tokens of each request that reached the end of its known tokens: one, or with
+    # drafts the accepted ones plus the target's own
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # per sampled request, per token: (its logprob, {token_id: logprob} of the top N)
+    logprobs: dict[str, list[tuple[float, dict[int, float]]]] = field(default_factory=dict)

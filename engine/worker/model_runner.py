@@ -12,6 +12,7 @@ from engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from engine.model.llama import LlamaForCausalLM
 from engine.model.packed_linear import can_prepack
 from engine.sample.sampler import sample
+from engine.spec_decode.rejection import verify
 from engine.sampling_params import SamplingParams
 from engine.worker.cuda_graphs import CudaGraph, DecodeGraphs, Graph, sizes_to_capture
 from engine.structured.grammar import apply_grammar_bitmask
@@ -34,6 +35,13 @@ class StepBatch:
     meta: AttentionMetadata
     logits_indices: torch.Tensor
     sampling_req_ids: list[str]
+    # per sampling request, the drafts it is scored on (its logits rows: one more than drafts)
+    drafts: list[list[int]]
+
+    @property
+    def row_req_ids(self) -> list[str | None]:
+        """The request each logits row samples for; None on rows after a draft."""
+        return [row for req_id, d in zip(self.sampling_req_ids, self.drafts) for row in [req_id] + [None] * len(d)]
 
 
 class ModelRunner:
@@ -67,14 +75,22 @@ class ModelRunner:
             logits = self._forward(batch.input_ids, batch.positions, batch.meta, batch.logits_indices)
         states = [self.requests[r] for r in batch.sampling_req_ids]
         if sched.grammar_bitmask is not None:  # structured outputs: forbidden tokens to -inf
-            apply_grammar_bitmask(logits, sched.grammar_bitmask, batch.sampling_req_ids)
+            apply_grammar_bitmask(logits, sched.grammar_bitmask, batch.row_req_ids)
         # a seeded draw depends on the position of the token it samples (see engine/sample)
-        sampled = sample(logits, [s.sampling_params for s in states], [len(s.token_ids) for s in states],
-                         self.default_generator)
+        params, positions = [s.sampling_params for s in states], [len(s.token_ids) for s in states]
+        if sched.spec_token_ids:  # drafts: the accepted ones and the target's own token
+            verified = verify(logits, batch.drafts, params, positions, self.default_generator)
+            tokens, logprobs = verified.token_ids, verified.logprobs
+        else:
+            sampled = sample(logits, params, positions, self.default_generator)
+            tokens = [[t] for t in sampled.token_ids]
+            logprobs = [None if lp is None else [lp] for lp in sampled.logprobs]
         out = ModelRunnerOutput()
-        for state, token_id, logprob in zip(states, sampled.token_ids, sampled.logprobs):
-            state.token_ids.append(token_id)
-            out.sampled_token_ids[state.req_id] = token_id
+        for state, drafts, token_ids, logprob in zip(states, batch.drafts, tokens, logprobs):
+            state.token_ids.extend(token_ids)
+            if drafts:  # the KV of rejected drafts is dead: it is overwritten from here on
+                state.num_computed_tokens = len(state.token_ids) - 1
+            out.sampled_token_ids[state.req_id] = token_ids
             if logprob is not None:
                 out.logprobs[state.req_id] = logprob
         return out
@@ -96,6 +112,8 @@ class ModelRunner:
                 import_blocks(self.kv_caches, new.kv_load.block_ids, new.kv_load.blocks)
         for cached in sched.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
+            if cached.num_kept_blocks is not None:  # blocks given back after rejected drafts
+                del state.block_ids[cached.num_kept_blocks:]
             state.block_ids.extend(cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
 
@@ -104,21 +122,23 @@ class ModelRunner:
         order = sorted(sched.num_scheduled_tokens, key=lambda r: sched.num_scheduled_tokens[r] != 1)
         num_decodes = sum(1 for r in order if sched.num_scheduled_tokens[r] == 1)
         input_ids, positions, slots, seq_lens, starts, tables = [], [], [], [], [0], []
-        logits_indices, sampling_req_ids = [], []
+        logits_indices, sampling_req_ids, drafts_of = [], [], []
         bs = self.block_size
         for req_id in order:
             state, n = self.requests[req_id], sched.num_scheduled_tokens[req_id]
             start, end = state.num_computed_tokens, state.num_computed_tokens + n
-            input_ids.extend(state.token_ids[start:end])
+            drafts = sched.spec_token_ids.get(req_id, [])
+            input_ids.extend(state.token_ids[start:end - len(drafts)] + drafts)
             positions.extend(range(start, end))
             slots.extend(state.block_ids[p // bs] * bs + p % bs for p in range(start, end))
             seq_lens.append(end)
             starts.append(starts[-1] + n)
             tables.append(state.block_ids)
             state.num_computed_tokens = end
-            if end == len(state.token_ids):
-                logits_indices.append(starts[-1] - 1)
+            if end == len(state.token_ids) + len(drafts):
+                logits_indices.extend(range(starts[-1] - 1 - len(drafts), starts[-1]))
                 sampling_req_ids.append(req_id)
+                drafts_of.append(drafts)
         max_blocks = max(len(t) for t in tables)
         block_tables = [t + [0] * (max_blocks - len(t)) for t in tables]
         dev = self.device
@@ -131,4 +151,4 @@ class ModelRunner:
             max_query_len=max(sched.num_scheduled_tokens.values()), max_seq_len=max(seq_lens))
         return StepBatch(torch.tensor(input_ids, dtype=torch.long, device=dev),
                          torch.tensor(positions, dtype=torch.long, device=dev), meta,
-                         torch.tensor(logits_indices, dtype=torch.long, device=dev), sampling_req_ids)
+                         torch.tensor(logits_indices, dtype=torch.long, device=dev), sampling_req_ids, drafts_of)

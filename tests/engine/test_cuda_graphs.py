@@ -145,9 +145,9 @@ def test_padded_step_equals_eager_and_writes_only_its_own_slots(loaded, num_seqs
     bucket = {1: 1, 3: 4, 5: 8}[num_seqs]
     assert replays == {size: int(size == bucket) for size in SIZES}
     assert got.sampled_token_ids == eager.sampled_token_ids
-    for req_id, (logprob, top) in eager.logprobs.items():
-        assert got.logprobs[req_id][0] == pytest.approx(logprob, abs=1e-5)
-        assert got.logprobs[req_id][1].keys() == top.keys()
+    for req_id, [(logprob, top)] in eager.logprobs.items():
+        assert got.logprobs[req_id][0][0] == pytest.approx(logprob, abs=1e-5)
+        assert got.logprobs[req_id][0][1].keys() == top.keys()
     assert_written_only(initial, graph_caches, slots)
     for after, ref in zip(graph_caches, eager_caches):
         torch.testing.assert_close(after.flatten(1, 2)[:, slots], ref.flatten(1, 2)[:, slots], atol=1e-5, rtol=1e-5)

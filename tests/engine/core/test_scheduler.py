@@ -25,9 +25,11 @@ def _add(s: Scheduler, req_id: str, n: int, max_tokens: int = 8) -> Request:
 def _step(s: Scheduler, token: int = 7):
     """Schedule, then sample `token` for every request that reached its last known token."""
     out = s.schedule()
-    sampled = {r: token for r in out.num_scheduled_tokens
+    sampled = {r: [token] for r in out.num_scheduled_tokens
                if s.requests[r].num_computed_tokens == s.requests[r].num_tokens}
-    s.update_from_output(out, ModelRunnerOutput(sampled_token_ids=sampled))
+    for request, token_ids in s.update_from_output(out, ModelRunnerOutput(sampled_token_ids=sampled)):
+        for token_id in token_ids:
+            request.append_output_token(token_id)
     return out
 
 
