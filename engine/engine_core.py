@@ -203,7 +203,7 @@ class EngineCore:
                 time.sleep(0.001)  # only grammars compiling: do not spin a core against them
             return outputs
         if self._structured is not None:
-            sched.grammar_bitmask = self._structured.bitmask(self._sampling_requests(sched))
+            sched.grammar_bitmask = self._structured.bitmask(self._sampling_requests(sched), sched.spec_token_ids)
         result = self.runner.execute_model(sched)
         self._count_spec(sched, result)
         for request, token_ids in self.scheduler.update_from_output(sched, result):
@@ -216,8 +216,8 @@ class EngineCore:
 
     def _propose_drafts(self) -> None:
         """Draft tokens for the running requests that decode this step (none for a prefill-
-        only or guided request, or when the batch is past disable_by_batch_size). Drafts
-        never take a request past max_tokens or the context."""
+        only request, or when the batch is past disable_by_batch_size). Drafts never take a
+        request past max_tokens or the context, nor a guided one outside its grammar."""
         spec, running = self.config.speculative_config, self.scheduler.running
         if self.proposer is None or (spec.disable_by_batch_size and len(running) > spec.disable_by_batch_size):
             return
@@ -226,12 +226,15 @@ class EngineCore:
             room = min(spec.num_speculative_tokens, request.sampling_params.max_tokens - request.num_output_tokens - 1,
                        self.max_model_len - request.num_tokens - 1)
             if (room >= 1 and request.num_tokens - request.num_computed_tokens == 1
-                    and request.mode != RequestMode.PREFILL_ONLY and request.grammar is None):
+                    and request.mode != RequestMode.PREFILL_ONLY):
                 wanted.append(DraftRequest(request.req_id, request.all_token_ids, room))
         if wanted:
             drafts = self.proposer.propose(wanted)
             for want in wanted:
-                self.scheduler.requests[want.req_id].spec_token_ids = list(drafts.get(want.req_id, ()))[:want.max_drafts]
+                request = self.scheduler.requests[want.req_id]
+                # a guided request keeps the drafts its grammar allows (structured outputs)
+                request.spec_token_ids = StructuredOutputManager.check_drafts(
+                    request, list(drafts.get(want.req_id, ()))[:want.max_drafts])
 
     def _count_spec(self, sched, result) -> None:
         for req_id, drafts in sched.spec_token_ids.items():
@@ -241,11 +244,11 @@ class EngineCore:
                 self._spec_counts["verifications"] += 1
 
     def _sampling_requests(self, sched) -> list[Request]:
-        """The scheduled requests that sample a token this step (their known tokens are
-        all computed by its end)."""
-        requests = self.scheduler.requests
+        """The scheduled requests that sample a token this step (their known tokens, and
+        any drafts, are all computed by its end)."""
+        requests, drafts = self.scheduler.requests, sched.spec_token_ids
         return [r for r in (requests.get(req_id) for req_id in sched.num_scheduled_tokens)
-                if r is not None and r.num_computed_tokens == r.num_tokens]
+                if r is not None and r.num_computed_tokens == r.num_tokens + len(drafts.get(r.req_id, ()))]
 
     def _fail(self, request: Request, field: str, reason: str) -> RequestOutput:
         self.scheduler.finish_requests([request.req_id], RequestStatus.FINISHED_ABORTED)

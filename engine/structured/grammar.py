@@ -147,17 +147,18 @@ def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
     return xgr.allocate_token_bitmask(rows, vocab_size)
 
 
-def apply_grammar_bitmask(logits: torch.Tensor, grammar_bitmask, sampling_req_ids: list[str]) -> None:
+def apply_grammar_bitmask(logits: torch.Tensor, grammar_bitmask, row_keys: list[tuple[str, int]]) -> None:
     """Sets to -inf, in place, the logits of the tokens each guided request's grammar
-    forbids: logits row i samples for sampling_req_ids[i]; grammar_bitmask (a
-    manager.GrammarBitmask) has a row for some of them. The padding rows of the
-    vocabulary are always forbidden (the bitmask covers the model's whole vocabulary)."""
+    forbids: logits row i is the row_keys[i] = (req_id, j)-th scored row of its request;
+    grammar_bitmask (a manager.GrammarBitmask) has rows for the guided requests. The
+    padding rows of the vocabulary are always forbidden (the bitmask covers the model's
+    whole vocabulary)."""
     import xgrammar as xgr
     rows = grammar_bitmask.rows
-    indices = [i for i, req_id in enumerate(sampling_req_ids) if req_id in rows]
+    indices = [i for i, (req_id, _) in enumerate(row_keys) if req_id in rows]
     if not indices:
         return
     # xgrammar's kernel reads bitmask row i for logits row i: scatter ours into place
     full = torch.full((logits.shape[0], grammar_bitmask.bitmask.shape[1]), -1, dtype=torch.int32)
-    full[indices] = grammar_bitmask.bitmask[[rows[sampling_req_ids[i]] for i in indices]]
+    full[indices] = grammar_bitmask.bitmask[[rows[row_keys[i][0]][row_keys[i][1]] for i in indices]]
     xgr.apply_token_bitmask_inplace(logits, full.to(logits.device), vocab_size=logits.shape[-1], indices=indices)

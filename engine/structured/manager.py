@@ -26,9 +26,10 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class GrammarBitmask:
-    """For the runner: `bitmask` row rows[req_id] constrains that request's sampled row."""
+    """For the runner: bitmask row rows[req_id][j] constrains the request's j-th scored row
+    (j > 0: after its j-th draft token)."""
     bitmask: torch.Tensor
-    rows: dict[str, int] = field(default_factory=dict)
+    rows: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -94,18 +95,48 @@ class StructuredOutputManager:
         return None
 
     # ---- each step -------------------------------------------------------------------
-    def bitmask(self, sampling: list[Request]) -> GrammarBitmask | None:
-        """The next-token bitmask of each request in `sampling` that has a grammar."""
+    def bitmask(self, sampling: list[Request], drafts: dict[str, list[int]]) -> GrammarBitmask | None:
+        """The next-token bitmask of each request in `sampling` that has a grammar: one
+        row, or with drafts one per scored position (the matcher walks the drafts, which
+        check_drafts made sure it accepts, and is rolled back)."""
         guided = [r for r in sampling if r.grammar is not None]
         if not guided:
             return None
-        if self._bitmask.shape[0] < len(guided):
-            self._bitmask = allocate_bitmask(len(guided), self.vocab_size)
-        rows = {}
-        for row, request in enumerate(guided):
-            request.grammar.fill(self._bitmask, row)
-            rows[request.req_id] = row
-        return GrammarBitmask(self._bitmask[:len(guided)].clone(), rows)
+        num_rows = sum(1 + len(drafts.get(r.req_id, ())) for r in guided)
+        if self._bitmask.shape[0] < num_rows:
+            self._bitmask = allocate_bitmask(num_rows, self.vocab_size)
+        rows, row = {}, 0
+        for request in guided:
+            grammar, ds = request.grammar, drafts.get(request.req_id, ())
+            rows[request.req_id] = list(range(row, row + 1 + len(ds)))
+            for j in range(len(ds) + 1):
+                if grammar.terminated:  # after a draft that ends the grammar: the request stops there
+                    self._bitmask[row].fill_(-1)
+                else:
+                    grammar.fill(self._bitmask, row)
+                row += 1
+                if j < len(ds):
+                    grammar.accept(ds[j])
+            if ds:
+                grammar.rollback(len(ds))
+        return GrammarBitmask(self._bitmask[:num_rows].clone(), rows)
+
+    @staticmethod
+    def check_drafts(request: Request, drafts: list[int]) -> list[int]:
+        """The leading drafts the request's grammar allows (none past one that ends it);
+        the matcher is left as it was."""
+        if request.grammar is None or not drafts:
+            return drafts
+        allowed = 0
+        for token_id in drafts:
+            if not request.grammar.accept(token_id):
+                break
+            allowed += 1
+            if request.grammar.terminated:
+                break
+        if allowed:
+            request.grammar.rollback(allowed)
+        return drafts[:allowed]
 
     @staticmethod
     def accept(request: Request, token_id: int) -> bool:

@@ -39,9 +39,9 @@ class StepBatch:
     drafts: list[list[int]]
 
     @property
-    def row_req_ids(self) -> list[str | None]:
-        """The request each logits row samples for; None on rows after a draft."""
-        return [row for req_id, d in zip(self.sampling_req_ids, self.drafts) for row in [req_id] + [None] * len(d)]
+    def row_keys(self) -> list[tuple[str, int]]:
+        """Each logits row as (request, j): the request's j-th scored row (after j drafts)."""
+        return [(req_id, j) for req_id, d in zip(self.sampling_req_ids, self.drafts) for j in range(len(d) + 1)]
 
 
 class ModelRunner:
@@ -75,7 +75,7 @@ class ModelRunner:
             logits = self._forward(batch.input_ids, batch.positions, batch.meta, batch.logits_indices)
         states = [self.requests[r] for r in batch.sampling_req_ids]
         if sched.grammar_bitmask is not None:  # structured outputs: forbidden tokens to -inf
-            apply_grammar_bitmask(logits, sched.grammar_bitmask, batch.row_req_ids)
+            apply_grammar_bitmask(logits, sched.grammar_bitmask, batch.row_keys)
         # a seeded draw depends on the position of the token it samples (see engine/sample)
         params, positions = [s.sampling_params for s in states], [len(s.token_ids) for s in states]
         if sched.spec_token_ids:  # drafts: the accepted ones and the target's own token

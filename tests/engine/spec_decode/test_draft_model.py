@@ -66,6 +66,16 @@ def test_self_draft_equals_target_greedy_in_one_batch(tiny, greedy, backend):
     assert _propose(proposer, prompts) == greedy(prompts)
 
 
+def test_triton_backend_matches_greedy(tiny, greedy):
+    """The GPU backend's metadata (in Triton's interpreter here): a mixed catch-up batch, then decodes."""
+    prompts = _prompts(tiny.arch.vocab_size, [1, 5, 17, 20], seed=4)
+    proposer = _proposer(tiny, backend="triton")
+    drafts = _propose(proposer, prompts)
+    assert drafts == greedy(prompts)
+    token_ids = [p + d[:j] + [7] for p, d, j in zip(prompts, drafts, [0, 1, 4, 2])]
+    assert _propose(proposer, token_ids) == greedy(token_ids)
+
+
 def test_max_drafts_bounds_each_request(tiny, greedy):
     prompts = _prompts(tiny.arch.vocab_size, [3, 20, 33])
     proposer = _proposer(tiny)

@@ -2,6 +2,8 @@
 for both proposers, on every path; rejected drafts leave nothing behind."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from engine import LLM, CacheConfig, EngineConfig, SamplingParams, SchedulerConfig
@@ -9,6 +11,7 @@ from engine.core.block_hash import hash_full_blocks
 from engine.engine_core import EngineCore
 from engine.request import RequestMode
 from engine.spec_decode import SpeculativeConfig
+from engine.structured import StructuredOutputsParams
 from tests.models import build_tiny_llama
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
@@ -67,13 +70,16 @@ def _specs(tiny_llama_dir, tiny_draft):
             "draft_random": {"method": "draft_model", "model": tiny_draft[0], "num_speculative_tokens": 3}}
 
 
-@pytest.mark.parametrize("path", ["plain", "chunked", "preempted", "stops_and_logprobs", "seeded"])
+@pytest.mark.parametrize("path", ["plain", "chunked", "preempted", "stops_and_logprobs", "seeded", "guided"])
 def test_speculation_changes_no_token(tiny, tiny_llama_dir, tiny_draft, path):
     scheduler = {"chunked": dict(long_prefill_token_threshold=7, max_num_batched_tokens=24),
                  "preempted": dict(max_num_batched_tokens=64, long_prefill_token_threshold=16)}.get(path, {})
     kv_blocks = 12 if path == "preempted" else 256
     params = {"stops_and_logprobs": dict(stop=["9"], stop_token_ids=[1300], logprobs=3),
-              "seeded": dict(temperature=0.9, top_p=0.95, seed=5)}.get(path, {})
+              "seeded": dict(temperature=0.9, top_p=0.95, seed=5),
+              # drafts are checked against the grammar, and each scored row gets its own mask
+              "guided": dict(structured_outputs=StructuredOutputsParams(
+                  regex=r"(ab|cd|[0-9]{2}){3,6}"), max_tokens=30)}.get(path, {})
     expected = _run(_engine(tiny, tiny_llama_dir, kv_blocks=kv_blocks, **scheduler), _requests(**params))
     for name, spec in _specs(tiny_llama_dir, tiny_draft).items():
         engine = _engine(tiny, tiny_llama_dir, spec, kv_blocks=kv_blocks, **scheduler)
@@ -86,7 +92,10 @@ def test_speculation_changes_no_token(tiny, tiny_llama_dir, tiny_draft, path):
                 assert [lp.logprob for lp in got[req_id].logprobs] == pytest.approx(
                     [lp.logprob for lp in out.logprobs], abs=1e-4)
         stats = engine.stats()
-        if name != "ngram" or path != "seeded":  # random samples rarely repeat an n-gram
+        if path == "guided":
+            assert all(re.fullmatch(r"(ab|cd|[0-9]{2}){3,6}", o.text) for o in got.values())
+        # random samples rarely repeat an n-gram; a random model's unguided guesses rarely pass a grammar
+        if not ((name == "ngram" and path == "seeded") or (name != "ngram" and path == "guided")):
             assert stats.num_spec_proposed_tokens > 0, name
         if name == "draft_self" and path != "seeded":  # the target's own greedy guesses: all kept
             assert stats.num_spec_accepted_tokens == stats.num_spec_proposed_tokens
