@@ -51,6 +51,7 @@ class PlatformConfig:
     kv_transport: str = "grpc"                # "ucx": the kvstore also serves UCX, workers move KV over it
     worker_args: tuple[str, ...] = ()
     prefill_args: tuple[str, ...] = ()  # after worker_args, for prefill workers only
+    decode_args: tuple[str, ...] = ()   # after worker_args, for decode workers only (colocated ones too)
     router_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
     # every process of this platform requires (and sends) it on the internal ports; fresh
@@ -98,7 +99,7 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
                                         "--metrics-port", str(metrics_port), "--kvstore", kvstore,
                                         "--kvstore-transport", cfg.kv_transport,
                                         "--threads", str(len(cpus)), *cfg.worker_args,
-                                        *(cfg.prefill_args if role == "prefill" else ())],
+                                        *(cfg.prefill_args if role == "prefill" else cfg.decode_args)],
                                  f"{cfg.host}:{port}", metrics_port, cpus))
     router_metrics = cfg.metrics_base_port + 1 + len(roles)
     router = [*cli, ROUTER, "--model", cfg.model, "--host", cfg.host, "--port", str(cfg.router_port),

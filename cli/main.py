@@ -14,6 +14,7 @@ from engine.dtypes import DTYPE_NAMES
 from services.router.config import DEFAULT_SLO_CLASS
 from services.router.main import port_or_off
 from services.router.paths import PATH_POLICIES
+from services.worker.config import speculative_config_arg
 
 
 def _generate_parser(sub) -> None:
@@ -93,6 +94,10 @@ def _up_parser(sub) -> None:
                    help="the threshold path policy's direct-path limit")
     p.add_argument("--kv-transport", choices=("grpc", "ucx"), default=PlatformConfig.kv_transport,
                    help="how KV blocks move between workers and the kvstore (ucx: the kvstore also serves UCX)")
+    p.add_argument("--speculative-config", type=speculative_config_arg, default=None, metavar="JSON",
+                   help="speculative decoding on the decode workers (colocated ones too; prefill workers never "
+                        "speculate), vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
+                        "(see `pdserve decode --help`)")
     p.add_argument("--worker-args", default="",
                    help="extra arguments for every worker, one string (e.g. '--no-chunked-prefill')")
     p.add_argument("--router-args", default="",
@@ -112,7 +117,16 @@ def _run_up(args) -> int:
         metrics_base_port=args.metrics_base_port, cpus_per_worker=args.cpus_per_worker,
         path_policy=args.path_policy, short_prompt_tokens=args.short_prompt_tokens,
         kv_transport=args.kv_transport,
-        worker_args=tuple(shlex.split(args.worker_args)), router_args=tuple(shlex.split(args.router_args))))
+        worker_args=tuple(shlex.split(args.worker_args)), router_args=tuple(shlex.split(args.router_args)),
+        decode_args=_speculative_args(args.speculative_config)))
+
+
+def _speculative_args(spec) -> tuple[str, ...]:
+    """The decode workers' --speculative-config, from the config checked here (a bad one
+    stops `pdserve up` before any process starts)."""
+    if spec is None:
+        return ()
+    return ("--speculative-config", json.dumps({k: v for k, v in dataclasses.asdict(spec).items() if v is not None}))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -57,6 +57,11 @@ class RunningPlatform:
     def router_address(self) -> str:
         return f"{self.cfg.host}:{self.cfg.router_port}"
 
+    def worker_metrics(self) -> tuple[str, ...]:
+        """The workers' /metrics URLs (BenchConfig.worker_metrics)."""
+        return tuple(f"http://{self.cfg.host}:{s.metrics_port}/metrics" for s in self.platform.specs
+                     if s.name.startswith(("prefill-", "decode-")))
+
     def cpus(self) -> dict[str, list[int]]:
         return {s.name: s.cpus for s in self.platform.specs}
 

@@ -17,9 +17,11 @@ from cli.bench.datasets import DATASETS, DISTRIBUTIONS, DatasetConfig, LengthDis
 from cli.bench.metrics import SLO, RequestRecord, record_from, summarize
 from cli.bench.report import table, write_json
 from cli.bench.targets import BACKENDS, DEFAULT_URLS, Outcome, TargetConfig, make_target
+from cli.bench.worker_metrics import metrics_url, scrape_spec, spec_summary
 from services.router.http.config import API_KEY_ENV
 
 MAX_IN_FLIGHT = 1024  # threads: the cap on requests in flight without --max-concurrency
+SPEC_SETTLE_S = 0.25  # before reading the workers' counters after a run (_spec_after)
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class BenchConfig:
     progress: bool = True
     tokenizer: str | None = None    # an HF folder: ShareGPT lengths, and the vocab size over HTTP
     vocab_size: int | None = None   # for random token prompts (default: the router's, or the tokenizer's)
+    worker_metrics: tuple[str, ...] = ()  # workers' /metrics URLs: the report adds what they counted
 
 
 @dataclass
@@ -117,10 +120,13 @@ def run_bench(cfg: BenchConfig, quiet: bool = False) -> BenchResult:
         dataset = replace(cfg.dataset, vocab_size=vocab) if vocab else cfg.dataset
         requests = load_requests(dataset, tok.encode if tok is not None else None)
         offsets = schedule(cfg.arrivals, len(requests), [r.arrival_s for r in requests])
+        spec_before = scrape_spec(cfg.worker_metrics) if cfg.worker_metrics else None
         records, duration = _drive(target, requests, offsets, cfg.arrivals.max_concurrency, cfg.progress)
     finally:
         target.close()
     summary = summarize(records, duration, cfg.slo)
+    if spec_before is not None:
+        summary["spec_decode"] = _spec_after(cfg.worker_metrics, spec_before)
     result = BenchResult(summary, records, info, requests)
     if out is not None:
         print(table(summary, cfg.label), file=out)
@@ -136,6 +142,16 @@ def run_bench(cfg: BenchConfig, quiet: bool = False) -> BenchResult:
         if out is not None:
             print("wrote " + ", ".join(result.files.values()), file=out)
     return result
+
+
+def _spec_after(urls: tuple[str, ...], before) -> dict:
+    # a worker streams a step's tokens before it counts the step: the last one's counts
+    # land just after the last answer does
+    time.sleep(SPEC_SETTLE_S)
+    try:
+        return spec_summary(before, scrape_spec(urls))
+    except ValueError as e:  # a worker gone during the run: the run's own results still stand
+        return {"error": str(e)}
 
 
 def add_arguments(p) -> None:
@@ -191,6 +207,10 @@ def add_arguments(p) -> None:
     g.add_argument("--result-dir", default=None, help="write <label>.json and PNG plots here")
     g.add_argument("--no-plots", action="store_true")
     g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--worker-metrics", default="",
+                   help="the workers' /metrics, comma-separated (host:port or URL; `pdserve up` prints them): the "
+                        "report adds speculative decoding over the run (draft tokens proposed, accepted, "
+                        "acceptance rate, mean accepted length)")
 
 
 def config_from_args(args) -> BenchConfig:
@@ -213,7 +233,8 @@ def config_from_args(args) -> BenchConfig:
         slo=SLO(ttft_s=math.inf if args.slo_ttft_ms is None else args.slo_ttft_ms / 1000,
                 tpot_s=math.inf if args.slo_tpot_ms is None else args.slo_tpot_ms / 1000),
         label=args.label, result_dir=args.result_dir, plots=not args.no_plots, progress=not args.no_progress,
-        tokenizer=args.tokenizer, vocab_size=args.vocab_size)
+        tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+        worker_metrics=tuple(metrics_url(u.strip()) for u in args.worker_metrics.split(",") if u.strip()))
 
 
 def run(args) -> int:

@@ -31,6 +31,7 @@ def table(summary: dict, title: str = "") -> str:
                             f"{s['goodput']['rate']:.2f} req/s"))
     if s.get("paths"):
         rows.append(("Requests by path", ", ".join(f"{path} {n}" for path, n in sorted(s["paths"].items()))))
+    rows += _spec_rows(s.get("spec_decode"))
     width = max(len(k) for k, _ in rows) + 2
     lines += [f"{k:<{width}}{v}" for k, v in rows]
     head = f"{'(ms)':<{width}}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}"
@@ -49,6 +50,19 @@ def table(summary: dict, title: str = "") -> str:
         lines.append("Errors: " + "; ".join(s["errors"][:5]))
     lines.append("=" * len(head))
     return "\n".join(lines)
+
+
+def _spec_rows(spec: dict | None) -> list[tuple[str, str]]:
+    """Speculative decoding over the run, from the workers' counters (--worker-metrics)."""
+    if spec is None:
+        return []
+    if "error" in spec:
+        return [("Speculative decoding", f"unknown ({spec['error']})")]
+    rate, length = spec["acceptance_rate"], spec["mean_accepted_length"]
+    return [("Spec decode: drafts accepted / proposed", f"{spec['accepted_tokens']} / {spec['proposed_tokens']}"),
+            ("Spec decode: acceptance rate", "-" if rate is None else f"{100 * rate:.1f}%"),
+            ("Spec decode: mean accepted length", "-" if length is None else
+             f"{length:.2f} per verification ({spec['verifications']})")]
 
 
 def _clean(obj):

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig, SchedulerConfig
 from engine.dtypes import DTYPE_NAMES
+from engine.errors import InvalidRequestError
+from engine.spec_decode.config import SpeculativeConfig
 from services.common import defaults
 from services.common.security import (ClientSecurity, ServerSecurity, add_internal_client_arguments,
                                       add_internal_token_argument, add_server_tls_arguments,
@@ -31,8 +34,19 @@ class WorkerConfig:
 
 _ENGINE, _SCHEDULER, _WORKER = EngineConfig(), SchedulerConfig(), WorkerConfig()
 
+SPECULATIVE_HELP = {
+    "decode": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+              "\"prompt_lookup_min\": 1, \"prompt_lookup_max\": 4}' or '{\"method\": \"draft_model\", "
+              "\"model\": \"smollm2\", \"num_speculative_tokens\": 3}'; both take \"disable_by_batch_size\" "
+              "(default: off)",
+    # accepted so that one argument list can serve both pools (pdserve up --worker-args, a
+    # chart's shared extraArgs), as vLLM's prefill instances accept it; never acted on
+    "prefill": "accepted and IGNORED: prefill workers do not speculate (a prefill-only request ends at its "
+               "first token, so there is nothing to draft); set it on the decode workers",
+}
 
-def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int) -> None:
+
+def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, role: str = "decode") -> None:
     parser.add_argument("--model", default=_ENGINE.model)
     parser.add_argument("--dtype", default=_ENGINE.dtype, choices=DTYPE_NAMES)
     parser.add_argument("--device", default=_ENGINE.device)
@@ -56,6 +70,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int) -> 
     parser.add_argument("--cuda-graph-batch-sizes", type=_batch_sizes, default=_ENGINE.cuda_graph_batch_sizes,
                         help="decode batch sizes captured as CUDA graphs at start-up, e.g. 1,2,4,8,16,32,64 "
                              "(--device cuda with --attention-backend triton; default: none, all steps eager)")
+    parser.add_argument("--speculative-config", type=speculative_config_arg, default=None, metavar="JSON",
+                        help=SPECULATIVE_HELP[role])
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for this worker")
     parser.add_argument("--drain-timeout-s", type=float, default=_WORKER.drain_timeout_s,
                         help="on SIGTERM: how long in-flight requests may take to finish")
@@ -73,7 +89,8 @@ def worker_config_from_args(args) -> WorkerConfig:
                                 kv_cache_memory_bytes=args.kv_cache_memory_bytes)
     engine = dataclasses.replace(_ENGINE, model=args.model, dtype=args.dtype, device=args.device,
                                  attention_backend=args.attention_backend, cache=cache, scheduler=scheduler,
-                                 cuda_graph_batch_sizes=args.cuda_graph_batch_sizes)
+                                 cuda_graph_batch_sizes=args.cuda_graph_batch_sizes,
+                                 speculative_config=args.speculative_config)
     return WorkerConfig(engine=engine, host=args.host, port=args.port, metrics_port=args.metrics_port,
                         kvstore_address=args.kvstore, kvstore_transport=args.kvstore_transport,
                         drain_timeout_s=args.drain_timeout_s, security=internal_server_security(args),
@@ -86,6 +103,19 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes like 1,2,4,8, got {text!r}") from None
+
+
+def speculative_config_arg(text: str) -> SpeculativeConfig | None:
+    """--speculative-config's JSON into the engine's SpeculativeConfig, which checks every key;
+    a bad one is refused naming it (speculative_config.<key>). '{}' or 'null': off."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"speculative_config: not valid JSON ({e}): {text!r}") from None
+    try:
+        return SpeculativeConfig.from_dict(None if value == {} else value)
+    except InvalidRequestError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _max_num_batched_tokens(args) -> int | None:

@@ -31,6 +31,7 @@ class WorkerMetrics:
                                             "KV blocks read from the kvstore and refused before use (they and "
                                             "the blocks after them are recomputed), by reason", ("reason",))
         self.kv_write_failures = m.counter("kv_write_failures_total", "Prefills whose KV could not be stored")
+        self.spec = SpecDecodeMetrics(m)
 
     def update(self, stats: EngineStats) -> None:
         self.running.set(stats.num_running)
@@ -39,3 +40,32 @@ class WorkerMetrics:
         self.blocks_used.set(stats.num_total_kv_blocks - stats.num_free_kv_blocks)
         self.prefix_queried.set(stats.num_prefix_queried_tokens)
         self.prefix_hits.set(stats.num_prefix_hit_tokens)
+        self.spec.update(stats)
+
+
+class SpecDecodeMetrics:
+    """Speculative decoding (vLLM's spec_decode_* set): draft tokens proposed and scored,
+    those accepted, and verifications (one per request per step that had drafts). Over a
+    window, the acceptance rate is rate(accepted) / rate(proposed) and the mean accepted
+    length rate(accepted) / rate(verifications); the gauges give both since start. All zero
+    on a worker that does not speculate (every prefill worker)."""
+
+    def __init__(self, m: Metrics):
+        self.proposed = m.counter("worker_spec_proposed_tokens_total", "Draft tokens proposed and verified")
+        self.accepted = m.counter("worker_spec_accepted_tokens_total", "Draft tokens accepted by verification")
+        self.verifications = m.counter("worker_spec_verifications_total",
+                                       "Verifications: one per request per step that had draft tokens")
+        self.acceptance_rate = m.gauge("worker_spec_acceptance_rate", "Accepted / proposed draft tokens, since start")
+        self.mean_accepted_length = m.gauge("worker_spec_mean_accepted_length",
+                                            "Accepted draft tokens per verification, since start")
+        self._seen = EngineStats()  # the engine's counts are cumulative: the counters take the increase
+
+    def update(self, stats: EngineStats) -> None:
+        before, self._seen = self._seen, stats
+        self.proposed.inc(stats.num_spec_proposed_tokens - before.num_spec_proposed_tokens)
+        self.accepted.inc(stats.num_spec_accepted_tokens - before.num_spec_accepted_tokens)
+        self.verifications.inc(stats.num_spec_verifications - before.num_spec_verifications)
+        if stats.num_spec_proposed_tokens:
+            self.acceptance_rate.set(stats.num_spec_accepted_tokens / stats.num_spec_proposed_tokens)
+        if stats.num_spec_verifications:
+            self.mean_accepted_length.set(stats.num_spec_accepted_tokens / stats.num_spec_verifications)

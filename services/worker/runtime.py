@@ -3,6 +3,7 @@ gRPC server, /metrics, and the `pdserve prefill|decode` command."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ def build_engine(cfg: WorkerConfig, loaded=None) -> EngineCore:
 def serve_worker(cfg: WorkerConfig, loaded, role: str, service_name: str, register,
                  make_servicer: Callable[[EngineLoop, WorkerMetrics], WorkerServicer]) -> RunningWorker:
     """`loaded`: weights already in memory (several workers over one model, as in tests)."""
+    cfg = _without_prefill_speculation(cfg, role)
     metrics = WorkerMetrics(role)
     engine = build_engine(cfg, loaded)
     kv_events = WorkerKVEvents(engine.info)
@@ -69,14 +71,28 @@ def serve_worker(cfg: WorkerConfig, loaded, role: str, service_name: str, regist
     server = start_server([ServiceSpec(service_name, register, servicer), kv_events_service(kv_events.publisher)],
                           cfg.host, cfg.port, security=cfg.security)
     metrics_port = metrics.metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None
-    logging.getLogger(__name__).info("%s worker on %s:%d (model %s)", role, cfg.host, server.port, cfg.engine.model)
+    spec = cfg.engine.speculative_config
+    logging.getLogger(__name__).info("%s worker on %s:%d (model %s%s)", role, cfg.host, server.port, cfg.engine.model,
+                                     f", speculative decoding {spec.method} k={spec.num_speculative_tokens}"
+                                     if spec else "")
     return RunningWorker(server, loop, servicer, metrics_port, cfg.drain_timeout_s, kv_events)
+
+
+def _without_prefill_speculation(cfg: WorkerConfig, role: str) -> WorkerConfig:
+    """A prefill worker takes a speculative config (one argument list may serve both pools,
+    as with vLLM's prefill instances) but drops it: its requests end at their first token,
+    so nothing is ever drafted, and a draft model would only take memory."""
+    if role != "prefill" or cfg.engine.speculative_config is None:
+        return cfg
+    logging.getLogger(__name__).warning(
+        "--speculative-config ignored: prefill workers do not speculate (decode workers do, after the hand-off)")
+    return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, speculative_config=None))
 
 
 def worker_cli(role: str, serve: Callable[[WorkerConfig], RunningWorker], default_port: int):
     """The `add_arguments` and `run` of `pdserve <role>`."""
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        add_worker_arguments(parser, default_port)
+        add_worker_arguments(parser, default_port, role)
 
     def run(args) -> int:
         configure_logging(role)

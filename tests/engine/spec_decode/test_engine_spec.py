@@ -169,7 +169,7 @@ def test_smollm2_greedy_is_unchanged_by_either_proposer(smollm2_loaded, tiny_dra
     tokenizer = smollm2_loaded.tokenizer
     prompts = [{"prompt_token_ids": ids} for ids in _repetitive(tokenizer)]
     params = SamplingParams(temperature=0, max_tokens=24)
-    plain = LLM("smollm2", loaded_model=smollm2_loaded, progress=False)
+    plain = LLM("smollm2", loaded_model=smollm2_loaded, progress=False, kv_cache_memory_bytes=64 << 20)
     expected = [o.token_ids for o in plain.generate(prompts, params)]
     for spec in (NGRAM, {"method": "draft_model", "model": "smollm2", "num_speculative_tokens": 3},
                  {"method": "draft_model", "model": tiny_draft[0], "num_speculative_tokens": 3}):

@@ -82,6 +82,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if not $e.prefixCaching }}
 - --no-prefix-caching
 {{- end }}
+{{- with .pool.speculativeConfig }}
+- {{ printf "--speculative-config=%s" (toJson .) | quote }}
+{{- end }}
 {{- range .pool.extraArgs }}
 - {{ . | quote }}
 {{- end }}

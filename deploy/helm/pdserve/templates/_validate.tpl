@@ -41,6 +41,9 @@ render with a message naming the values. templates/validate.yaml runs them. */}}
 {{- fail (printf "%s.autoscaling: minReplicas=%d is above maxReplicas=%d" $role (int $a.minReplicas) (int $a.maxReplicas)) -}}
 {{- end -}}
 {{- end -}}
+{{- if $v.prefill.speculativeConfig -}}
+{{- fail "prefill.speculativeConfig: prefill workers do not speculate (a prefill-only request ends at its first token); set decode.speculativeConfig" -}}
+{{- end -}}
 {{- if lt (int $v.router.drainTimeoutSeconds) (int $v.decode.drainTimeoutSeconds) -}}
 {{- fail (printf "router.drainTimeoutSeconds=%d is below decode.drainTimeoutSeconds=%d: a stopping router would cut answers its decode workers still finish" (int $v.router.drainTimeoutSeconds) (int $v.decode.drainTimeoutSeconds)) -}}
 {{- end -}}
