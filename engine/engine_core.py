@@ -223,6 +223,9 @@ class EngineCore:
             return
         wanted = []
         for request in running:
+            if request.spec_pause > 0:
+                request.spec_pause -= 1
+                continue
             room = min(spec.num_speculative_tokens, request.sampling_params.max_tokens - request.num_output_tokens - 1,
                        self.max_model_len - request.num_tokens - 1)
             if (room >= 1 and request.num_tokens - request.num_computed_tokens == 1
@@ -237,11 +240,20 @@ class EngineCore:
                     request, list(drafts.get(want.req_id, ()))[:want.max_drafts])
 
     def _count_spec(self, sched, result) -> None:
+        """Counts drafts proposed and kept. A request whose drafts all fail pauses its
+        proposals for 2, 4, ... 16 steps (reset by the next kept draft): on text the
+        proposer cannot guess (n-gram lookup on fresh prose), verifying k wrong drafts
+        costs more than the plain step it replaces, and exactness does not depend on it."""
         for req_id, drafts in sched.spec_token_ids.items():
             if req_id in result.sampled_token_ids:
+                accepted = len(result.sampled_token_ids[req_id]) - 1
                 self._spec_counts["proposed"] += len(drafts)
-                self._spec_counts["accepted"] += len(result.sampled_token_ids[req_id]) - 1
+                self._spec_counts["accepted"] += accepted
                 self._spec_counts["verifications"] += 1
+                request = self.scheduler.requests.get(req_id)
+                if request is not None:
+                    request.spec_misses = 0 if accepted else request.spec_misses + 1
+                    request.spec_pause = min(2 ** request.spec_misses, 16) if request.spec_misses else 0
 
     def _sampling_requests(self, sched) -> list[Request]:
         """The scheduled requests that sample a token this step (their known tokens, and

@@ -69,6 +69,10 @@ class Request:
         self.grammar = None
         # speculative decoding: this step's draft tokens, proposed before scheduling
         self.spec_token_ids: list[int] = []
+        # verifications in a row that kept no draft, and steps left without proposing: a
+        # request whose text the proposer cannot guess stops paying for verification
+        self.spec_misses = 0
+        self.spec_pause = 0
 
     @property
     def num_prompt_tokens(self) -> int:
