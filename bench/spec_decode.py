@@ -42,8 +42,11 @@ from engine.chat import encode_chat_prompt  # noqa: E402
 from engine.config import DEFAULT_MODEL, EngineConfig  # noqa: E402
 
 PROPOSERS = {
-    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4},
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
     "draft_model": {"method": "draft_model", "model": DEFAULT_MODEL, "num_speculative_tokens": 3},
+    # the same, turned off for steps with more than 8 running requests (vLLM's disable_by_batch_size)
+    "ngram_small_batches": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+                            "prompt_lookup_max": 4, "disable_by_batch_size": 8},
 }
 KV_CACHE_BYTES = 768 << 20  # per engine: 16 requests of ~700 tokens, with room (SmolLM2 f32: 46 KB/token)
 

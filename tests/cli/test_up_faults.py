@@ -3,7 +3,10 @@ router. The supervisor restarts what died on its own port and the rest keep serv
 every request completes, token for token as an uninterrupted greedy run.
 
 One platform (kvstore, 1 prefill, 1 decode, router) serves the whole module: each test
-leaves it whole again (the supervisor's "serving again" line) for the next.
+leaves it whole again (the supervisor's "serving again" line) for the next. Its decode
+worker speculates with a draft model (the tiny model as its own draft), so every fault
+is also one that hits speculative decoding, and the uninterrupted run itself must equal
+the offline engine without speculation.
 """
 from __future__ import annotations
 
@@ -96,7 +99,9 @@ def platform(tiny_llama_dir, tmp_path_factory):
            "--port", str(ports["router"]), "--kvstore-port", str(ports["kvstore"]), "--http-port", str(ports["http"]),
            "--worker-base-port", str(ports["workers"]), "--metrics-base-port", str(ports["metrics"]),
            "--path-policy", "threshold", "--short-prompt-tokens", "8",
-           "--router-args", f"--drain-timeout-s {ROUTER_DRAIN_S}"]
+           "--router-args", f"--drain-timeout-s {ROUTER_DRAIN_S}",
+           "--speculative-config", json.dumps({"method": "draft_model", "model": tiny_llama_dir,
+                                               "num_speculative_tokens": 3})]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env=dict(os.environ, PDSERVE_LOG_LEVEL="WARNING"))
     up = Platform(proc, ports)
@@ -120,6 +125,20 @@ def platform(tiny_llama_dir, tmp_path_factory):
 def reference(platform) -> list[list[int]]:
     """The prompts' greedy tokens from an uninterrupted run of the same platform."""
     return _run_all(platform)
+
+
+def test_the_speculating_platform_gives_the_offline_tokens_without_speculation(platform, reference, tiny,
+                                                                              tiny_llama_dir):
+    from engine import LLM
+    offline = LLM(tiny_llama_dir, loaded_model=tiny, progress=False, kv_cache_memory_bytes=64 << 20)
+    assert [o.token_ids for o in offline.generate(PROMPTS, GREEDY)] == reference
+    metrics = next(re.search(r"metrics (http://\S+/metrics)", line).group(1) for line in platform.lines
+                   if re.match(r"^\s+decode\S*\s+grpc ", line))
+    text = urllib.request.urlopen(metrics, timeout=5).read().decode()
+    proposed = re.search(r"^pdserve_worker_spec_proposed_tokens_total (\S+)$", text, re.M)
+    accepted = re.search(r"^pdserve_worker_spec_accepted_tokens_total (\S+)$", text, re.M)
+    assert proposed and float(proposed.group(1)) > 0
+    assert float(accepted.group(1)) == float(proposed.group(1))  # its own greedy guesses: all kept
 
 
 def _generate(address: str, prompt: str) -> list[int]:

@@ -8,6 +8,10 @@ than the router's short-prompt threshold, so the grammar's first token is sample
 prefill worker and the decode worker continues its matcher after the KV hand-off through
 the kvstore; the router's path counter proves that they took that path. A regex and a
 choice request (vLLM's `structured_outputs` extra body) reply with a match.
+
+The decode worker speculates (n-gram, issue 16): guided drafts are checked against the
+grammar, and unguided greedy completions on both paths equal the offline engine's
+without speculation.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from cli.bench.local_platform import free_port_range
 SHORT_PROMPT_TOKENS = 96  # the threshold path policy: longer prompts go prefill -> kvstore -> decode
 MAX_TOKENS = 96           # the schema's bounds close every reply well within it
 ROLES = ["engineer", "doctor", "teacher", "artist", "pilot"]
+SPECULATIVE_CONFIG = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -93,7 +98,8 @@ def up(smollm2_path):
     cmd = [sys.executable, "-m", "cli.main", "up", "--model", smollm2_path, "--prefill", "1", "--decode", "1",
            "--port", str(grpc_base), "--kvstore-port", str(grpc_base + 1), "--worker-base-port", str(grpc_base + 2),
            "--http-port", str(http_port), "--metrics-base-port", str(metrics_base),
-           "--path-policy", "threshold", "--short-prompt-tokens", str(SHORT_PROMPT_TOKENS)]
+           "--path-policy", "threshold", "--short-prompt-tokens", str(SHORT_PROMPT_TOKENS),
+           "--speculative-config", json.dumps(SPECULATIVE_CONFIG)]
     platform = UpProcess(cmd)
     try:
         platform.wait_up(timeout_s=180)
@@ -155,3 +161,25 @@ def test_choice_reply_is_one_of_the_choices(client, model):
     reply = _chat(client, model, "What is the weather like by the sea in autumn? " + BACKGROUND,
                   extra_body={"structured_outputs": {"choice": choices}})
     assert reply.choices[0].message.content in choices
+
+
+def _decode_counter(up, name: str) -> float:
+    url = next(re.search(r"metrics (http://\S+/metrics)", line).group(1) for line in up.lines
+               if re.match(r"^\s+decode\S*\s+grpc ", line))
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert match, f"the decode worker's /metrics has no {name}"
+    return float(match.group(1))
+
+
+def test_speculating_decode_worker_gives_the_offline_greedy_text(up, client, model, smollm2_loaded):
+    from engine import LLM, SamplingParams
+    listing = "apples, pears, plums, apples, pears, plums, apples, pears, plums, apples, pears"
+    prompts = ["Repeat exactly: " + listing, BACKGROUND + "Repeat the registry's first sentence exactly:"]
+    offline = LLM("smollm2", loaded_model=smollm2_loaded, progress=False, kv_cache_memory_bytes=64 << 20)
+    expected = [o.text for o in offline.generate(prompts, SamplingParams(temperature=0, max_tokens=40))]
+    before = _decode_counter(up, "pdserve_worker_spec_accepted_tokens_total")
+    got = [client.completions.create(model=model, prompt=p, max_tokens=40, temperature=0).choices[0].text
+           for p in prompts]
+    assert got == expected
+    assert _decode_counter(up, "pdserve_worker_spec_accepted_tokens_total") > before  # drafts were kept
