@@ -55,3 +55,16 @@ def _collect(outputs, results: dict) -> None:
     for out in outputs:
         if out.finished:
             results[out.req_id] = out.token_ids
+
+
+def run_to_completion(engine: EngineCore, requests) -> dict:
+    """Adds each (req_id, prompt_token_ids, params[, add_request keywords]) and steps until
+    nothing is left; the final outputs by request id."""
+    for req_id, prompt, params, *extra in requests:
+        engine.add_request(req_id, prompt, params, **(extra[0] if extra else {}))
+    outs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outs[out.req_id] = out
+    return outs

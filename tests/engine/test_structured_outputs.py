@@ -18,6 +18,7 @@ from engine.engine_core import EngineCore
 from engine.request import RequestMode
 from engine.structured import StructuredOutputsParams
 from engine.structured.grammar import GrammarState
+from tests.engine.correctness import run_to_completion
 
 SCHEMA = {"type": "object",
           "properties": {"name": {"type": "string", "maxLength": 12},
@@ -110,15 +111,7 @@ def _params(kind: str, **kw) -> SamplingParams:
     return SamplingParams(**{"temperature": 0, "max_tokens": 80, "structured_outputs": SPECS[kind], **kw})
 
 
-def _run(engine: EngineCore, requests: list[tuple[str, list[int], SamplingParams, dict]]) -> dict:
-    for req_id, prompt, params, extra in requests:
-        engine.add_request(req_id, prompt, params, **extra)
-    outs = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                outs[out.req_id] = out
-    return outs
+_run = run_to_completion
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from engine.engine_core import EngineCore
 from engine.request import RequestMode
 from engine.spec_decode import SpeculativeConfig
 from engine.structured import StructuredOutputsParams
+from tests.engine.correctness import run_to_completion
 from tests.models import build_tiny_llama
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
@@ -46,15 +47,7 @@ def _engine(tiny, tiny_llama_dir, spec=None, prefix_caching=True, kv_blocks=256,
     return EngineCore(config, progress=False, loaded=tiny)
 
 
-def _run(engine: EngineCore, requests) -> dict:
-    for req_id, prompt, params in requests:
-        engine.add_request(req_id, prompt, params)
-    outs = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                outs[out.req_id] = out
-    return outs
+_run = run_to_completion
 
 
 PROMPTS = [list(range(300, 340)), [5, 6, 7, 8] * 8, list(range(1200, 1213)), list(range(300, 330)) + [9, 9, 9] * 5]
