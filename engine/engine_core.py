@@ -29,7 +29,7 @@ from engine.spec_decode.ngram import NgramProposer
 from engine.spec_decode.proposer import DraftRequest, Proposer
 from engine.step_rates import StepRates
 from engine.validation import validate_mode, validate_request, validate_transfer
-from engine.worker.kv_cache import allocate_kv_caches, num_kv_blocks
+from engine.worker.kv_cache import allocate_kv_caches, bytes_per_block, num_kv_blocks
 from engine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -85,11 +85,11 @@ class EngineCore:
         draft = self.loaded if source.model_id == self.source.model_id else load_model(
             source, self.dtype, self.config.device, self.max_model_len, progress=False)
         check_same_tokenizer(self.tokenizer, draft.tokenizer)
-        arch, bs = draft.arch, self.config.cache.block_size
+        bs = self.config.cache.block_size
         # room for as many tokens as the target's cache holds
-        block_bytes = 2 * arch.num_layers * bs * arch.num_kv_heads * arch.head_dim * self.dtype.itemsize
         return DraftModelProposer(draft, spec.num_speculative_tokens, self.config.device, self.dtype,
-                                  num_blocks * block_bytes, bs, self.config.attention_backend,
+                                  num_blocks * bytes_per_block(draft.arch, bs, self.dtype), bs,
+                                  self.config.attention_backend,
                                   vocab_limit=len(self.tokenizer), max_model_len=self.max_model_len)
 
     @property
