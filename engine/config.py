@@ -1,6 +1,7 @@
 """Frozen configuration dataclasses, one per component; the LLM API and the CLI build them."""
 from __future__ import annotations
 
+from engine.executor.config import ParallelConfig
 from engine.spec_decode.config import SpeculativeConfig
 
 from dataclasses import dataclass, field
@@ -66,6 +67,8 @@ class EngineConfig:
     structured_outputs_compile_timeout_s: float = 30.0
     # speculative decoding (engine/spec_decode): None: off
     speculative_config: SpeculativeConfig | None = None
+    # tensor and pipeline parallelism: t x p ranks, one process each (engine/executor/)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self):
         sizes = self.cuda_graph_batch_sizes

@@ -46,19 +46,28 @@ class EngineCore:
             raise ValueError(f"attention_backend 'cpu' runs on the CPU only; on device {config.device!r} "
                              "use 'triton' (or 'torch', the pure torch reference)")
         backend = get_attention_backend(config.attention_backend)
-        self.loaded = loaded or load_model(self.source, self.dtype, config.device,
-                                           config.scheduler.max_model_len, progress)
+        self.executor = self._start_executor(config, loaded, progress)
+        if self.executor is not None:
+            self.loaded = self.executor.loaded  # rank 0's part of the model; arch and tokenizer whole
+        else:
+            self.loaded = loaded or load_model(self.source, self.dtype, config.device,
+                                               config.scheduler.max_model_len, progress)
         self.tokenizer = self.loaded.tokenizer
         arch, cache = self.loaded.arch, config.cache
-        num_blocks = num_kv_blocks(cache, arch, self.dtype, device)
+        # a rank's KV cache holds its layers and KV heads only: the budget is per rank
+        kv_arch = arch if self.executor is None else self.executor.kv_arch
+        num_blocks = num_kv_blocks(cache, kv_arch, self.dtype, device, config.parallel.world_size)
         self.max_model_len = self._resolve_max_model_len(num_blocks)
         self.root_hash = model_fingerprint(self.source.model_id, str(self.dtype), arch.num_layers,
                                            arch.num_kv_heads, arch.head_dim, cache.block_size)
         self.kv_manager = KVCacheManager(num_blocks, cache.block_size, self.root_hash,
                                          cache.enable_prefix_caching)
         self.scheduler = Scheduler(self._resolve_scheduler_config(), self.kv_manager)
-        kv_caches = allocate_kv_caches(num_blocks, arch, cache.block_size, self.dtype, device)
-        self.runner = ModelRunner(self.loaded.model, kv_caches, cache.block_size, backend, device, config.seed)
+        kv_caches = allocate_kv_caches(num_blocks, kv_arch, cache.block_size, self.dtype, device)
+        if self.executor is not None:
+            self.executor.start_kv(num_blocks, kv_caches, backend)
+        self.runner = ModelRunner(self.loaded.model, kv_caches, cache.block_size, backend, device, config.seed,
+                                  executor=self.executor)
         if config.cuda_graph_batch_sizes:
             self.runner.capture_decode_graphs(config.cuda_graph_batch_sizes, self.max_model_len,
                                               self.scheduler.config.max_num_seqs)
@@ -74,6 +83,30 @@ class EngineCore:
         self.proposer = self._make_proposer(num_blocks)
         self._spec_counts = {"proposed": 0, "accepted": 0, "verifications": 0}
 
+    def _start_executor(self, config: EngineConfig, loaded: LoadedModel | None, progress: bool):
+        """t x p > 1: the rank processes, and rank 0's part of the model here."""
+        parallel = config.parallel
+        if parallel.world_size == 1:
+            return None
+        if loaded is not None:
+            raise ValueError("loaded_model: a model already in memory is whole; with tensor or pipeline "
+                             "parallelism each rank loads its own part (pass the model path instead)")
+        if config.cuda_graph_batch_sizes:
+            raise ValueError("cuda_graph_batch_sizes: CUDA graphs are captured for a single-rank engine only; "
+                             "leave it empty with tensor_parallel_size or pipeline_parallel_size > 1")
+        from engine.executor.multiproc import MultiProcExecutor
+        return MultiProcExecutor(config, self.source, self.dtype, progress)
+
+    def check_health(self) -> None:
+        """Raises EngineDeadError once a tensor/pipeline rank has died (the engine cannot step)."""
+        if self.executor is not None:
+            self.executor.check_health()
+
+    def shutdown(self) -> None:
+        """Stops the rank processes (t x p > 1); a single-rank engine has nothing to stop."""
+        if self.executor is not None:
+            self.executor.shutdown()
+
     def _make_proposer(self, num_blocks: int) -> Proposer | None:
         spec = self.config.speculative_config
         if spec is None:
@@ -82,7 +115,8 @@ class EngineCore:
             return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
         from engine.spec_decode.draft_model import DraftModelProposer, check_same_tokenizer
         source = resolve_model(spec.model)
-        draft = self.loaded if source.model_id == self.source.model_id else load_model(
+        reuse = source.model_id == self.source.model_id and self.executor is None  # a rank's part is not the model
+        draft = self.loaded if reuse else load_model(
             source, self.dtype, self.config.device, self.max_model_len, progress=False)
         check_same_tokenizer(self.tokenizer, draft.tokenizer)
         bs = self.config.cache.block_size

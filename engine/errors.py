@@ -15,3 +15,8 @@ class ModelLoadError(RuntimeError):
     def __init__(self, source: str, message: str):
         super().__init__(f"{source}: {message}")
         self.source = source
+
+
+class EngineDeadError(RuntimeError):
+    """The engine cannot run another step (a tensor/pipeline-parallel rank died or stopped
+    answering): its process should fail what it holds and exit, not keep serving."""

@@ -12,6 +12,7 @@ from engine.chat import encode_chat_prompt, render_chat_prompt
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.core.block_hash import check_cache_salt
 from engine.engine_core import EngineCore
+from engine.executor.config import ParallelConfig
 from engine.errors import InvalidRequestError
 from engine.model.loader import LoadedModel
 from engine.outputs import RequestOutput
@@ -34,7 +35,13 @@ class LLM:
                  max_model_len: int | None = SchedulerConfig.max_model_len,
                  enable_chunked_prefill: bool = SchedulerConfig.enable_chunked_prefill,
                  cuda_graph_batch_sizes: Sequence[int] = EngineConfig.cuda_graph_batch_sizes,
-                 speculative_config: dict | SpeculativeConfig | None = None, progress: bool = True,
+                 speculative_config: dict | SpeculativeConfig | None = None,
+                 tensor_parallel_size: int = ParallelConfig.tensor_parallel_size,
+                 pipeline_parallel_size: int = ParallelConfig.pipeline_parallel_size,
+                 pipeline_layer_split: Sequence[int] | None = None,
+                 pipeline_microbatches: int | None = ParallelConfig.pipeline_microbatches,
+                 collective_timeout_s: float = ParallelConfig.collective_timeout_s,
+                 progress: bool = True,
                  loaded_model: LoadedModel | None = None):
         config = EngineConfig(
             model=model, dtype=dtype, device=device, attention_backend=attention_backend, seed=seed,
@@ -42,7 +49,11 @@ class LLM:
             scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold,
                                       max_model_len, enable_chunked_prefill),
             cuda_graph_batch_sizes=_as_tuple(cuda_graph_batch_sizes),
-            speculative_config=SpeculativeConfig.from_dict(speculative_config))
+            speculative_config=SpeculativeConfig.from_dict(speculative_config),
+            parallel=ParallelConfig(
+                tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
+                pipeline_layer_split=None if pipeline_layer_split is None else _as_tuple(pipeline_layer_split),
+                pipeline_microbatches=pipeline_microbatches, collective_timeout_s=collective_timeout_s))
         self.engine = EngineCore(config, progress=progress, loaded=loaded_model)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import glob
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -32,7 +32,9 @@ def safetensors_files(folder: str) -> list[str]:
     return files
 
 
-def iter_safetensors(folder: str, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_safetensors(folder: str, progress: bool = True,
+                     wanted: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor (by HF name), or those `wanted` accepts, unread otherwise."""
     from safetensors import safe_open
     files = safetensors_files(folder)
     handles = []
@@ -45,6 +47,9 @@ def iter_safetensors(folder: str, progress: bool = True) -> Iterator[tuple[str, 
     with tqdm(total=total, desc="Loading weights", unit="tensor", disable=not progress) as bar:
         for path, handle in handles:
             for name in handle.keys():
+                if wanted is not None and not wanted(name):
+                    bar.update(1)
+                    continue
                 try:
                     tensor = handle.get_tensor(name)
                 except Exception as e:
@@ -74,14 +79,17 @@ def gguf_metadata(reader) -> dict:
 
 
 def iter_gguf(reader, path: str, num_heads: int, num_kv_heads: int, permuted_qk: bool,
-              progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """Dequantize every tensor to float32 and undo llama.cpp's Q/K row permutation."""
+              progress: bool = True, wanted: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Dequantize every tensor (or those whose HF name `wanted` accepts) to float32 and
+    undo llama.cpp's Q/K row permutation."""
     from gguf.quants import dequantize
     for tensor in tqdm(reader.tensors, desc="Loading weights", unit="tensor", disable=not progress):
         if tensor.name == "rope_freqs.weight":
             yield "rope_freqs", torch.from_numpy(np.asarray(tensor.data, dtype=np.float32).copy())
             continue
         name = _hf_name(tensor.name, path)
+        if wanted is not None and not wanted(name):
+            continue
         try:
             data = dequantize(tensor.data, tensor.tensor_type)
         except Exception as e:

@@ -22,12 +22,17 @@ def available_memory(device: torch.device) -> int:
     raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
 
 
-def num_kv_blocks(cache: CacheConfig, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device) -> int:
+def num_kv_blocks(cache: CacheConfig, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device,
+                  num_ranks: int = 1) -> int:
+    """`arch`: one rank's part (its layers and KV heads). kv_cache_memory_bytes is each
+    rank's budget (as on GPUs, one per rank); the fraction of free memory is too on a
+    GPU, while ranks on the CPU share the host's memory and split the fraction."""
     per_block = bytes_per_block(arch, cache.block_size, dtype)
     if cache.kv_cache_memory_bytes is not None:
         budget, field = cache.kv_cache_memory_bytes, "kv_cache_memory_bytes"
     else:
-        budget = int(cache.kv_cache_memory_fraction * available_memory(device))
+        share = 1 if device.type == "cuda" else num_ranks
+        budget = int(cache.kv_cache_memory_fraction * available_memory(device) / share)
         field = "kv_cache_memory_fraction"
     num_blocks = budget // per_block
     if num_blocks < 1:

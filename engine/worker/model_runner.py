@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +18,10 @@ from engine.sampling_params import SamplingParams
 from engine.worker.cuda_graphs import CudaGraph, DecodeGraphs, Graph, sizes_to_capture
 from engine.structured.grammar import apply_grammar_bitmask
 from engine.worker.kv_cache import export_blocks, import_blocks
+from engine.executor.messages import StepInputs
+
+if TYPE_CHECKING:
+    from engine.executor.multiproc import MultiProcExecutor
 
 
 @dataclass
@@ -38,6 +43,13 @@ class StepBatch:
     # per sampling request, the drafts it is scored on (its logits rows: one more than drafts)
     drafts: list[list[int]]
 
+    @classmethod
+    def joined(cls, batches: list[StepBatch]) -> StepBatch:
+        """Micro-batches as one for sampling: their sampled requests (and logits rows) in order."""
+        first = batches[0]
+        return cls(first.input_ids, first.positions, first.meta, first.logits_indices,
+                   [r for b in batches for r in b.sampling_req_ids], [d for b in batches for d in b.drafts])
+
     @property
     def row_keys(self) -> list[tuple[str, int]]:
         """Each logits row as (request, j): the request's j-th scored row (after j drafts)."""
@@ -46,9 +58,13 @@ class StepBatch:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], block_size: int,
-                 backend: AttentionBackend, device: torch.device, seed: int = 0):
+                 backend: AttentionBackend, device: torch.device, seed: int = 0,
+                 executor: MultiProcExecutor | None = None):
+        """`executor`: the model runs on t x p ranks (engine/executor/); `model` and
+        `kv_caches` are then rank 0's parts, and the executor runs every forward."""
         self.model = model
-        if can_prepack(device, model.embed_tokens.weight.dtype):
+        self.executor = executor
+        if can_prepack(device, next(model.parameters()).dtype):
             model.prepack()
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -69,10 +85,16 @@ class ModelRunner:
         self._update_states(sched)
         if sched.is_empty:
             return ModelRunnerOutput()
-        batch = self._prepare_inputs(sched)
-        logits = self.decode_graphs.run(batch) if self.decode_graphs is not None else None
-        if logits is None:
-            logits = self._forward(batch.input_ids, batch.positions, batch.meta, batch.logits_indices)
+        batches = [self._prepare_inputs(sched, group) for group in self._microbatches(sched)]
+        if self.executor is not None:
+            logits = self.executor.forward([StepInputs(b.input_ids, b.positions, b.meta, b.logits_indices)
+                                            for b in batches])
+            batch = batches[0] if len(batches) == 1 else StepBatch.joined(batches)
+        else:
+            batch = batches[0]
+            logits = self.decode_graphs.run(batch) if self.decode_graphs is not None else None
+            if logits is None:
+                logits = self._forward(batch.input_ids, batch.positions, batch.meta, batch.logits_indices)
         states = [self.requests[r] for r in batch.sampling_req_ids]
         if sched.grammar_bitmask is not None:  # structured outputs: forbidden tokens to -inf
             apply_grammar_bitmask(logits, sched.grammar_bitmask, batch.row_keys)
@@ -100,7 +122,34 @@ class ModelRunner:
         return self.model(input_ids, positions, self.kv_caches, meta, self.backend, logits_indices)
 
     def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        if self.executor is not None:
+            return self.executor.export_blocks(block_ids)
         return export_blocks(self.kv_caches, block_ids)
+
+    def _import_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
+        if self.executor is not None:
+            self.executor.import_blocks(block_ids, blocks)
+        else:
+            import_blocks(self.kv_caches, block_ids, blocks)
+
+    def _microbatches(self, sched: SchedulerOutput) -> list[list[str]]:
+        """The step's requests, decodes first (the attention backend batches them together),
+        cut into the pipeline's micro-batches of about equal token counts (one group
+        without a pipeline)."""
+        counts = sched.num_scheduled_tokens
+        order = sorted(counts, key=lambda r: counts[r] != 1)
+        parts = 1 if self.executor is None else min(self.executor.num_microbatches, len(order))
+        if parts <= 1:
+            return [order]
+        groups, current, done, total = [], [], 0, sum(counts.values())
+        for i, req_id in enumerate(order):
+            current.append(req_id)
+            done += counts[req_id]
+            left_groups, left_reqs = parts - len(groups) - 1, len(order) - i - 1
+            if left_groups and (done >= total * (len(groups) + 1) / parts or left_reqs == left_groups):
+                groups.append(current)
+                current = []
+        return groups + [current] if current else groups
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         for req_id in sched.finished_req_ids:
@@ -109,7 +158,7 @@ class ModelRunner:
             self.requests[new.req_id] = CachedRequestState(
                 new.req_id, list(new.token_ids), list(new.block_ids), new.sampling_params, new.num_computed_tokens)
             if new.kv_load is not None:
-                import_blocks(self.kv_caches, new.kv_load.block_ids, new.kv_load.blocks)
+                self._import_blocks(new.kv_load.block_ids, new.kv_load.blocks)
         for cached in sched.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
             if cached.num_kept_blocks is not None:  # blocks given back after rejected drafts
@@ -117,9 +166,8 @@ class ModelRunner:
             state.block_ids.extend(cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
 
-    def _prepare_inputs(self, sched: SchedulerOutput) -> StepBatch:
-        # decodes first: the attention backend batches them together
-        order = sorted(sched.num_scheduled_tokens, key=lambda r: sched.num_scheduled_tokens[r] != 1)
+    def _prepare_inputs(self, sched: SchedulerOutput, order: list[str]) -> StepBatch:
+        """The flat batch of the requests `order` names (decodes first)."""
         num_decodes = sum(1 for r in order if sched.num_scheduled_tokens[r] == 1)
         input_ids, positions, slots, seq_lens, starts, tables = [], [], [], [], [0], []
         logits_indices, sampling_req_ids, drafts_of = [], [], []
@@ -148,7 +196,7 @@ class ModelRunner:
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
             block_tables=torch.tensor(block_tables, dtype=torch.int32, device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            max_query_len=max(sched.num_scheduled_tokens.values()), max_seq_len=max(seq_lens))
+            max_query_len=max(sched.num_scheduled_tokens[r] for r in order), max_seq_len=max(seq_lens))
         return StepBatch(torch.tensor(input_ids, dtype=torch.long, device=dev),
                          torch.tensor(positions, dtype=torch.long, device=dev), meta,
                          torch.tensor(logits_indices, dtype=torch.long, device=dev), sampling_req_ids, drafts_of)

@@ -19,8 +19,11 @@ def set_cpu_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def wait_for_shutdown() -> None:
-    done = threading.Event()
+def wait_for_shutdown(done: threading.Event | None = None) -> None:
+    """Until SIGINT or SIGTERM, or `done` is set (the process's own reason to stop). A
+    signal never sets `done`: the caller tells a drain (signal) from a failure (`done`)."""
+    signalled = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
-    done.wait()
+        signal.signal(sig, lambda *_: signalled.set())
+    while not signalled.is_set() and not (done is not None and done.is_set()):
+        signalled.wait(0.2)

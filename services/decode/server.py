@@ -15,6 +15,7 @@ import threading
 import grpc
 
 from engine import InvalidRequestError, RequestOutput
+from engine.errors import EngineDeadError
 from engine.kv_transfer import KVPayload
 from engine.request import RequestMode, RequestStatus
 from services.common.convert import logprob_to_proto
@@ -52,6 +53,8 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
                                       prefill_chunk_tokens=request.prefill_chunk_tokens, cache_salt=req.cache_salt)
         except InvalidRequestError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except EngineDeadError:
+            self.abort_if_engine_dead(context)
         self.abort_when_caller_leaves(req.req_id, context)  # it may have left while the KV was pulled
         yield from self._stream(stream, req, len(first), kv_read_s, context)
 
@@ -145,6 +148,7 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
                 self.loop.abort(req.req_id)
         if final is None or final.finish_reason == RequestStatus.FINISHED_ABORTED.value:
             self.metrics.requests.labels("aborted").inc()
+            self.abort_if_engine_dead(context)
             if context.is_active():
                 if final is not None and final.error:  # the engine refused it (a spec that does not compile)
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, final.error)

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from engine.errors import EngineDeadError
 from engine import RequestOutput
 from engine.kv_transfer import KVPayload
 from engine.request import RequestMode, RequestStatus
@@ -128,14 +129,19 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         return payload, len(payload.block_hashes)
 
     def _run(self, req: AdmittedRequest, imported: KVPayload | None, context) -> RequestOutput:
-        stream = self.loop.submit(req.req_id, req.prompt_token_ids, req.params, mode=RequestMode.PREFILL_ONLY,
-                                  kv_import=imported, priority=req.priority, cache_salt=req.cache_salt)
+        try:
+            stream = self.loop.submit(req.req_id, req.prompt_token_ids, req.params, mode=RequestMode.PREFILL_ONLY,
+                                      kv_import=imported, priority=req.priority, cache_salt=req.cache_salt)
+        except EngineDeadError:
+            self.abort_if_engine_dead(context)
+            raise
         self.abort_when_caller_leaves(req.req_id, context)
         final = None
         while (out := stream.get()) is not None:
             final = out
         if final is None or final.finish_reason == RequestStatus.FINISHED_ABORTED.value:
             self.metrics.requests.labels("aborted").inc()
+            self.abort_if_engine_dead(context)
             if final is not None and final.error:  # the engine refused it (a spec that does not compile)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, final.error)
             context.abort(grpc.StatusCode.CANCELLED, f"request {req.req_id} was aborted")

@@ -20,6 +20,7 @@ from concurrent.futures import Future
 
 from engine import EngineCore, RequestOutput
 from engine.core.kv_events import KVEvents
+from engine.errors import EngineDeadError
 from engine.info import EngineInfo
 from engine.stats import EngineStats
 
@@ -40,6 +41,9 @@ class EngineLoop:
         self._stopping = False
         self._on_step = on_step
         self._on_kv_events = on_kv_events
+        # set when the engine can no longer step (a tensor/pipeline rank died): the worker exits
+        self.dead = threading.Event()
+        self.dead_reason = ""
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     def start(self) -> None:
@@ -50,9 +54,16 @@ class EngineLoop:
         self._wakeup.set()
         self._thread.join(timeout=30)
 
+    def shutdown_engine(self) -> None:
+        """After stop(): the engine's rank processes (tensor/pipeline parallelism) end too."""
+        self._engine.shutdown()
+
     def call(self, fn: Callable[[EngineCore], object]) -> Future:
         """Run fn(engine) on the loop thread; the future holds its result or exception."""
         future: Future = Future()
+        if self.dead.is_set():
+            future.set_exception(EngineDeadError(self.dead_reason))
+            return future
         self._commands.put((fn, future))
         self._wakeup.set()
         return future
@@ -75,12 +86,16 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stopping:
             self._run_commands()
-            if not self._engine.has_unfinished_requests():
-                self._wakeup.wait(timeout=0.5)
-                self._wakeup.clear()
-                continue
             try:
+                self._engine.check_health()  # a rank that died while the engine idled
+                if not self._engine.has_unfinished_requests():
+                    self._wakeup.wait(timeout=0.5)
+                    self._wakeup.clear()
+                    continue
                 outputs = self._engine.step()
+            except EngineDeadError as e:
+                self._die(str(e))
+                return
             except Exception:  # a failed step must not leave RPC threads waiting forever
                 logger.exception("engine step failed; aborting its requests")
                 self._fail_all()
@@ -93,6 +108,20 @@ class EngineLoop:
             if self._on_kv_events is not None:
                 self._publish_kv_events()
         self._fail_all()
+
+    def _die(self, reason: str) -> None:
+        """Fail every request and every queued command; the worker process then exits."""
+        logger.critical("the engine cannot go on: %s", reason)
+        self.dead_reason = reason
+        self.dead.set()
+        self._fail_all()
+        while True:
+            try:
+                _, future = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            future.set_exception(EngineDeadError(reason))
+        self._engine.shutdown()
 
     def _publish_kv_events(self) -> None:
         events = self._engine.take_kv_events()

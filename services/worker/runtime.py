@@ -99,8 +99,14 @@ def worker_cli(role: str, serve: Callable[[WorkerConfig], RunningWorker], defaul
         set_cpu_threads(args.threads)
         running = serve(worker_config_from_args(args))
         print(f"{role} worker serving on {args.host}:{running.server.port}", flush=True)
-        wait_for_shutdown()
+        wait_for_shutdown(running.loop.dead)
+        if running.loop.dead.is_set():  # its requests already failed: nothing to drain
+            logging.getLogger(__name__).critical("exiting: %s", running.loop.dead_reason)
+            running.drain_timeout_s = 0.0
+            running.stop()
+            return 1
         logging.getLogger(__name__).info("draining and stopping")
         running.stop()
+        running.loop.shutdown_engine()
         return 0
     return add_arguments, run

@@ -75,7 +75,14 @@ class WorkerServicer:
     def close(self) -> None:
         """Release the servicer's own clients (kvstore connections)."""
 
+    def abort_if_engine_dead(self, context: grpc.ServicerContext) -> None:
+        """UNAVAILABLE once the engine cannot step (a tensor/pipeline rank died): the router
+        takes the request elsewhere, as from a worker that went away, and this one exits."""
+        if self.loop.dead.is_set() and context.is_active():
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"worker engine failed: {self.loop.dead_reason}")
+
     def _check_admission(self, context: grpc.ServicerContext) -> None:
+        self.abort_if_engine_dead(context)
         if self.draining:
             context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining")
         num_waiting = self.loop.stats.num_waiting

@@ -1,0 +1,101 @@
+"""What the driver sends its ranks, as typed binary messages (no pickle).
+
+A message starts with a fixed header on the rank's control pipe (its stdin); bulk data
+follows as tensors broadcast on the gloo group. The pipe carries the "what next" because
+a rank waits on it between steps for as long as the engine idles, which a collective
+with a timeout cannot do; and its end of file tells a rank that the driver is gone.
+
+    INIT        a = KV blocks to allocate
+    STEP        a = micro-batches, b = int64 payload length; then a x 7 shape fields,
+                then the payload broadcast (StepInputs.pack)
+    KV_IMPORT   a = blocks; then a block ids; then the blocks broadcast, whole (every
+                layer and KV head): each rank keeps its part
+    KV_EXPORT   a = blocks; then a block ids; each rank holding KV heads first sends its
+                part to the driver
+    SHUTDOWN
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import torch
+
+from engine.attention.backend import AttentionMetadata
+
+INIT, STEP, KV_IMPORT, KV_EXPORT, SHUTDOWN = 1, 2, 3, 4, 5
+HEADER = struct.Struct("<qqq")  # op, a, b
+_SHAPE_FIELDS = 7
+
+
+def write_message(pipe: BinaryIO, op: int, a: int = 0, b: int = 0, ints: list[int] = ()) -> None:
+    pipe.write(HEADER.pack(op, a, b) + struct.pack(f"<{len(ints)}q", *ints))
+    pipe.flush()
+
+
+def read_exact(pipe: BinaryIO, n: int) -> bytes | None:
+    """n bytes, or None at end of file (the driver is gone)."""
+    data = b""
+    while len(data) < n:
+        chunk = pipe.read(n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def read_ints(pipe: BinaryIO, n: int) -> list[int] | None:
+    data = read_exact(pipe, 8 * n)
+    return None if data is None else list(struct.unpack(f"<{n}q", data))
+
+
+@dataclass
+class StepInputs:
+    """One micro-batch's model inputs: what every rank needs to run its layers."""
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+    def shape_fields(self) -> list[int]:
+        m = self.meta
+        return [self.num_tokens, m.num_seqs, m.block_tables.shape[1], self.logits_indices.shape[0],
+                m.num_decodes, m.max_query_len, m.max_seq_len]
+
+    def pack(self) -> torch.Tensor:
+        m = self.meta
+        parts = [self.input_ids, self.positions, m.query_start_loc, m.seq_lens, m.block_tables.flatten(),
+                 m.slot_mapping, self.logits_indices]
+        return torch.cat([p.to(device="cpu", dtype=torch.int64) for p in parts])
+
+
+def pack_step(batches: list[StepInputs]) -> tuple[list[int], torch.Tensor]:
+    shapes = [f for b in batches for f in b.shape_fields()]
+    return shapes, torch.cat([b.pack() for b in batches])
+
+
+def unpack_step(shapes: list[int], payload: torch.Tensor, device: torch.device) -> list[StepInputs]:
+    batches, offset = [], 0
+    payload = payload.to(device)
+
+    def take(n: int, dtype: torch.dtype) -> torch.Tensor:
+        nonlocal offset
+        part = payload[offset:offset + n].to(dtype)
+        offset += n
+        return part
+
+    for i in range(0, len(shapes), _SHAPE_FIELDS):
+        tokens, seqs, max_blocks, logits, num_decodes, max_q, max_seq = shapes[i:i + _SHAPE_FIELDS]
+        input_ids, positions = take(tokens, torch.long), take(tokens, torch.long)
+        starts, seq_lens = take(seqs + 1, torch.int32), take(seqs, torch.int32)
+        tables = take(seqs * max_blocks, torch.int32).view(seqs, max_blocks)
+        slots = take(tokens, torch.int64)
+        meta = AttentionMetadata(num_decodes=num_decodes, query_start_loc=starts, seq_lens=seq_lens,
+                                 block_tables=tables, slot_mapping=slots, max_query_len=max_q, max_seq_len=max_seq)
+        batches.append(StepInputs(input_ids, positions, meta, take(logits, torch.long)))
+    return batches
