@@ -15,6 +15,7 @@ from services.common import defaults
 from services.common.security import (ClientSecurity, ServerSecurity, add_internal_client_arguments,
                                       add_internal_token_argument, add_server_tls_arguments,
                                       internal_client_security, internal_server_security)
+from services.worker.parallel_args import add_parallel_arguments, parallel_config_from_args
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, rol
     parser.add_argument("--speculative-config", type=speculative_config_arg, default=None, metavar="JSON",
                         help=SPECULATIVE_HELP[role])
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for this worker")
+    add_parallel_arguments(parser)
     parser.add_argument("--drain-timeout-s", type=float, default=_WORKER.drain_timeout_s,
                         help="on SIGTERM: how long in-flight requests may take to finish")
     add_internal_token_argument(parser)
@@ -90,7 +92,8 @@ def worker_config_from_args(args) -> WorkerConfig:
     engine = dataclasses.replace(_ENGINE, model=args.model, dtype=args.dtype, device=args.device,
                                  attention_backend=args.attention_backend, cache=cache, scheduler=scheduler,
                                  cuda_graph_batch_sizes=args.cuda_graph_batch_sizes,
-                                 speculative_config=args.speculative_config)
+                                 speculative_config=args.speculative_config,
+                                 parallel=parallel_config_from_args(args))
     return WorkerConfig(engine=engine, host=args.host, port=args.port, metrics_port=args.metrics_port,
                         kvstore_address=args.kvstore, kvstore_transport=args.kvstore_transport,
                         drain_timeout_s=args.drain_timeout_s, security=internal_server_security(args),

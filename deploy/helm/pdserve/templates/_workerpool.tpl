@@ -7,6 +7,10 @@ are what the router watches), HPA, PDB and NetworkPolicy. (dict "root" $ "role" 
 {{- $fullname := include "pdserve.fullname" $root -}}
 {{- $ctx := dict "root" $root "component" $role -}}
 {{- $name := printf "%s-%s" $fullname $role -}}
+{{- /* engine processes per pod (tensor x pipeline parallel): each takes `gpus` GPUs */ -}}
+{{- $ranks := mul (int $pool.tensorParallelSize) (int $pool.pipelineParallelSize) -}}
+{{- $gpus := mul (int $pool.gpus) $ranks -}}
+{{- $shm := or (gt $gpus 0) (gt $ranks 1) -}}
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -38,6 +42,9 @@ spec:
           imagePullPolicy: {{ $root.Values.image.pullPolicy }}
           args:
             {{- include "pdserve.workerArgs" (dict "root" $root "role" $role "pool" $pool) | nindent 12 }}
+            # after extraArgs: the GPUs asked for below are computed from these values, so they win
+            - --tensor-parallel-size={{ int $pool.tensorParallelSize }}
+            - --pipeline-parallel-size={{ int $pool.pipelineParallelSize }}
             {{- include "pdserve.securityArgs" $ctx | nindent 12 }}
           env:
             {{- include "pdserve.env" $root | nindent 12 }}
@@ -50,8 +57,8 @@ spec:
             {{- include "pdserve.preStop" (dict "root" $root "seconds" $pool.preStopSleepSeconds) | nindent 12 }}
           resources:
             {{- $resources := deepCopy $pool.resources }}
-            {{- if gt (int $pool.gpus) 0 }}
-            {{- $_ := set $resources "limits" (merge (dict "nvidia.com/gpu" (int $pool.gpus)) (default (dict) $resources.limits)) }}
+            {{- if gt $gpus 0 }}
+            {{- $_ := set $resources "limits" (merge (dict "nvidia.com/gpu" $gpus) (default (dict) $resources.limits)) }}
             {{- end }}
             {{- toYaml $resources | nindent 12 }}
           securityContext:
@@ -59,19 +66,21 @@ spec:
           volumeMounts:
             {{- include "pdserve.volumeMounts" $root | nindent 12 }}
             {{- include "pdserve.securityVolumeMounts" $ctx | nindent 12 }}
-            {{- if gt (int $pool.gpus) 0 }}
+            {{- if $shm }}
             - name: dshm
               mountPath: /dev/shm
             {{- end }}
       volumes:
         {{- include "pdserve.volumes" $root | nindent 8 }}
         {{- include "pdserve.securityVolumes" $ctx | nindent 8 }}
-        {{- if gt (int $pool.gpus) 0 }}
-        # torch and NCCL need more shared memory than the runtime's 64 MiB default
+        {{- if $shm }}
+        # torch and NCCL need more shared memory than the runtime's 64 MiB default, and the
+        # ranks of a tensor/pipeline parallel worker exchange data through it (NCCL's
+        # intra-node transport, torch's shared-memory tensors): 2Gi per rank
         - name: dshm
           emptyDir:
             medium: Memory
-            sizeLimit: 2Gi
+            sizeLimit: {{ mul 2 $ranks }}Gi
         {{- end }}
 ---
 apiVersion: v1
