@@ -26,7 +26,9 @@ from services.common.defaults import (DEFAULT_MODEL, DRAIN_TIMEOUT_S, HOST, KVST
 from services.common.auth import INTERNAL_TOKEN_ENV
 from services.common.grpc_server import is_serving
 from services.router.config import PathConfig, RouterConfig
+from services.worker.parallel_args import PIPELINE_PARALLEL_FLAGS, TENSOR_PARALLEL_FLAGS
 from cli.supervisor import Supervisor
+from cli.autoscale import AutoscaleConfig, autoscaler_for, router_discovery_args, write_planned_discovery
 
 ROUTER = "router"
 KVSTORE = "kvstore"
@@ -57,6 +59,7 @@ class PlatformConfig:
     # every process of this platform requires (and sends) it on the internal ports; fresh
     # per platform, handed over in the environment (never argv: `ps` shows that to everyone)
     internal_token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
+    autoscale: AutoscaleConfig | None = None  # --autoscale: the router follows a discovery file (cli/autoscale.py)
 
 
 @dataclass
@@ -69,15 +72,33 @@ class ProcessSpec:
     env: dict[str, str] = field(default_factory=dict, repr=False)  # on top of the launcher's own
 
 
-def split_cpus(available: list[int], num_workers: int, per_worker: int | None) -> list[list[int]]:
+def split_cpus(available: list[int], num_workers: int, per_worker: int | None,
+               ranks: list[int] | None = None) -> list[list[int]]:
     """Cores for each worker: an even split by default, `per_worker` each when given
-    (wrapping around when the machine has fewer cores than asked for)."""
+    (wrapping around when the machine has fewer cores than asked for). A worker of
+    ranks[w] processes (tensor x pipeline parallel) counts as that many single-rank
+    workers: it gets ranks[w] times the cores, each core at most once."""
     if num_workers == 0:
         return []
+    ranks = ranks or [1] * num_workers
     if per_worker is None:
-        per_worker = max(1, len(available) // num_workers)
-    return [[available[(w * per_worker + i) % len(available)] for i in range(per_worker)]
-            for w in range(num_workers)]
+        per_worker = max(1, len(available) // sum(ranks))
+    starts = [per_worker * sum(ranks[:w]) for w in range(num_workers)]
+    return [list(dict.fromkeys(available[(start + i) % len(available)] for i in range(per_worker * r)))
+            for start, r in zip(starts, ranks)]
+
+
+def worker_ranks(argv: list[str] | tuple[str, ...]) -> int:
+    """How many processes a worker's command line runs: tensor x pipeline parallel size,
+    each flag's last value winning, as argparse reads it (a bad value: the worker refuses it)."""
+    def last(flags: tuple[str, ...]) -> int:
+        value = "1"
+        for i, arg in enumerate(argv):
+            name, eq, inline = arg.partition("=")
+            if name in flags:
+                value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "1")
+        return int(value) if value.isdigit() and int(value) > 0 else 1
+    return last(TENSOR_PARALLEL_FLAGS) * last(PIPELINE_PARALLEL_FLAGS)
 
 
 def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
@@ -89,7 +110,9 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
                                      "--metrics-port", str(cfg.metrics_base_port), *ucx], kvstore,
                          cfg.metrics_base_port)]
     roles = ["prefill"] * cfg.num_prefill + ["decode"] * cfg.num_decode
-    cpu_sets = split_cpus(available_cpus, len(roles), cfg.cpus_per_worker)
+    pool_args = {"prefill": (*cfg.worker_args, *cfg.prefill_args), "decode": (*cfg.worker_args, *cfg.decode_args)}
+    cpu_sets = split_cpus(available_cpus, len(roles), cfg.cpus_per_worker,
+                          [worker_ranks(pool_args[role]) for role in roles])
     addresses: dict[str, list[str]] = {"prefill": [], "decode": []}
     for i, (role, cpus) in enumerate(zip(roles, cpu_sets)):
         port, metrics_port = cfg.worker_base_port + i, cfg.metrics_base_port + 1 + i
@@ -109,6 +132,7 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     if addresses["prefill"]:  # none: colocated, the decode workers prefill every prompt
         router += ["--prefill", ",".join(addresses["prefill"])]
     router += ["--http-port", "off" if cfg.http_port is None else str(cfg.http_port), *cfg.router_args]
+    router += router_discovery_args(cfg.autoscale)
     specs.append(ProcessSpec(ROUTER, router, f"{cfg.host}:{cfg.router_port}", router_metrics))
     for spec in specs:
         spec.env[INTERNAL_TOKEN_ENV] = cfg.internal_token
@@ -173,6 +197,18 @@ class Platform:
         self.procs[name] = self._spawn(spec)
         return self.procs[name]
 
+    def launch(self, spec: ProcessSpec) -> subprocess.Popen:
+        """Start a process that was not planned (a worker the autoscaler adds)."""
+        self.specs.append(spec)
+        self.procs[spec.name] = self._spawn(spec)
+        return self.procs[spec.name]
+
+    def remove(self, name: str) -> None:
+        """Forget a process that has exited for good (a worker the autoscaler drained)."""
+        self.specs = [s for s in self.specs if s.name != name]
+        self.procs.pop(name, None)
+        self.started.pop(name, None)
+
     def serving(self, name: str) -> bool:
         """Whether `name` says SERVING on its gRPC health service (the router: ready)."""
         return is_serving(next(s for s in self.specs if s.name == name).address, timeout=0.5)
@@ -198,7 +234,10 @@ class Platform:
 
 
 def run_platform(cfg: PlatformConfig) -> int:
-    platform = Platform(plan(cfg, sorted(os.sched_getaffinity(0))))
+    cpus = sorted(os.sched_getaffinity(0))
+    platform = Platform(plan(cfg, cpus))
+    if cfg.autoscale is not None:
+        write_planned_discovery(cfg.autoscale, platform.specs)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -206,8 +245,10 @@ def run_platform(cfg: PlatformConfig) -> int:
         platform.start(cfg.startup_timeout_s)
         _print_endpoints(platform, cfg)
         supervisor = Supervisor(platform)  # from now on a process that dies is restarted
+        autoscaler = autoscaler_for(cfg, platform, supervisor, plan, cpus, STOP_GRACE_S)
         while not stop.is_set():
             supervisor.tick()
+            autoscaler.tick()
             if ROUTER in supervisor.gave_up:  # every request enters through it
                 print("pdserve up: error: the router stays down, nothing can serve; stopping all", file=sys.stderr)
                 return 1

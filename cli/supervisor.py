@@ -65,6 +65,14 @@ class Supervisor:
     def num_restarts(self, name: str) -> int:
         return self._states[name].num_restarts
 
+    def watch(self, name: str) -> None:
+        """Supervise a process started after this supervisor (a worker the autoscaler added)."""
+        self._states[name] = _State(self._clock())
+
+    def forget(self, name: str) -> None:
+        """Stop supervising `name`: it is being stopped on purpose (drained), not dying."""
+        self._states.pop(name, None)
+
     def tick(self) -> None:
         """Notice deaths, start what is due. Call it every few hundred ms."""
         now = self._clock()

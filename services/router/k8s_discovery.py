@@ -206,9 +206,13 @@ def kubernetes_discovery(namespace: str | None, prefill_selector: str, decode_se
 
 def add_discovery_arguments(parser: argparse.ArgumentParser) -> None:
     """The router's discovery flags (`pdserve router`)."""
-    parser.add_argument("--discovery", choices=["static", "kubernetes"], default="static",
-                        help="where the workers come from: the --prefill/--decode lists (static, the default) "
-                             "or the ready endpoints of Kubernetes EndpointSlices (kubernetes)")
+    parser.add_argument("--discovery", choices=["static", "kubernetes", "file"], default="static",
+                        help="where the workers come from: the --prefill/--decode lists (static, the default), "
+                             "the ready endpoints of Kubernetes EndpointSlices (kubernetes), or a JSON file "
+                             "another process rewrites (file: --discovery-file, `pdserve up --autoscale`)")
+    parser.add_argument("--discovery-file", default="", metavar="PATH",
+                        help='with --discovery file: {"prefill": ["host:port", ..], "decode": [..]}, '
+                             "read again whenever it changes (services/router/file_discovery.py)")
     parser.add_argument("--namespace", default=None,
                         help="with --discovery kubernetes: the workers' namespace (default: the router pod's own)")
     parser.add_argument("--prefill-selector", default="", metavar="LABELS",
@@ -222,8 +226,13 @@ def add_discovery_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --discovery kubernetes: seconds between full re-lists of the EndpointSlices")
 
 
-def discovery_from_args(args: argparse.Namespace) -> KubernetesDiscovery | None:
-    """The Kubernetes discovery the flags ask for (not started), or None for the static lists."""
+def discovery_from_args(args: argparse.Namespace) -> Discovery | None:
+    """The discovery the flags ask for (not started), or None for the static lists."""
+    if args.discovery == "file":
+        if not args.discovery_file:
+            raise ValueError("--discovery-file: a path is needed with --discovery file")
+        from services.router.file_discovery import FileDiscovery
+        return FileDiscovery(args.discovery_file)
     if args.discovery != "kubernetes":
         return None
     return kubernetes_discovery(args.namespace, args.prefill_selector, args.decode_selector,
