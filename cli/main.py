@@ -7,6 +7,7 @@ import json
 import shlex
 import sys
 
+from cli.autoscale import add_autoscale_arguments, autoscale_config_from_args
 from cli.launcher import PlatformConfig, run_platform
 from cli.structured_args import add_structured_arguments, structured_from_args
 from engine.config import DEFAULT_MODEL, EngineConfig
@@ -15,6 +16,7 @@ from services.router.config import DEFAULT_SLO_CLASS
 from services.router.main import port_or_off
 from services.router.paths import PATH_POLICIES
 from services.worker.config import speculative_config_arg
+from services.worker.parallel_args import add_parallel_arguments, parallel_config_from_args, positive_int
 
 
 def _generate_parser(sub) -> None:
@@ -37,6 +39,7 @@ def _generate_parser(sub) -> None:
     p.add_argument("--url", default=None, help="a router's gRPC address (host:port): stream through the platform")
     p.add_argument("--slo-class", default=DEFAULT_SLO_CLASS, help="with --url: the request's SLO class")
     add_structured_arguments(p)
+    add_parallel_arguments(p)
     p.set_defaults(func=_run_generate)
 
 
@@ -50,7 +53,11 @@ def _run_generate(args) -> int:
     if args.url:
         from cli.remote_generate import generate_remote
         return generate_remote(args, params)
-    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, attention_backend=args.attention_backend)
+    parallel = parallel_config_from_args(args)
+    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
+              tensor_parallel_size=parallel.tensor_parallel_size,
+              pipeline_parallel_size=parallel.pipeline_parallel_size,
+              pipeline_layer_split=parallel.pipeline_layer_split, collective_timeout_s=parallel.collective_timeout_s)
     if args.chat:
         out = llm.chat([{"role": "user", "content": args.prompt}], params)[0]
     else:
@@ -98,10 +105,17 @@ def _up_parser(sub) -> None:
                    help="speculative decoding on the decode workers (colocated ones too; prefill workers never "
                         "speculate), vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
                         "(see `pdserve decode --help`)")
+    for pool in ("prefill", "decode"):  # after --worker-args on that pool's command lines (colocated: decode)
+        p.add_argument(f"--{pool}-tensor-parallel-size", type=positive_int, default=1, metavar="T",
+                       help=f"tensor parallel ranks of each {pool} worker")
+        p.add_argument(f"--{pool}-pipeline-parallel-size", type=positive_int, default=1, metavar="P",
+                       help=f"pipeline stages of each {pool} worker (it runs T x P processes, with T x P "
+                            "times the cores of a single-process worker)")
     p.add_argument("--worker-args", default="",
                    help="extra arguments for every worker, one string (e.g. '--no-chunked-prefill')")
     p.add_argument("--router-args", default="",
                    help="extra arguments for the router, one string (e.g. '--slo-config slo.json')")
+    add_autoscale_arguments(p)  # --autoscale, --autoscale-values, --autoscale-sync-s
     p.set_defaults(func=_run_up)
 
 
@@ -118,7 +132,16 @@ def _run_up(args) -> int:
         path_policy=args.path_policy, short_prompt_tokens=args.short_prompt_tokens,
         kv_transport=args.kv_transport,
         worker_args=tuple(shlex.split(args.worker_args)), router_args=tuple(shlex.split(args.router_args)),
-        decode_args=_speculative_args(args.speculative_config)))
+        prefill_args=_parallel_args(args, "prefill"),
+        decode_args=_speculative_args(args.speculative_config) + _parallel_args(args, "decode"),
+        autoscale=autoscale_config_from_args(args)))
+
+
+def _parallel_args(args, pool: str) -> tuple[str, ...]:
+    """A pool's --tensor/--pipeline-parallel-size, when not 1 (a size given in --worker-args then stands)."""
+    sizes = {"--tensor-parallel-size": getattr(args, f"{pool}_tensor_parallel_size"),
+             "--pipeline-parallel-size": getattr(args, f"{pool}_pipeline_parallel_size")}
+    return tuple(arg for flag, size in sizes.items() if size != 1 for arg in (flag, str(size)))
 
 
 def _speculative_args(spec) -> tuple[str, ...]:
@@ -140,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     _service_parser(sub, "router", "run the router", "services.router.main")
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
     _service_parser(bench, "serve", "benchmark a serving endpoint (router gRPC or OpenAI HTTP)", "cli.bench.main")
+    _service_parser(sub, "profile", "measure step and KV transfer costs for the simulator", "sim.measure")
+    _service_parser(sub, "sim", "simulate a cluster on a Mooncake trace", "sim.main")
+    _service_parser(sub, "plan", "recommend prefill:decode pool sizes from simulations", "sim.plan")
     return parser
 
 

@@ -1,0 +1,3 @@
+"""A discrete-event simulator of a pdserve cluster: the router's own policy code, prefill
+and decode pools (the engine's scheduler rules, step costs from a measured profile), the
+KV hand-off, and HPA autoscaling; `pdserve sim`, `pdserve profile`, `pdserve plan`."""

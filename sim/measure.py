@@ -1,0 +1,183 @@
+"""`pdserve profile`: measure a Profile (sim/profile.py) on the machine at hand, with the
+real engine (EngineCore.step, as a worker runs it) and a real kvstore (the client's
+put_blocks / get_blocks, as the prefill and decode workers move KV):
+
+    prefill   one step computing T prompt tokens (T/threshold prompts, each one chunk)
+    decode    steps where B sequences of context C all decode, nothing prefills
+    kv        put_blocks then get_blocks of N blocks of the model's KV shape
+
+Each point is the median of a few repeats. The grids are flags; the defaults take a
+couple of minutes for SmolLM2 on one CPU core (a `pdserve up` worker's share here).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import time
+
+from sim.profile import Profile, SchedulerLimits, Table1D, save_profile
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from engine.config import DEFAULT_MODEL
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--out", required=True, help="the profile JSON to write")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (a worker's --threads)")
+    p.add_argument("--prefill-tokens", type=_ints, default=(16, 64, 256, 512, 1024, 2048))
+    p.add_argument("--batch-sizes", type=_ints, default=(1, 4, 16, 32))
+    p.add_argument("--contexts", type=_ints, default=(32, 256, 1024))
+    p.add_argument("--kv-blocks", type=_ints, default=(1, 4, 16, 64))
+    p.add_argument("--repeats", type=int, default=3)
+
+
+def run(args) -> int:
+    if args.threads < 1:
+        raise ValueError(f"--threads: must be >= 1, got {args.threads}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats: must be >= 1, got {args.repeats}")
+    profile = measure(args.model, args.threads, args.prefill_tokens, args.batch_sizes, args.contexts,
+                      args.kv_blocks, args.repeats)
+    save_profile(profile, args.out)
+    print(f"wrote {args.out} ({profile.source})")
+    return 0
+
+
+def measure(model: str, threads: int, prefill_tokens, batch_sizes, contexts, kv_blocks, repeats: int) -> Profile:
+    import torch
+    from engine import LLM
+    torch.set_num_threads(threads)
+    engine = LLM(model, progress=False).engine
+    sched = engine.scheduler.config
+    limits = SchedulerLimits(sched.max_num_seqs, sched.max_num_batched_tokens, sched.long_prefill_token_threshold,
+                             engine.kv_manager.block_size, engine.kv_manager.pool.num_blocks)
+    ids = _Prompts(engine.info.vocab_size)
+    _prefill_step(engine, ids, 64, limits)  # untimed: first calls pay one-off costs
+    _decode_step(engine, ids, 2, 32, 1)
+    prefill = Table1D(tuple(map(float, prefill_tokens)),
+                      tuple(_median(repeats, lambda: _prefill_step(engine, ids, t, limits)) for t in prefill_tokens))
+    decode = tuple(tuple(_decode_step(engine, ids, b, c, repeats) for c in contexts) for b in batch_sizes)
+    block_shape = engine.info.kv_block_shape
+    element = torch.empty((), dtype=engine.dtype).element_size()
+    put, get = _kv_tables(block_shape, engine.dtype, kv_blocks, repeats)
+    per_token = element * _prod(block_shape) // limits.block_size
+    return Profile(source=f"measured on {socket.gethostname()} ({os.cpu_count()} CPUs, {threads} torch thread(s), "
+                          f"{time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f})",
+                   model=model, prefill=prefill, decode_batch_sizes=tuple(batch_sizes),
+                   decode_contexts=tuple(contexts), decode_s=decode, kv_put=put, kv_get=get,
+                   kv_bytes_per_token=per_token, scheduler=limits)
+
+
+class _Prompts:
+    """Distinct random prompts (no prefix-cache hits between measurements)."""
+
+    def __init__(self, vocab_size: int):
+        import random
+        self.rng, self.vocab, self.n = random.Random(0), vocab_size, 0
+
+    def take(self, num_tokens: int) -> list[int]:
+        return [self.rng.randrange(100, self.vocab) for _ in range(num_tokens)]
+
+    def req_id(self) -> str:
+        self.n += 1
+        return f"profile-{self.n}"
+
+
+def _median(repeats: int, fn) -> float:
+    return statistics.median(fn() for _ in range(repeats))
+
+
+def _prefill_step(engine, ids: _Prompts, num_tokens: int, limits: SchedulerLimits) -> float:
+    """One step that computes `num_tokens` prompt tokens (each prompt one chunk)."""
+    from engine import SamplingParams
+    n = -(-num_tokens // limits.long_prefill_token_threshold)
+    sizes = [num_tokens // n + (1 if i < num_tokens % n else 0) for i in range(n)]
+    req_ids = [ids.req_id() for _ in sizes]
+    for req_id, size in zip(req_ids, sizes):
+        engine.add_request(req_id, ids.take(size), SamplingParams(max_tokens=1, ignore_eos=True))
+    start = time.perf_counter()
+    engine.step()
+    seconds = time.perf_counter() - start
+    _drain(engine, req_ids)
+    return seconds
+
+
+def _decode_step(engine, ids: _Prompts, batch: int, context: int, repeats: int) -> float:
+    """Median time of steps where `batch` sequences of about `context` tokens decode."""
+    from engine import SamplingParams
+    req_ids = [ids.req_id() for _ in range(batch)]
+    for req_id in req_ids:
+        engine.add_request(req_id, ids.take(context), SamplingParams(max_tokens=repeats + 64, ignore_eos=True))
+    while engine.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens
+                                          for r in engine.scheduler.running):
+        engine.step()
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    _drain(engine, req_ids)
+    return statistics.median(times[1:])  # the first may still hold the last prefill's sampling
+
+
+def _drain(engine, req_ids) -> None:
+    for req_id in req_ids:
+        engine.abort_request(req_id)
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def _prod(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def _kv_tables(block_shape, dtype, kv_blocks, repeats: int) -> tuple[Table1D, Table1D]:
+    """put_blocks and get_blocks times by bytes, through a real in-process kvstore."""
+    import torch
+    from engine.dtypes import dtype_name
+    from engine.kv_transfer import KVLayout, KVPayload
+    from services.kvstore.client import KVStoreClient
+    from services.kvstore.server import KVStoreConfig, serve
+    from services.worker.kv_wire import payload_from_batches, payload_to_put
+    largest = max(kv_blocks) * _prod(block_shape) * torch.empty((), dtype=dtype).element_size()
+    store = serve(KVStoreConfig(port=0, capacity_bytes=4 * largest * (repeats + 2), metrics_port=None))
+    client = KVStoreClient(store.address)
+    layout = KVLayout.of("profile", dtype_name(dtype), tuple(block_shape))
+    xs, puts, gets = [], [], []
+    try:
+        for n in kv_blocks:
+            put_t, get_t = [], []
+            for r in range(repeats + 1):
+                payload = KVPayload(n * block_shape[2], torch.randn((n, *block_shape)).to(dtype),
+                                    [os.urandom(32) for _ in range(n)])
+                t = time.perf_counter()
+                headers, data = payload_to_put(payload, layout, tail_key="")
+                client.put_blocks(headers, data)
+                t1 = time.perf_counter()
+                got = payload_from_batches(client.get_blocks(payload.block_hashes), payload.block_hashes, layout)
+                t2 = time.perf_counter()
+                assert got.payload is not None and got.payload.num_blocks == n
+                if r:  # the first of each size warms the connection up
+                    put_t.append(t1 - t)
+                    get_t.append(t2 - t1)
+            xs.append(float(n * _prod(block_shape) * payload.blocks.element_size()))
+            puts.append(statistics.median(put_t))
+            gets.append(statistics.median(get_t))
+    finally:
+        client.close()
+        store.stop()
+    return Table1D(tuple(xs), tuple(puts)), Table1D(tuple(xs), tuple(gets))

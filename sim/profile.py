@@ -1,0 +1,155 @@
+"""A worker's per-step costs, as the simulator reads them: prefill step time by tokens,
+decode step time by batch size and context, KV put/get time by bytes, and the scheduler
+limits of the worker it describes. Piecewise-linear interpolation between the measured
+points (linear extrapolation past the last), so a profile is a few small tables.
+
+A mixed step (prefill chunks and decodes together, as the engine runs them) costs
+
+    step_s(p, b, c) = prefill(p + b) + max(0, decode(b, c) - decode(b, c_min))
+
+the decodes ride in the flat batch as b more tokens, plus the attention over their
+context beyond the shortest measured one (the part a prefill table does not hold).
+
+`source` says where the numbers come from: "measured on <host> ..." (`pdserve profile`)
+or "hand-written from published numbers: <reference>".
+"""
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Table1D:
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+
+    def __post_init__(self):
+        if len(self.xs) < 1 or len(self.xs) != len(self.ys) or list(self.xs) != sorted(set(self.xs)):
+            raise ValueError(f"table: needs increasing distinct xs and as many ys, got {self.xs} / {self.ys}")
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if len(xs) == 1:
+            return ys[0] * (x / xs[0] if xs[0] else 1.0)
+        i = min(max(bisect.bisect_right(xs, x) - 1, 0), len(xs) - 2)
+        x0, x1 = xs[i], xs[i + 1]
+        y = ys[i] + (ys[i + 1] - ys[i]) * (x - x0) / (x1 - x0)
+        return max(y, 0.0)
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """The engine settings the profile was measured with (engine/config.py SchedulerConfig)."""
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 512
+    block_size: int = 16
+    num_kv_blocks: int = 4096
+
+
+@dataclass(frozen=True)
+class Profile:
+    source: str
+    model: str
+    prefill: Table1D                       # tokens in one step -> s
+    decode_batch_sizes: tuple[int, ...]
+    decode_contexts: tuple[int, ...]
+    decode_s: tuple[tuple[float, ...], ...]  # [batch i][context j] -> s per step
+    kv_put: Table1D                        # bytes -> s (the prefill worker's write)
+    kv_get: Table1D                        # bytes -> s (the decode worker's read)
+    kv_bytes_per_token: int
+    scheduler: SchedulerLimits = SchedulerLimits()
+    request_overhead_s: float = 0.0        # fixed per call (gRPC, router): added to TTFT
+
+    def __post_init__(self):
+        if len(self.decode_s) != len(self.decode_batch_sizes) or any(
+                len(row) != len(self.decode_contexts) for row in self.decode_s):
+            raise ValueError("profile: field 'decode.seconds' must be a batch_sizes x contexts table")
+        # per context, a table over batch sizes (bilinear interpolation = two 1-D steps)
+        rows = [Table1D(tuple(map(float, self.decode_batch_sizes)), tuple(self.decode_s[i][j]
+                        for i in range(len(self.decode_batch_sizes)))) for j in range(len(self.decode_contexts))]
+        object.__setattr__(self, "_by_context", rows)
+
+    def prefill_s(self, num_tokens: int) -> float:
+        return self.prefill(num_tokens)
+
+    def decode_step_s(self, batch: int, context: float) -> float:
+        ctxs, rows = self.decode_contexts, self._by_context
+        at = [row(batch) for row in rows]
+        return Table1D(tuple(map(float, ctxs)), tuple(at))(context) if len(ctxs) > 1 else at[0]
+
+    def step_s(self, num_prefill_tokens: int, num_decodes: int, mean_context: float) -> float:
+        if num_prefill_tokens == 0:
+            return self.decode_step_s(num_decodes, mean_context) if num_decodes else 0.0
+        extra = 0.0
+        if num_decodes:
+            extra = max(0.0, self.decode_step_s(num_decodes, mean_context)
+                        - self.decode_step_s(num_decodes, self.decode_contexts[0]))
+        return self.prefill_s(num_prefill_tokens + num_decodes) + extra
+
+    def handoff_s(self, num_tokens: int) -> float:
+        """The KV of `num_tokens` prompt tokens written by the prefill and read by the decode."""
+        num_bytes = num_tokens * self.kv_bytes_per_token
+        return self.kv_put(num_bytes) + self.kv_get(num_bytes)
+
+    # ---- JSON ------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {"source": self.source, "model": self.model,
+                "prefill": {"tokens": list(self.prefill.xs), "seconds": list(self.prefill.ys)},
+                "decode": {"batch_sizes": list(self.decode_batch_sizes), "contexts": list(self.decode_contexts),
+                           "seconds": [list(r) for r in self.decode_s]},
+                "kv_put": {"bytes": list(self.kv_put.xs), "seconds": list(self.kv_put.ys)},
+                "kv_get": {"bytes": list(self.kv_get.xs), "seconds": list(self.kv_get.ys)},
+                "kv_bytes_per_token": self.kv_bytes_per_token, "scheduler": asdict(self.scheduler),
+                "request_overhead_s": self.request_overhead_s}
+
+
+def profile_from_json(raw: dict, where: str = "profile") -> Profile:
+    """A Profile from its JSON; a missing or bad field raises ValueError naming it."""
+    def field(path: str):
+        node = raw
+        for key in path.split("."):
+            if not isinstance(node, dict) or key not in node:
+                raise ValueError(f"{where}: missing field '{path}'")
+            node = node[key]
+        return node
+
+    def table(name: str, x: str) -> Table1D:
+        xs, ys = field(f"{name}.{x}"), field(f"{name}.seconds")
+        try:
+            return Table1D(tuple(float(v) for v in xs), tuple(float(v) for v in ys))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: field '{name}': {e}") from None
+
+    source = field("source")
+    if not isinstance(source, str) or not source.startswith(("measured on ", "hand-written from published numbers")):
+        raise ValueError(f"{where}: field 'source' must start with 'measured on ' or "
+                         f"'hand-written from published numbers', got {source!r}")
+    try:
+        scheduler = SchedulerLimits(**raw.get("scheduler", {}))
+    except TypeError as e:
+        raise ValueError(f"{where}: field 'scheduler': {e}") from None
+    return Profile(source=source, model=str(raw.get("model", "")), prefill=table("prefill", "tokens"),
+                   decode_batch_sizes=tuple(int(b) for b in field("decode.batch_sizes")),
+                   decode_contexts=tuple(int(c) for c in field("decode.contexts")),
+                   decode_s=tuple(tuple(float(v) for v in row) for row in field("decode.seconds")),
+                   kv_put=table("kv_put", "bytes"), kv_get=table("kv_get", "bytes"),
+                   kv_bytes_per_token=int(field("kv_bytes_per_token")), scheduler=scheduler,
+                   request_overhead_s=float(raw.get("request_overhead_s", 0.0)))
+
+
+def load_profile(path: str) -> Profile:
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--profile: cannot read {path} ({e})") from None
+    return profile_from_json(raw, where=path)
+
+
+def save_profile(profile: Profile, path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(profile.to_json(), f, indent=1)
+        f.write("\n")

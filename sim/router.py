@@ -1,0 +1,99 @@
+"""The router's decisions in the simulator, made by the router's own code: the path
+policy (services/router/server.py path_policy), each pool's placement policy
+(services/router/placement.py placement_policies) and the saturation rule
+(services/router/policy.py SaturationPolicy), over WorkerView snapshots as the router's
+registry keeps them: each worker's load as last polled (every poll_interval_s) plus this
+router's own in-flight counters, updated at once on reserve and release.
+
+Not modelled: the KV index (an empty one: placement sees no worker's prefix, so "kv"
+placement decides by load alone), gRPC failures and retries, migrations.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+
+from services.router.config import RouterConfig
+from services.router.discovery import DECODE, PREFILL
+from services.router.kv_index import KVIndex
+from services.router.paths import PathChoice, PoolsNow
+from services.router.placement import placement_policies
+from services.router.policy import SaturationPolicy
+from services.router.server import path_policy
+from services.router.workers import WorkerView
+from sim.trace import TRACE_BLOCK_SIZE
+
+
+class PromptTokens(Sequence):
+    """A prompt's token ids, made up on demand from its trace hash ids (the same ids give
+    the same tokens, so prefix affinity sees shared prefixes) without building the list."""
+
+    def __init__(self, num_tokens: int, hash_ids: tuple[int, ...], salt: int):
+        self.num_tokens, self.hash_ids, self.salt = num_tokens, hash_ids, salt
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.num_tokens))]
+        if not -self.num_tokens <= i < self.num_tokens:
+            raise IndexError(i)
+        i %= self.num_tokens
+        block = i // TRACE_BLOCK_SIZE
+        owner = self.hash_ids[block] if block < len(self.hash_ids) else -1 - self.salt
+        return 100 + (owner * 7919 + i * 104729) % 30000
+
+
+class SimRouter:
+    def __init__(self, cfg: RouterConfig, colocated: bool):
+        self.cfg = cfg
+        self.paths = path_policy(cfg, colocated)
+        self.reasons: Counter = Counter()
+        self.policies = placement_policies(cfg, KVIndex(), colocated,
+                                           count=lambda pool, reason: self.reasons.update([(pool, reason)]))
+        self.saturation = SaturationPolicy(cfg.saturation)
+        self.views: dict[str, dict[str, WorkerView]] = {PREFILL: {}, DECODE: {}}
+        self.path_counts: Counter = Counter()
+
+    def set_workers(self, pool: str, addresses: Sequence[str]) -> None:
+        """Discovery: keep known workers' views, add new ones (down until polled), drop the rest."""
+        old = self.views[pool]
+        self.views[pool] = {a: old.get(a, WorkerView(a)) for a in addresses}
+
+    def report(self, pool: str, address: str, load: dict) -> None:
+        """A poll's answer (the worker's GetLoad), keeping this router's own counters."""
+        v = self.views[pool].get(address)
+        if v is not None:
+            self.views[pool][address] = WorkerView(address, True, **load, in_flight=v.in_flight,
+                                                   in_flight_tokens=v.in_flight_tokens)
+
+    def choose_path(self, num_prompt_tokens: int, slo_class: str) -> PathChoice:
+        pools = PoolsNow(self._up(PREFILL), self._up(DECODE), True)
+        choice = self.paths.choose(num_prompt_tokens, slo_class, pools)
+        self.path_counts[(choice.path, choice.reason)] += 1
+        return choice
+
+    def place(self, pool: str, prompt: Sequence[int], num_prefill_tokens: int) -> tuple[str, int] | None:
+        """(address, tokens reserved) of the worker the pool's policy chooses among the
+        unsaturated ones, reserved as Pool._pick does; None: all saturated (it waits)."""
+        candidates = [w for w in self._up(pool) if not self.saturation.is_saturated(w)]
+        chosen = self.policies[pool].place(candidates, prompt)
+        if chosen is None:
+            return None
+        tokens = max(0, num_prefill_tokens - chosen.num_cached_tokens)
+        self._add(pool, chosen.worker.address, 1, tokens)
+        return chosen.worker.address, tokens
+
+    def release(self, pool: str, address: str, tokens: int) -> None:
+        self._add(pool, address, -1, -tokens)
+
+    def _up(self, pool: str) -> list[WorkerView]:
+        return [w for w in self.views[pool].values() if w.up]
+
+    def _add(self, pool: str, address: str, requests: int, tokens: int) -> None:
+        v = self.views[pool].get(address)
+        if v is not None:
+            self.views[pool][address] = replace(v, in_flight=v.in_flight + requests,
+                                                in_flight_tokens=v.in_flight_tokens + tokens)

@@ -1,0 +1,100 @@
+"""The simulator on tiny traces whose answers are known in closed form."""
+from dataclasses import replace
+
+import pytest
+
+import services.router.policy as router_policy
+from services.router.config import PathConfig, RouterConfig
+from sim.cluster import ClusterConfig, simulate
+from sim.metrics import summarize
+from sim.trace import TraceRequest
+from tests.sim.helpers import flat_profile
+
+THRESHOLD_ALL_POOL = RouterConfig(paths=PathConfig(policy="threshold"), short_prompt_tokens=0)
+
+
+def one(n_in, n_out, t=0.0, hash_ids=()):
+    return TraceRequest(t, n_in, n_out, hash_ids)
+
+
+def test_one_request_colocated_ttft_is_its_prefill_and_itl_its_decode_step():
+    p = flat_profile()
+    [r] = simulate([one(100, 4)], p, ClusterConfig(0, 1))
+    assert r.first_s - r.arrival_s == pytest.approx(p.prefill_s(100))
+    assert r.itls == pytest.approx([p.decode_step_s(1, 100)] * 3)
+
+
+def test_long_prompt_is_chunked_by_the_threshold():
+    p = flat_profile(long_prefill_token_threshold=512)
+    [r] = simulate([one(1200, 1)], p, ClusterConfig(0, 1))
+    assert r.first_s == pytest.approx(p.prefill_s(512) * 2 + p.prefill_s(176))
+
+
+def test_disaggregated_pays_the_handoff_before_the_second_token():
+    p = flat_profile(long_prefill_token_threshold=2048)
+    [r] = simulate([one(1000, 3)], p, ClusterConfig(1, 1, THRESHOLD_ALL_POOL))
+    assert r.path == "disaggregated" and r.workers == ["prefill-0", "decode-0"]
+    assert r.first_s == pytest.approx(p.prefill_s(1000))
+    # the decode computes the first token's KV and samples the second
+    assert r.itls[0] == pytest.approx(p.handoff_s(1000) + p.decode_step_s(1, 1000))
+    assert r.itls[1] == pytest.approx(p.decode_step_s(1, 1001))
+
+
+def test_second_request_queues_behind_the_first_within_the_token_budget():
+    p = flat_profile(max_num_batched_tokens=512, long_prefill_token_threshold=512)
+    a, b = simulate([one(500, 1), one(500, 1, t=0.001)], p, ClusterConfig(0, 1))
+    assert b.first_s - b.arrival_s == pytest.approx(2 * p.prefill_s(500) - 0.001)
+
+
+def test_shared_prefix_is_reused_from_the_local_cache():
+    p = flat_profile()
+    a, b = simulate([one(1100, 1, hash_ids=(1, 2, 3)), one(1100, 1, t=5.0, hash_ids=(1, 2, 4))], p,
+                    ClusterConfig(0, 1))
+    assert b.first_s - b.arrival_s == pytest.approx(p.prefill_s(1100 - 1024))
+
+
+def test_saturation_queues_grow_and_the_router_refuses_past_max_queue():
+    p = flat_profile(max_num_seqs=4)
+    trace = [one(200, 200, t=i * 0.01) for i in range(300)]  # far beyond 4 seqs x 1/(25 ms) per token
+    reqs = simulate(trace, p, ClusterConfig(0, 1))
+    s = summarize(reqs, slo_ttft_s=1.0, slo_tpot_s=0.1)
+    assert s["rejected"] > 0  # waited past the interactive class's max_queue_ms in the router
+    done = [r for r in reqs if not r.rejected]
+    assert done[-1].first_s - done[-1].arrival_s > 10 * (done[0].first_s - done[0].arrival_s)
+    assert s["slo_attainment"] < 0.5
+
+
+def test_light_load_meets_every_slo():
+    p = flat_profile()
+    reqs = simulate([one(100, 10, t=i * 1.0) for i in range(20)], p, ClusterConfig(0, 2))
+    s = summarize(reqs, slo_ttft_s=0.1, slo_tpot_s=0.05, num_workers=2)
+    assert s["slo_attainment"] == 1.0 and s["rejected"] == 0
+    assert s["goodput_rps"] == pytest.approx(20 / s["duration_s"])
+
+
+def test_the_routers_own_policy_code_decides(monkeypatch):
+    """Change the router's decode score: the simulated placement follows it."""
+    p = flat_profile()
+    cfg = ClusterConfig(0, 3, RouterConfig(placement="least_loaded"))
+    trace = [one(100, 50, t=i * 0.05) for i in range(9)]
+    spread = {r.workers[0] for r in simulate(trace, p, cfg)}
+    assert spread == {"decode-0", "decode-1", "decode-2"}
+    monkeypatch.setattr(router_policy, "decode_score", lambda w: -int(w.address.rsplit("-", 1)[1]))
+    pinned = {r.workers[0] for r in simulate(trace, p, cfg)}
+    assert pinned == {"decode-2"}
+
+
+def test_the_routers_path_policy_decides():
+    p = flat_profile()
+    trace = [one(100, 2), one(3000, 2, t=1.0)]
+    threshold = RouterConfig(paths=PathConfig(policy="threshold"), short_prompt_tokens=256)
+    assert [r.path for r in simulate(trace, p, ClusterConfig(1, 1, threshold))] == ["direct", "disaggregated"]
+    more = replace(threshold, short_prompt_tokens=5000)
+    assert [r.path for r in simulate(trace, p, ClusterConfig(1, 1, more))] == ["direct", "direct"]
+
+
+def test_bad_pool_sizes_name_the_flag():
+    with pytest.raises(ValueError, match="--decode"):
+        ClusterConfig(1, 0)
+    with pytest.raises(ValueError, match="--prefill"):
+        ClusterConfig(-1, 1)

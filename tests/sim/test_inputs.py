@@ -1,0 +1,90 @@
+"""Traces, profiles and the command line: bad input names its field."""
+import json
+
+import pytest
+
+from cli.main import main
+from sim.profile import load_profile, profile_from_json
+from sim.trace import TraceRequest, parse_trace, trace_lines
+from tests.sim.helpers import flat_profile
+
+
+def test_trace_round_trip_and_relative_times():
+    lines = ['{"timestamp": 1000, "input_length": 10, "output_length": 2, "hash_ids": [1, 2]}',
+             "", '{"timestamp": 1500, "input_length": 20, "output_length": 3}']
+    assert parse_trace(lines) == [TraceRequest(0.0, 10, 2, (1, 2)), TraceRequest(0.5, 20, 3, ())]
+    assert parse_trace(trace_lines(parse_trace(lines))) == parse_trace(lines)
+
+
+@pytest.mark.parametrize("record, field", [
+    ({"input_length": 1, "output_length": 1}, "missing field 'timestamp'"),
+    ({"timestamp": 0, "output_length": 1}, "missing field 'input_length'"),
+    ({"timestamp": 0, "input_length": "5", "output_length": 1}, "field 'input_length' must be an integer"),
+    ({"timestamp": 0, "input_length": 5, "output_length": 0}, "field 'output_length' must be >= 1"),
+    ({"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": ["a"]}, "field 'hash_ids'"),
+])
+def test_trace_errors_name_line_and_field(record, field):
+    good = '{"timestamp": 0, "input_length": 1, "output_length": 1}'
+    with pytest.raises(ValueError, match=f"t.jsonl line 2: {field}"):
+        parse_trace([good, json.dumps(record)], source="t.jsonl")
+
+
+def test_trace_going_backwards_is_refused():
+    with pytest.raises(ValueError, match="line 2: field 'timestamp' goes backwards"):
+        parse_trace(['{"timestamp": 5, "input_length": 1, "output_length": 1}',
+                     '{"timestamp": 4, "input_length": 1, "output_length": 1}'])
+
+
+def test_profile_round_trip_and_errors():
+    raw = flat_profile().to_json()
+    assert profile_from_json(raw) == flat_profile()
+    del raw["decode"]["contexts"]
+    with pytest.raises(ValueError, match="missing field 'decode.contexts'"):
+        profile_from_json(raw)
+    with pytest.raises(ValueError, match="field 'source'"):
+        profile_from_json({**flat_profile().to_json(), "source": "made up"})
+
+
+def test_shipped_gpu_profile_is_labelled_hand_written():
+    p = load_profile("sim/profiles/h100_llama8b.json")
+    assert p.source.startswith("hand-written from published numbers")
+    assert p.prefill_s(8192) > p.prefill_s(512) > 0 and p.decode_step_s(256, 4096) > p.decode_step_s(1, 128)
+
+
+def test_step_cost_interpolates_and_mixes():
+    p = flat_profile()
+    assert p.prefill_s(500) == pytest.approx(0.060)
+    assert p.decode_step_s(32, 100) == pytest.approx(0.021 + 31 / 63 * 0.063)
+    assert p.step_s(100, 2, 50) == pytest.approx(p.prefill_s(102))  # context-free decode: no extra
+
+
+@pytest.fixture
+def files(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(json.dumps({"timestamp": i * 500, "input_length": 200, "output_length": 20})
+                               for i in range(10)) + "\n")
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(flat_profile().to_json()))
+    return str(trace), str(profile)
+
+
+def test_sim_command_prints_latencies(files, capsys):
+    trace, profile = files
+    assert main(["sim", "--trace", trace, "--profile", profile, "--prefill", "1", "--decode", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "1P+1D: 10 completed, 0 rejected" in out and "TTFT" in out and "SLO attainment 100.0%" in out
+
+
+def test_sim_command_names_bad_inputs(files, capsys):
+    trace, profile = files
+    assert main(["sim", "--trace", "/nonexistent.jsonl", "--profile", profile]) == 2
+    assert "--trace: cannot read /nonexistent.jsonl" in capsys.readouterr().err
+    assert main(["sim", "--trace", trace, "--profile", profile, "--decode", "0"]) == 2
+    assert "--decode" in capsys.readouterr().err
+
+
+def test_plan_command_prints_ranked_choices(files, capsys):
+    trace, profile = files
+    assert main(["plan", "--trace", trace, "--profile", profile, "--max-workers", "2", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") >= 6 and "   1  colocated x1" in out
