@@ -15,6 +15,7 @@ from engine.core.kv_events import KVEvents
 from engine.core.scheduler import Scheduler
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequestError
+from engine.executor.start import start_executor
 from engine.info import EngineInfo
 from engine.model.loader import LoadedModel, load_model, parse_dtype
 from engine.model.source import resolve_model
@@ -46,7 +47,7 @@ class EngineCore:
             raise ValueError(f"attention_backend 'cpu' runs on the CPU only; on device {config.device!r} "
                              "use 'triton' (or 'torch', the pure torch reference)")
         backend = get_attention_backend(config.attention_backend)
-        self.executor = self._start_executor(config, loaded, progress)
+        self.executor = start_executor(config, self.source, self.dtype, loaded, progress)
         if self.executor is not None:
             self.loaded = self.executor.loaded  # rank 0's part of the model; arch and tokenizer whole
         else:
@@ -82,20 +83,6 @@ class EngineCore:
         self._structured: StructuredOutputManager | None = None  # built by the first guided request
         self.proposer = self._make_proposer(num_blocks)
         self._spec_counts = {"proposed": 0, "accepted": 0, "verifications": 0}
-
-    def _start_executor(self, config: EngineConfig, loaded: LoadedModel | None, progress: bool):
-        """t x p > 1: the rank processes, and rank 0's part of the model here."""
-        parallel = config.parallel
-        if parallel.world_size == 1:
-            return None
-        if loaded is not None:
-            raise ValueError("loaded_model: a model already in memory is whole; with tensor or pipeline "
-                             "parallelism each rank loads its own part (pass the model path instead)")
-        if config.cuda_graph_batch_sizes:
-            raise ValueError("cuda_graph_batch_sizes: CUDA graphs are captured for a single-rank engine only; "
-                             "leave it empty with tensor_parallel_size or pipeline_parallel_size > 1")
-        from engine.executor.multiproc import MultiProcExecutor
-        return MultiProcExecutor(config, self.source, self.dtype, progress)
 
     def check_health(self) -> None:
         """Raises EngineDeadError once a tensor/pipeline rank has died (the engine cannot step)."""

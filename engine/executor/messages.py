@@ -26,7 +26,7 @@ from engine.attention.backend import AttentionMetadata
 
 INIT, STEP, KV_IMPORT, KV_EXPORT, SHUTDOWN = 1, 2, 3, 4, 5
 HEADER = struct.Struct("<qqq")  # op, a, b
-_SHAPE_FIELDS = 7
+SHAPE_FIELDS = 7
 
 
 def write_message(pipe: BinaryIO, op: int, a: int = 0, b: int = 0, ints: list[int] = ()) -> None:
@@ -89,8 +89,8 @@ def unpack_step(shapes: list[int], payload: torch.Tensor, device: torch.device) 
         offset += n
         return part
 
-    for i in range(0, len(shapes), _SHAPE_FIELDS):
-        tokens, seqs, max_blocks, logits, num_decodes, max_q, max_seq = shapes[i:i + _SHAPE_FIELDS]
+    for i in range(0, len(shapes), SHAPE_FIELDS):
+        tokens, seqs, max_blocks, logits, num_decodes, max_q, max_seq = shapes[i:i + SHAPE_FIELDS]
         input_ids, positions = take(tokens, torch.long), take(tokens, torch.long)
         starts, seq_lens = take(seqs + 1, torch.int32), take(seqs, torch.int32)
         tables = take(seqs * max_blocks, torch.int32).view(seqs, max_blocks)

@@ -65,7 +65,7 @@ def _serve(pipe, worker: StageWorker, groups: ParallelGroups, dtype: torch.dtype
         if op == M.SHUTDOWN:
             return 0
         if op == M.STEP:
-            shapes = M.read_ints(pipe, a * M._SHAPE_FIELDS)
+            shapes = M.read_ints(pipe, a * M.SHAPE_FIELDS)
             payload = torch.empty(b, dtype=torch.int64)
             dist.broadcast(payload, src=0, group=groups.cpu)
             worker.run(M.unpack_step(shapes, payload, device))

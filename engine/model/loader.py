@@ -45,22 +45,21 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: str, max_model_l
     """`max_model_len` bounds the RoPE tables; None means the model's own context.
     `shard`: which part of the model this rank holds, given the model's shape (every
     tensor is narrowed to it as it is read); None: the whole model."""
-    holder: list[ModelShard] = []  # known once the shape is read, before any tensor is
-    wanted = None if shard is None else (lambda name: _stage_wants(holder[0], name))
     if source.kind == "gguf":
         reader = W.open_gguf(source.path)
         meta = W.gguf_metadata(reader)
         arch = arch_from_gguf_metadata(meta, {t.name for t in reader.tensors}, source.path)
+        model_shard = shard(arch) if shard is not None else ModelShard.whole(arch)
         permuted = GGUF_ARCHITECTURES[meta["general.architecture"]][1]
-        weights = W.iter_gguf(reader, source.path, arch.num_heads, arch.num_kv_heads, permuted, progress, wanted)
+        weights = W.iter_gguf(reader, source.path, arch.num_heads, arch.num_kv_heads, permuted, progress,
+                              _stage_filter(model_shard))
         eos = {int(meta["tokenizer.ggml.eos_token_id"])} if "tokenizer.ggml.eos_token_id" in meta else set()
     else:
         hf_config = _read_json(os.path.join(source.path, "config.json"))
         arch = arch_from_hf_config(hf_config, source.path)
-        weights = W.iter_safetensors(source.path, progress, wanted)
+        model_shard = shard(arch) if shard is not None else ModelShard.whole(arch)
+        weights = W.iter_safetensors(source.path, progress, _stage_filter(model_shard))
         eos = _hf_eos_ids(source.path, hf_config)
-    model_shard = shard(arch) if shard is not None else ModelShard.whole(arch)
-    holder.append(model_shard)
     tokenizer = load_tokenizer(source)
     if not eos and tokenizer.eos_token_id is not None:
         eos = {tokenizer.eos_token_id}
@@ -176,8 +175,13 @@ def _targets(model: LlamaForCausalLM, name: str) -> list[tuple[str, int]]:
     return [(f"layers.{int(m.group(1)) - shard.layers.start}.{ours}.{kind}", fused)]
 
 
+def _stage_filter(shard: ModelShard) -> Callable[[str], bool] | None:
+    """For a part of the model, the tensors it reads (other stages' layers are skipped unread)."""
+    return None if shard.is_whole else (lambda name: _stage_wants(shard, name))
+
+
 def _stage_wants(shard: ModelShard, name: str) -> bool:
-    """Whether a pipeline stage reads a tensor at all (other stages' layers are skipped unread)."""
+    """Whether a pipeline stage reads a tensor at all."""
     m = _LAYER_RE.match(name)
     if m is not None:
         return int(m.group(1)) in shard.layers

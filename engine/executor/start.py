@@ -1,0 +1,28 @@
+"""Whether an engine runs on rank processes, and starting them."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.config import EngineConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.executor.multiproc import MultiProcExecutor
+    from engine.model.loader import LoadedModel
+    from engine.model.source import ModelSource
+
+
+def start_executor(config: EngineConfig, source: ModelSource, dtype: torch.dtype, loaded: LoadedModel | None,
+                   progress: bool) -> MultiProcExecutor | None:
+    """t x p > 1: the rank processes, and rank 0's part of the model here; None for one rank."""
+    if config.parallel.world_size == 1:
+        return None
+    if loaded is not None:
+        raise ValueError("loaded_model: a model already in memory is whole; with tensor or pipeline "
+                         "parallelism each rank loads its own part (pass the model path instead)")
+    if config.cuda_graph_batch_sizes:
+        raise ValueError("cuda_graph_batch_sizes: CUDA graphs are captured for a single-rank engine only; "
+                         "leave it empty with tensor_parallel_size or pipeline_parallel_size > 1")
+    from engine.executor.multiproc import MultiProcExecutor  # torch.distributed only when needed
+    return MultiProcExecutor(config, source, dtype, progress)
