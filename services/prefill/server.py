@@ -35,7 +35,6 @@ from services.kvstore.client import KVStoreClient
 from services.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
 from services.worker.config import WorkerConfig
 from services.worker.engine_loop import EngineLoop
-from services.worker.in_flight import InFlight
 from services.worker.kv_wire import payload_from_batches, payload_to_put
 from services.worker.metrics import WorkerMetrics
 from services.worker.runtime import KVSTORE_CHANNEL_OPTIONS, RunningWorker, serve_worker
@@ -56,10 +55,9 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         super().__init__(cfg, loop, metrics)
         self.kvstore = kvstore
         self._writes = ThreadPoolExecutor(NUM_KV_WRITERS, thread_name_prefix="kv-write")
-        self._in_flight = InFlight()
 
     def Prefill(self, request: prefill_pb2.PrefillRequest, context) -> prefill_pb2.PrefillResponse:
-        with self._in_flight:  # counted until it returns: close() waits for it
+        with self.in_flight:  # counted until it returns: close() waits for it
             return self._prefill(request, context)
 
     def _prefill(self, request: prefill_pb2.PrefillRequest, context) -> prefill_pb2.PrefillResponse:
@@ -108,7 +106,7 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         except grpc.RpcError as e:  # a store that is down slows prefills, it does not fail them
             logger.warning("kvstore lookup failed (%s); computing the whole prompt", e.code())
             return None, 0
-        num_local = self.loop.call(lambda engine: engine.num_local_prefix_blocks(hashes)).result()
+        num_local = self.loop.num_local_prefix_blocks(hashes)  # no wait for the loop: see there
         if num_in_store <= num_local:
             return None, num_in_store
         t = now()
@@ -199,8 +197,8 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         """Drains, then disconnects: the handlers still running end first (a call the
         server cut at its grace's end releases its lease, or queues its write), then the
         queued writes and their EndWrite (their decodes are waiting for them)."""
-        if not self._in_flight.wait_idle(HANDLER_EXIT_S):
-            logger.warning("%d prefill handlers still running at shutdown", self._in_flight.count)
+        if not self.in_flight.wait_idle(HANDLER_EXIT_S):
+            logger.warning("%d prefill handlers still running at shutdown", self.in_flight.count)
         self._writes.shutdown(wait=True)
         self.kvstore.close()
 

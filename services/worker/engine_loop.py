@@ -68,6 +68,15 @@ class EngineLoop:
         self._wakeup.set()
         return future
 
+    def num_local_prefix_blocks(self, block_hashes: list[bytes]) -> int:
+        """How many leading blocks of `block_hashes` the prefix cache holds, read from the
+        calling thread (lookups only, each atomic under the GIL). A hint: the loop may add
+        or evict blocks right after, and the engine takes what it finds at admission. Not
+        through call(): that waits for a step boundary, and a submit() right after it then
+        misses the step that boundary starts, so on a busy worker the request would wait
+        one whole extra step."""
+        return self._engine.num_local_prefix_blocks(block_hashes)
+
     def submit(self, req_id: str, prompt_token_ids: list[int], params, **kwargs) -> queue.SimpleQueue:
         """Queue a request (`kwargs` as EngineCore.add_request takes them); returns the queue
         its outputs arrive on (ends with None). Raises the engine's InvalidRequestError."""
