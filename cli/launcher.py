@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -259,6 +260,8 @@ def run_platform(cfg: PlatformConfig) -> int:
         return 1
     finally:
         platform.stop()
+        if cfg.autoscale is not None:  # the discovery file's own temporary directory
+            shutil.rmtree(os.path.dirname(cfg.autoscale.discovery_file), ignore_errors=True)
 
 
 def _print_endpoints(platform: Platform, cfg: PlatformConfig) -> None:

@@ -42,6 +42,10 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
         self._kvstores_lock = threading.Lock()
 
     def Decode(self, request, context):
+        with self.in_flight:  # until the stream ends: a draining worker waits for it
+            yield from self._decode(request, context)
+
+    def _decode(self, request, context):
         req = self.admit(request, context)
         first = _tokens_given(request, context)
         continuation = bool(first)

@@ -58,6 +58,9 @@ class _Worker:
         self.stub = _STUBS[pool](self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.view = WorkerView(address)
+        # dropped by discovery (a terminating pod, a scaled-down worker) with requests still
+        # open on it: no new work, kept until they end, so its streams finish rather than break
+        self.leaving = False
 
 
 class WorkerRegistry:
@@ -80,12 +83,21 @@ class WorkerRegistry:
         self.sync()
 
     def sync(self) -> None:
-        """Follow discovery: open channels to new workers, close those of removed ones."""
+        """Follow discovery: open channels to new workers, close those of removed ones once
+        this router has nothing open on them (until then they only finish what they have)."""
         for pool in POOLS:
             wanted = self._discovery.addresses(pool)
             with self._lock:
                 workers = self._pools[pool]
-                gone = [workers.pop(a) for a in list(workers) if a not in wanted]
+                gone = []
+                for address, worker in list(workers.items()):
+                    if address in wanted:
+                        worker.leaving = False
+                    elif worker.view.in_flight and worker.view.up:
+                        worker.leaving = True
+                        worker.view = replace(worker.view, draining=True)
+                    else:
+                        gone.append(workers.pop(address))
                 for address in wanted:
                     if address not in workers:  # (not setdefault: that would open a channel each time)
                         workers[address] = _Worker(pool, address, self.security)
@@ -164,6 +176,8 @@ class WorkerRegistry:
             if worker is None:  # removed by discovery meanwhile
                 return
             worker.view = change(worker.view)
+            if worker.leaving:
+                worker.view = replace(worker.view, draining=True)
         if notify:
             self._on_change(pool)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,13 +41,21 @@ class RunningWorker:
         return f"127.0.0.1:{self.server.port}"
 
     def stop(self) -> None:
-        """Drain: stop taking work (health NOT_SERVING), let in-flight calls finish, then
-        the servicer's own drain (close: a prefill's KV writes and their EndWrite) while
-        the engine still runs, and only then the engine and the kvstore connection."""
+        """Drain: stop taking work (health NOT_SERVING, new calls refused as draining), let
+        the calls in flight finish, then the servicer's own drain (close: a prefill's KV
+        writes and their EndWrite) while the engine still runs, and only then the engine
+        and the kvstore connection.
+
+        The server keeps answering GetLoad and health checks while the calls finish: a
+        router that found it unreachable would count its open streams as lost and move
+        them elsewhere, recomputing what this worker is about to finish."""
+        deadline = time.monotonic() + self.drain_timeout_s
         self.servicer.draining = True
+        self.server.set_serving(False)
         if self.kv_events is not None:
             self.kv_events.close()  # its open streams would otherwise hold the drain's whole grace
-        self.server.stop(grace=self.drain_timeout_s)
+        self.servicer.in_flight.wait_idle(self.drain_timeout_s)
+        self.server.stop(grace=max(0.0, deadline - time.monotonic()))
         # calls cut at the grace's end still run their handlers: close() waits for those
         # (they need the engine loop to end) before it disconnects from the kvstore
         self.servicer.close()

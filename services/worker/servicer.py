@@ -15,6 +15,7 @@ from services.common.convert import sampling_from_proto
 from services.pb import common_pb2
 from services.worker.config import WorkerConfig
 from services.worker.engine_loop import EngineLoop
+from services.worker.in_flight import InFlight
 from services.worker.metrics import WorkerMetrics
 
 
@@ -48,6 +49,9 @@ class WorkerServicer:
         self.cfg, self.loop, self.metrics = cfg, loop, metrics
         self.block_size = loop.info.block_size
         self.draining = False
+        # request handlers still running (a decode's until its stream ends): a draining
+        # worker waits for them while it still answers polls and health checks
+        self.in_flight = InFlight()
 
     def GetLoad(self, request, context) -> common_pb2.WorkerLoad:
         return load_to_proto(self.loop.stats, self.loop.info.max_num_seqs, self.draining)

@@ -9,12 +9,8 @@ The targets and windows are the chart's values merged with tests/cli/autoscale_v
 """
 from __future__ import annotations
 
-import os
 import random
 import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -24,9 +20,8 @@ import pytest
 
 from cli.autoscale import load_values, merge_values
 from cli.bench.datasets import BenchRequest
-from cli.bench.local_platform import free_port_range
 from cli.bench.targets import GrpcTarget, TargetConfig
-from tests.cli.test_up_faults import Platform
+from tests.cli.up_platform import Platform, running_up, up_ports
 
 VALUES = Path(__file__).with_name("autoscale_values.yaml")
 DECISION = re.compile(r"autoscale t=(?P<t>[\d.]+)s pool=(?P<pool>\w+) current=(?P<current>\d+) "
@@ -72,29 +67,10 @@ def ttft_count(metrics_url: str) -> float:
 
 @pytest.fixture(scope="module")
 def platform(tiny_llama_dir, tmp_path_factory):
-    ports = {"router": free_port_range(1), "kvstore": free_port_range(1), "workers": free_port_range(2),
-             "metrics": free_port_range(4)}
-    cmd = [sys.executable, "-m", "cli.main", "up", "--model", tiny_llama_dir, "--prefill", "1", "--decode", "1",
-           "--port", str(ports["router"]), "--kvstore-port", str(ports["kvstore"]), "--http-port", "off",
-           "--worker-base-port", str(ports["workers"]), "--metrics-base-port", str(ports["metrics"]),
-           "--path-policy", "threshold", "--short-prompt-tokens", "32",
-           "--autoscale", "--autoscale-values", str(VALUES), "--autoscale-sync-s", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env=dict(os.environ, PDSERVE_LOG_LEVEL="WARNING"))
-    up = Platform(proc, ports)
-    try:
-        up.wait_for("pdserve is up", timeout_s=240)
+    args = ["--prefill", "1", "--decode", "1", "--path-policy", "threshold", "--short-prompt-tokens", "32",
+            "--autoscale", "--autoscale-values", str(VALUES), "--autoscale-sync-s", "1"]
+    with running_up(tiny_llama_dir, up_ports(2), args, tmp_path_factory.mktemp("autoscale")) as up:
         yield up
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            (tmp_path_factory.mktemp("autoscale") / "pdserve-up.log").write_text("".join(up.lines))
-    left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    assert not left, f"processes left behind: {left}"
 
 
 def decisions(up: Platform, pool: str, start: int = 0) -> list[dict]:

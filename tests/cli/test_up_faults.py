@@ -14,8 +14,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -24,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cli.bench.local_platform import free_port_range
 from engine import SamplingParams
 from services.router.client import RouterClient
+from tests.cli.up_platform import Platform, running_up, up_ports
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 # long enough (over --short-prompt-tokens) to be prefilled by the prefill worker
@@ -34,91 +32,15 @@ PROMPTS = [f"request {i}: the quick brown fox jumps over the lazy dog and keeps 
 ROUTER_DRAIN_S = 20
 
 
-class Platform:
-    """A running `pdserve up`, its output collected line by line."""
-
-    def __init__(self, proc: subprocess.Popen, ports: dict[str, int]):
-        self.proc, self.ports = proc, ports
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            with self._cond:
-                self.lines.append(line)
-                self._cond.notify_all()
-
-    def wait_for(self, pattern: str, timeout_s: float, start: int = 0) -> re.Match:
-        """The first line from `start` on that matches `pattern`."""
-        deadline = time.monotonic() + timeout_s
-        regex = re.compile(pattern)
-        with self._cond:
-            while True:
-                for line in self.lines[start:]:
-                    if match := regex.search(line):
-                        return match
-                left = deadline - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None:
-                    raise AssertionError(f"no line matching {pattern!r}:\n{self.log()}")
-                self._cond.wait(min(left, 0.5))
-
-    def mark(self) -> int:
-        with self._cond:
-            return len(self.lines)
-
-    def log(self) -> str:
-        with self._cond:
-            return "".join(self.lines[-120:])
-
-    def pid(self, name: str, since: int = 0) -> int:
-        """The process's pid: from the startup table, or its latest restart after `since`."""
-        restarts = [re.search(rf"restarted {name} \(pid (\d+)", line) for line in self.lines[since:]]
-        restarts = [m for m in restarts if m]
-        if restarts:
-            return int(restarts[-1].group(1))
-        return int(self.wait_for(rf"^\s+{name}\s+grpc .* pid (\d+)", 1).group(1))
-
-    @property
-    def router(self) -> str:
-        return f"127.0.0.1:{self.ports['router']}"
-
-    def metric(self, role_index: int, name: str, labels: str = "") -> float:
-        """A sample from the /metrics of process `role_index` (kvstore 0, prefill 1, decode 2, router 3)."""
-        url = f"http://127.0.0.1:{self.ports['metrics'] + role_index}/metrics"
-        text = urllib.request.urlopen(url, timeout=2).read().decode()
-        match = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.M)
-        return float(match.group(1)) if match else 0.0
-
-
 @pytest.fixture(scope="module")
 def platform(tiny_llama_dir, tmp_path_factory):
-    ports = {"router": free_port_range(1), "kvstore": free_port_range(1), "http": free_port_range(1), "workers": free_port_range(2),
-             "metrics": free_port_range(4)}
-    cmd = [sys.executable, "-m", "cli.main", "up", "--model", tiny_llama_dir, "--prefill", "1", "--decode", "1",
-           "--port", str(ports["router"]), "--kvstore-port", str(ports["kvstore"]), "--http-port", str(ports["http"]),
-           "--worker-base-port", str(ports["workers"]), "--metrics-base-port", str(ports["metrics"]),
-           "--path-policy", "threshold", "--short-prompt-tokens", "8",
-           "--router-args", f"--drain-timeout-s {ROUTER_DRAIN_S}",
-           "--speculative-config", json.dumps({"method": "draft_model", "model": tiny_llama_dir,
-                                               "num_speculative_tokens": 3})]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env=dict(os.environ, PDSERVE_LOG_LEVEL="WARNING"))
-    up = Platform(proc, ports)
-    try:
-        up.wait_for("pdserve is up", timeout_s=240)
+    args = ["--prefill", "1", "--decode", "1", "--path-policy", "threshold", "--short-prompt-tokens", "8",
+            "--router-args", f"--drain-timeout-s {ROUTER_DRAIN_S}",
+            "--speculative-config", json.dumps({"method": "draft_model", "model": tiny_llama_dir,
+                                                "num_speculative_tokens": 3})]
+    with running_up(tiny_llama_dir, up_ports(2, http=True), args, tmp_path_factory.mktemp("up-faults")) as up:
         up.wait_for(r"^\s+router\s+grpc .* pid \d+", timeout_s=5)
         yield up
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            (tmp_path_factory.mktemp("up-faults") / "pdserve-up.log").write_text("".join(up.lines))
-    left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    assert left == [], f"processes left behind: {left}"
 
 
 @pytest.fixture(scope="module")

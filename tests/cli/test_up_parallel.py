@@ -11,15 +11,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cli.bench.local_platform import free_port_range
 from engine import LLM, SamplingParams
 from services.router.client import RouterClient
-from tests.cli.test_up_faults import Platform
+from tests.cli.up_platform import Platform, running_up, up_ports
 from tests.models import build_tiny_llama
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
@@ -38,32 +36,11 @@ def offline(model_dir) -> list[list[int]]:
     return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
 
 
-def _start(model_dir: str, prefill_tp: int, decode_tp: int, num_decode: int, tmp_path_factory):
-    ports = {"router": free_port_range(1), "kvstore": free_port_range(1),
-             "workers": free_port_range(1 + num_decode), "metrics": free_port_range(2 + num_decode + 1)}
-    cmd = [sys.executable, "-m", "cli.main", "up", "--model", model_dir, "--prefill", "1", "--decode", str(num_decode),
-           "--port", str(ports["router"]), "--kvstore-port", str(ports["kvstore"]), "--http-port", "off",
-           "--worker-base-port", str(ports["workers"]), "--metrics-base-port", str(ports["metrics"]),
-           "--path-policy", "threshold", "--short-prompt-tokens", "8",
-           "--prefill-tensor-parallel-size", str(prefill_tp), "--decode-tensor-parallel-size", str(decode_tp),
-           "--worker-args", "--kv-cache-memory-bytes 33554432 --collective-timeout-s 20"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env=dict(os.environ, PDSERVE_LOG_LEVEL="WARNING"))
-    up = Platform(proc, ports)
-    up.wait_for("pdserve is up", timeout_s=300)
-    return up
-
-
-def _stop(up: Platform, tmp_path_factory, name: str) -> None:
-    up.proc.send_signal(signal.SIGINT)
-    try:
-        up.proc.wait(timeout=90)
-    finally:
-        if up.proc.poll() is None:
-            up.proc.kill()
-        (tmp_path_factory.mktemp(name) / "pdserve-up.log").write_text("".join(up.lines))
-    left = subprocess.run(["pgrep", "-s", str(up.proc.pid)], capture_output=True, text=True).stdout.split()
-    assert left == [], f"processes left behind (rank processes included): {left}"
+def _platform(model_dir: str, prefill_tp: int, decode_tp: int, num_decode: int, log_dir):
+    args = ["--prefill", "1", "--decode", str(num_decode), "--path-policy", "threshold", "--short-prompt-tokens", "8",
+            "--prefill-tensor-parallel-size", str(prefill_tp), "--decode-tensor-parallel-size", str(decode_tp),
+            "--worker-args", "--kv-cache-memory-bytes 33554432 --collective-timeout-s 20"]
+    return running_up(model_dir, up_ports(1 + num_decode), args, log_dir, startup_timeout_s=300)
 
 
 def _generate(up: Platform, prompt: str) -> list[int]:
@@ -83,18 +60,14 @@ def _run_all(up: Platform, during=None) -> list[list[int]]:
 
 
 def test_prefill_t3_hands_off_to_decode_t1(model_dir, offline, tmp_path_factory):
-    up = _start(model_dir, prefill_tp=3, decode_tp=1, num_decode=1, tmp_path_factory=tmp_path_factory)
-    try:
+    with _platform(model_dir, 3, 1, 1, tmp_path_factory.mktemp("up-p3-d1")) as up:
         assert _run_all(up) == offline
         assert up.metric(1, "pdserve_worker_requests_total", '{outcome="ok"}') >= len(PROMPTS)  # prefilled there
-    finally:
-        _stop(up, tmp_path_factory, "up-p3-d1")
 
 
 def test_prefill_t1_hands_off_to_decode_t3_and_a_killed_rank_takes_its_worker_down(model_dir, offline,
                                                                                      tmp_path_factory):
-    up = _start(model_dir, prefill_tp=1, decode_tp=3, num_decode=2, tmp_path_factory=tmp_path_factory)
-    try:
+    with _platform(model_dir, 1, 3, 2, tmp_path_factory.mktemp("up-p1-d3")) as up:
         assert _run_all(up) == offline
         decode_pid = up.pid("decode-0")
         ranks = subprocess.run(["pgrep", "-P", str(decode_pid)], capture_output=True, text=True).stdout.split()
@@ -107,5 +80,3 @@ def test_prefill_t1_hands_off_to_decode_t3_and_a_killed_rank_takes_its_worker_do
         up.wait_for(r"decode-0 exited \(code 1", 30, since)
         up.wait_for("decode-0 serving again", 240, since)
         assert _run_all(up) == offline
-    finally:
-        _stop(up, tmp_path_factory, "up-p1-d3")

@@ -11,7 +11,9 @@ from services.autoscale.hpa import (DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, HPASpe
                                     load_hpa_specs)
 from tests.deploy.chart import FULLNAME, VALUES, Manifests, _merge, render, render_text, values
 
-TEST_VALUES = Path(__file__).resolve().parents[1] / "cli" / "autoscale_values.yaml"
+TESTS_CLI = Path(__file__).resolve().parents[1] / "cli"
+# each override file a `pdserve up --autoscale` test takes, with one value it sets
+TEST_VALUES = {"autoscale_values.yaml": ("prefill", 5), "autoscale_decode_values.yaml": ("decode", 12)}
 AUTOSCALED = [n for n in VALUES if values(n)["prefill"]["autoscaling"]["enabled"]]
 
 
@@ -50,11 +52,14 @@ def test_the_rendered_hpas_are_the_specs_the_local_controller_loads(name):
     assert rendered_specs(render(name)) == load_hpa_specs(values(name))
 
 
-def test_the_test_override_renders_and_agrees_too():
+@pytest.mark.parametrize("file_name", sorted(TEST_VALUES))
+def test_the_test_overrides_render_and_agree_too(file_name):
     """The short windows `pdserve up --autoscale-values` takes in tests are valid chart values."""
-    m = Manifests([d for d in yaml.safe_load_all(render_text(extra_files=(TEST_VALUES,))) if d])
+    path = TESTS_CLI / file_name
+    m = Manifests([d for d in yaml.safe_load_all(render_text(extra_files=(path,))) if d])
     merged = values()
-    _merge(merged, yaml.safe_load(TEST_VALUES.read_text()))
+    _merge(merged, yaml.safe_load(path.read_text()))
     specs = load_hpa_specs(merged)
     assert rendered_specs(m) == specs
-    assert specs["prefill"].scale_down.stabilization_window_s == 5  # the override, not the chart's 300
+    pool, window_s = TEST_VALUES[file_name]
+    assert specs[pool].scale_down.stabilization_window_s == window_s  # the override, not the chart's 300

@@ -172,7 +172,10 @@ def test_killing_a_decode_worker_mid_stream_resumes_every_stream_exactly(cluster
         assert tokens == expected.token_ids  # nothing repeated, nothing dropped
         assert text == expected.text
         assert final.finish_reason == "length" and final.usage.completion_tokens == MAX_TOKENS
-    assert cluster.metric("router_migrations_total", reason="unavailable") >= 1
+    # the stream's own error (unavailable) or, on a loaded machine, a poll that found the
+    # worker gone first (worker_lost): either way the streams moved
+    assert (cluster.metric("router_migrations_total", reason="unavailable")
+            + cluster.metric("router_migrations_total", reason="worker_lost")) >= 1
     assert cluster.metric("router_requests_total", slo_class="interactive", outcome="ok") >= len(runs)
 
 

@@ -63,3 +63,39 @@ def test_discovery_changes_add_and_remove_workers_keeping_channels(monkeypatch):
         registry.mark_down(DECODE, "127.0.0.1:2")  # a late report for a removed worker: ignored
     finally:
         registry.close()
+
+
+def test_a_worker_dropped_by_discovery_with_open_requests_finishes_them_first():
+    """A terminating pod leaves its EndpointSlice at once; the streams this router has on it
+    keep their channel and finish, the worker takes no new work, and it goes when they end."""
+    discovery = _Changing()
+    discovery.pools[DECODE] = ("127.0.0.1:2", "127.0.0.1:3")
+    registry = WorkerRegistry(discovery)
+    try:
+        for address in discovery.pools[DECODE]:
+            registry.report(DECODE, address, common_pb2.WorkerLoad(max_num_seqs=8))
+        stub = registry.stub(DECODE, "127.0.0.1:2")
+        release = registry.reserve(DECODE, "127.0.0.1:2", tokens=10)
+        discovery.pools[DECODE] = ("127.0.0.1:3",)
+        registry.sync()
+        leaving = _view(registry, DECODE, "127.0.0.1:2")
+        assert leaving.draining and leaving.in_flight == 1  # policy.py: a draining worker is never chosen
+        assert registry.stub(DECODE, "127.0.0.1:2") is stub  # the open stream's channel stays
+        registry.report(DECODE, "127.0.0.1:2", common_pb2.WorkerLoad(max_num_seqs=8, draining=False))
+        assert _view(registry, DECODE, "127.0.0.1:2").draining  # its own SERVING answer does not bring it back
+        release()
+        registry.sync()
+        assert [v.address for v in registry.views(DECODE)] == ["127.0.0.1:3"]
+        # one that comes back to discovery while still leaving is a full member again
+        discovery.pools[DECODE] = ("127.0.0.1:3", "127.0.0.1:4")
+        registry.report(DECODE, "127.0.0.1:3", common_pb2.WorkerLoad(max_num_seqs=8))
+        registry.reserve(DECODE, "127.0.0.1:3", tokens=1)
+        discovery.pools[DECODE] = ("127.0.0.1:4",)
+        registry.sync()
+        assert _view(registry, DECODE, "127.0.0.1:3").draining
+        discovery.pools[DECODE] = ("127.0.0.1:3", "127.0.0.1:4")
+        registry.sync()
+        registry.report(DECODE, "127.0.0.1:3", common_pb2.WorkerLoad(max_num_seqs=8))
+        assert not _view(registry, DECODE, "127.0.0.1:3").draining
+    finally:
+        registry.close()
