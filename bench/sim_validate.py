@@ -4,32 +4,46 @@ on two Mooncake-format workloads with the bench client (`pdserve bench serve`, a
 from the trace), simulate the same traces with the fresh profile, and print measured vs
 predicted TTFT and ITL p50/p90 with the error.
 
-    .venv/bin/python bench/sim_validate.py [--out-dir /tmp/sim_validate] [--scale 1.0]
+    .venv/bin/python bench/sim_validate.py [--out-dir /tmp/sim_validate] [--runs 3] [--scale 1.0]
 
-Each worker is pinned to one core (cpus_per_worker=1) and the profile is measured with
-one torch thread, so both describe the same worker. `--scale` multiplies the request
-counts (the defaults are small: the 2-core machine is shared).
+Each workload is run `--runs` times, each time a new trace (another seed), one after the
+other on the same platform; the percentiles are over the requests of all runs together,
+measured and simulated alike (a p90 of 16 requests is their second largest: too noisy
+to judge a model by).
+
+Calibration, measured here and not fitted to the workloads:
+- the profile (one torch thread, the grids below), with `kv_cpu_share` 1: on this host a
+  KV transfer's gRPC and copies take the worker's own core;
+- `request_overhead_s` per setup: on the idle platform, the median TTFT of a few lone
+  64-token prompts less the profile's 64-token prefill step (the router's and client's
+  hops, the lease and lookup on the disaggregated path).
+
+Each worker is pinned to one core (cpus_per_worker=1), as the profile's one thread.
+`--scale` multiplies the request counts.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
+import statistics
 import sys
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cli.bench.arrivals import ArrivalConfig  # noqa: E402
-from cli.bench.datasets import DatasetConfig  # noqa: E402
+from cli.bench.datasets import BenchRequest, DatasetConfig  # noqa: E402
 from cli.bench.local_platform import local_platform  # noqa: E402
 from cli.bench.main import BenchConfig, run_bench  # noqa: E402
-from cli.bench.targets import TargetConfig  # noqa: E402
+from cli.bench.targets import GrpcTarget, TargetConfig  # noqa: E402
 from cli.launcher import PlatformConfig  # noqa: E402
 from sim.cluster import ClusterConfig, simulate  # noqa: E402
 from sim.measure import measure  # noqa: E402
-from sim.metrics import summarize  # noqa: E402
-from sim.profile import load_profile, save_profile  # noqa: E402
+from sim.profile import Profile, load_profile, save_profile  # noqa: E402
 from sim.trace import TraceRequest, write_trace  # noqa: E402
 
 # name: (requests, input range, output range, mean gap between arrivals in s)
@@ -37,6 +51,7 @@ WORKLOADS = {"chat": (16, (32, 128), (16, 32), 2.0),
              "long-prompt": (12, (256, 512), (4, 8), 3.0)}
 SETUPS = {"1P+1D": (1, 1), "colocated": (0, 1)}
 METRICS = (("ttft_s", "p50"), ("ttft_s", "p90"), ("itl_s", "p50"), ("itl_s", "p90"))
+PROBE_TOKENS, PROBE_REQUESTS = 64, 5
 
 
 def make_trace(name: str, scale: float, seed: int) -> list[TraceRequest]:
@@ -49,18 +64,46 @@ def make_trace(name: str, scale: float, seed: int) -> list[TraceRequest]:
     return out
 
 
-def measured(setup: str, trace_path: str, n: int, log_dir: str) -> dict:
+def probe_overhead(router: str, profile: Profile) -> float:
+    """What a lone request's TTFT costs beyond its prefill step, on the idle platform."""
+    target, rng = GrpcTarget(TargetConfig("grpc", router, timeout_s=120)), random.Random(7)
+    ttfts = []
+    try:
+        for _ in range(PROBE_REQUESTS):
+            prompt = tuple(rng.randrange(1000, 40000) for _ in range(PROBE_TOKENS))
+            out = target.send(BenchRequest(prompt=prompt, prompt_len=PROBE_TOKENS, output_len=2))
+            if out.error or not out.chunks:
+                raise RuntimeError(f"overhead probe failed: {out.error}")
+            ttfts.append(out.chunks[0][0] - out.sent)
+    finally:
+        target.close()
+    return max(0.0, statistics.median(ttfts) - profile.prefill_s(PROBE_TOKENS))
+
+
+def measured(setup: str, traces: list[tuple[str, int]], profile: Profile, log_dir: str) -> tuple[list, float]:
+    """The records of every trace run on one platform, and the probe's overhead."""
     num_prefill, num_decode = SETUPS[setup]
     cfg = PlatformConfig(num_prefill=num_prefill, num_decode=num_decode, cpus_per_worker=1, startup_timeout_s=900)
+    records = []
     with local_platform(cfg, log_path=os.path.join(log_dir, f"{setup}.log")) as platform:
         platform.warm_up()
-        result = run_bench(BenchConfig(target=TargetConfig("grpc", platform.router_address, timeout_s=600),
-                                       dataset=DatasetConfig("mooncake", num_requests=n, path=trace_path),
-                                       arrivals=ArrivalConfig("trace"), progress=False), quiet=True)
-    if result.summary["failed"]:  # e.g. a worker starved past the router's poll timeout: say so, compare the rest
-        print(f"WARNING {setup}: {result.summary['failed']} requests failed: {result.summary.get('errors')}",
-              flush=True)
-    return result.summary
+        overhead = probe_overhead(platform.router_address, profile)
+        for path, n in traces:
+            result = run_bench(BenchConfig(target=TargetConfig("grpc", platform.router_address, timeout_s=600),
+                                           dataset=DatasetConfig("mooncake", num_requests=n, path=path),
+                                           arrivals=ArrivalConfig("trace"), progress=False), quiet=True)
+            if result.summary["failed"]:  # e.g. a worker starved past the router's poll timeout: say so
+                print(f"WARNING {setup} {path}: {result.summary['failed']} requests failed: "
+                      f"{result.summary.get('errors')}", flush=True)
+            with open(f"{path}.{setup}.summary.json", "w") as f:
+                json.dump(result.summary, f, indent=1, default=str)
+            records += [r for r in result.records if r.ok]
+    return records, overhead
+
+
+def percentiles(ttfts, itls) -> dict:
+    return {"ttft_s": {f"p{p}": float(np.percentile(ttfts, p)) for p in (50, 90)},
+            "itl_s": {f"p{p}": float(np.percentile(itls, p)) for p in (50, 90)}}
 
 
 def _row(r: dict) -> str:
@@ -72,6 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", default="/tmp/sim_validate")
     parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--runs", type=int, default=3, help="traces per workload, pooled")
     parser.add_argument("--repeats", type=int, default=3, help="profile repeats per point")
     parser.add_argument("--profile", default=None, help="use this profile instead of measuring one now")
     args = parser.parse_args()
@@ -83,33 +127,43 @@ def main() -> None:
         profile = measure("smollm2", 1, (16, 64, 128, 256, 512, 1024), (1, 2, 4, 8), (32, 256, 768),
                           (1, 4, 16, 64), args.repeats)
         save_profile(profile, os.path.join(args.out_dir, "profile.json"))
-    print(f"profile: {profile.source}", flush=True)
-    rows, loads = [], {}
-    for seed, name in enumerate(WORKLOADS, 1):
-        trace = make_trace(name, args.scale, seed)
-        path = os.path.join(args.out_dir, f"{name}.jsonl")
-        write_trace(path, trace)
+    print(f"profile: {profile.source}; kv_cpu_share {profile.kv_cpu_share}", flush=True)
+    rows, loads, overheads = [], {}, {}
+    for w, name in enumerate(WORKLOADS, 1):
+        traces = []
+        for r in range(args.runs):
+            trace = make_trace(name, args.scale, seed=w * 10 + r)
+            path = os.path.join(args.out_dir, f"{name}-{r}.jsonl")
+            write_trace(path, trace)
+            traces.append((path, trace))
         for setup, (num_prefill, num_decode) in SETUPS.items():
-            real = measured(setup, path, len(trace), args.out_dir)
-            loads[f"{name}/{setup}"] = os.getloadavg()[0]
-            sim = summarize(simulate(trace, profile, ClusterConfig(num_prefill, num_decode)),
-                            profile.request_overhead_s)
+            records, overhead = measured(setup, [(p, len(t)) for p, t in traces], profile, args.out_dir)
+            key = f"{name}/{setup}"
+            loads[key], overheads[key] = os.getloadavg()[0], overhead
+            real = percentiles([r.ttft_s for r in records], [g for r in records for g in r.itl_s])
+            calibrated = dataclasses.replace(profile, request_overhead_s=overhead)
+            sims = [q for _, t in traces for q in simulate(t, calibrated, ClusterConfig(num_prefill, num_decode))]
+            done = [q for q in sims if not q.rejected and q.first_s is not None]
+            sim = percentiles([q.first_s - q.arrival_s + overhead for q in done], [g for q in done for g in q.itls])
             for metric, pct in METRICS:
                 m, p = real[metric][pct], sim[metric][pct]
                 rows.append({"workload": name, "setup": setup, "metric": f"{metric[:-2].upper()} {pct}",
                              "measured_ms": m * 1000, "predicted_ms": p * 1000, "error_pct": (p - m) / m * 100,
-                             "failed": real["failed"]})
+                             "completed": len(records), "simulated": len(done)})
                 print(_row(rows[-1]), flush=True)  # as it goes: a later run may fail
-            print(f"done {name}/{setup} (load {loads[f'{name}/{setup}']:.2f})", flush=True)
+            print(f"done {key}: {len(records)} requests measured, overhead {overhead * 1000:.1f} ms "
+                  f"(load {loads[key]:.2f})", flush=True)
     print("\n| workload | setup | metric | measured (ms) | predicted (ms) | error |")
     print("|---|---|---|---:|---:|---:|")
     for r in rows:
         print(_row(r))
     within = sum(abs(r["error_pct"]) <= 20 for r in rows)
-    print(f"\n{within}/{len(rows)} within 20%; 1-minute load average after each run: "
-          + ", ".join(f"{k} {v:.2f}" for k, v in loads.items()))
+    print(f"\n{within}/{len(rows)} within 20%; overheads (ms): "
+          + ", ".join(f"{k} {v * 1000:.1f}" for k, v in overheads.items())
+          + "; 1-minute load average after each: " + ", ".join(f"{k} {v:.2f}" for k, v in loads.items()))
     with open(os.path.join(args.out_dir, "results.json"), "w") as f:
-        json.dump({"profile_source": profile.source, "rows": rows, "load_avg": loads}, f, indent=1)
+        json.dump({"profile_source": profile.source, "runs": args.runs, "rows": rows, "load_avg": loads,
+                   "overhead_s": overheads}, f, indent=1)
 
 
 if __name__ == "__main__":

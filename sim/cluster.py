@@ -155,7 +155,9 @@ class Cluster:
         seq.slot = (DECODE, address, tokens)
         if mode == DECODE_ONLY:  # the read waits on the prefill's write (the lease), then takes its own time
             nbytes = req.num_prompt * self.profile.kv_bytes_per_token
-            ready = max(self.now, req.first_s + self.profile.kv_put(nbytes)) + self.profile.kv_get(nbytes)
+            read_s = self.profile.kv_get(nbytes)
+            ready = max(self.now, req.first_s + self.profile.kv_put(nbytes)) + read_s
+            self.workers[address].charge(read_s * self.profile.kv_cpu_share)
             self.at(ready, self._submit, address, seq)
         else:
             self._submit(address, seq)
@@ -167,12 +169,16 @@ class Cluster:
         self._kick(worker)
 
     def _kick(self, worker: SimWorker) -> None:
-        if worker.busy or not worker.has_work():
+        if worker.busy:
+            return
+        if not worker.has_work():
+            worker.cpu_debt_s = 0.0  # the transfer ran on an idle core
             return
         plan = worker.schedule()
         if not plan.scheduled:
             return  # blocked (no KV room): the next finished request kicks it again
-        seconds = worker.step_seconds(plan)
+        seconds = worker.step_seconds(plan) + worker.cpu_debt_s  # a KV transfer's share of the core
+        worker.cpu_debt_s = 0.0
         worker.busy = True
         self.at(self.now + seconds, self._step_end, worker, plan, seconds)
 
@@ -186,6 +192,9 @@ class Cluster:
         req = seq.req
         if seq.mode == PREFILL_ONLY:
             req.first_s = req.last_s = self.now
+            if req.num_output > 1:  # the write of its KV, in the background on this worker
+                nbytes = req.num_prompt * self.profile.kv_bytes_per_token
+                self.workers[seq.slot[1]].charge(self.profile.kv_put(nbytes) * self.profile.kv_cpu_share)
             self._release(seq)
             if req.num_output == 1:
                 self._end(req)

@@ -72,11 +72,14 @@ def measure(model: str, threads: int, prefill_tokens, batch_sizes, contexts, kv_
     element = torch.empty((), dtype=engine.dtype).element_size()
     put, get = _kv_tables(block_shape, engine.dtype, kv_blocks, repeats)
     per_token = element * _prod(block_shape) // limits.block_size
+    # on a CPU the transfer's gRPC and copies run on the worker's own cores; on a GPU the
+    # steps run on the device and the host threads that move the bytes do not slow them
+    kv_cpu_share = 1.0 if engine.config.device.startswith("cpu") else 0.0
     return Profile(source=f"measured on {socket.gethostname()} ({os.cpu_count()} CPUs, {threads} torch thread(s), "
                           f"{time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f})",
                    model=model, prefill=prefill, decode_batch_sizes=tuple(batch_sizes),
                    decode_contexts=tuple(contexts), decode_s=decode, kv_put=put, kv_get=get,
-                   kv_bytes_per_token=per_token, scheduler=limits)
+                   kv_bytes_per_token=per_token, scheduler=limits, kv_cpu_share=kv_cpu_share)
 
 
 class _Prompts:

@@ -62,8 +62,14 @@ class Profile:
     kv_bytes_per_token: int
     scheduler: SchedulerLimits = SchedulerLimits()
     request_overhead_s: float = 0.0        # fixed per call (gRPC, router): added to TTFT
+    # the part of a KV put / get that runs on the worker's own cores, stretching its steps:
+    # 1 where the transfer is the worker's CPU work (gRPC + copies, as on this host), 0 where
+    # a NIC moves the bytes (RDMA, NIXL)
+    kv_cpu_share: float = 0.0
 
     def __post_init__(self):
+        if not 0.0 <= self.kv_cpu_share <= 1.0:
+            raise ValueError(f"profile: field 'kv_cpu_share' must be in [0, 1], got {self.kv_cpu_share}")
         if len(self.decode_s) != len(self.decode_batch_sizes) or any(
                 len(row) != len(self.decode_contexts) for row in self.decode_s):
             raise ValueError("profile: field 'decode.seconds' must be a batch_sizes x contexts table")
@@ -103,7 +109,7 @@ class Profile:
                 "kv_put": {"bytes": list(self.kv_put.xs), "seconds": list(self.kv_put.ys)},
                 "kv_get": {"bytes": list(self.kv_get.xs), "seconds": list(self.kv_get.ys)},
                 "kv_bytes_per_token": self.kv_bytes_per_token, "scheduler": asdict(self.scheduler),
-                "request_overhead_s": self.request_overhead_s}
+                "request_overhead_s": self.request_overhead_s, "kv_cpu_share": self.kv_cpu_share}
 
 
 def profile_from_json(raw: dict, where: str = "profile") -> Profile:
@@ -137,7 +143,8 @@ def profile_from_json(raw: dict, where: str = "profile") -> Profile:
                    decode_s=tuple(tuple(float(v) for v in row) for row in field("decode.seconds")),
                    kv_put=table("kv_put", "bytes"), kv_get=table("kv_get", "bytes"),
                    kv_bytes_per_token=int(field("kv_bytes_per_token")), scheduler=scheduler,
-                   request_overhead_s=float(raw.get("request_overhead_s", 0.0)))
+                   request_overhead_s=float(raw.get("request_overhead_s", 0.0)),
+                   kv_cpu_share=float(raw.get("kv_cpu_share", 0.0)))
 
 
 def load_profile(path: str) -> Profile:

@@ -64,6 +64,7 @@ class SimWorker:
         self.busy = False
         self.num_preemptions = 0
         self.busy_s = 0.0
+        self.cpu_debt_s = 0.0                 # core time other work took since the last step began
         # hash ids whose KV this worker's prefix cache holds, oldest first
         self._cache: OrderedDict[int, None] = OrderedDict()
         self._cache_units = max(1, lim.num_kv_blocks * lim.block_size // TRACE_BLOCK_SIZE)
@@ -74,6 +75,12 @@ class SimWorker:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def charge(self, seconds: float) -> None:
+        """Core time a KV transfer takes from this worker: its next step ends that much
+        later, unless the core had nothing else to do."""
+        if self.busy or self.has_work():
+            self.cpu_debt_s += seconds
 
     # ---- one step --------------------------------------------------------------------
     def schedule(self) -> StepPlan:

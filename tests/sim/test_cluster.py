@@ -40,6 +40,35 @@ def test_disaggregated_pays_the_handoff_before_the_second_token():
     assert r.itls[1] == pytest.approx(p.decode_step_s(1, 1001))
 
 
+def test_a_kv_read_on_the_decode_workers_core_stretches_its_running_streams_steps():
+    """kv_cpu_share 1 (a CPU host): the read of a second request's KV takes the decode
+    core from the first's stream, whose next step ends that much later; 0 (RDMA): it does
+    not. A read onto an idle core costs no other stream anything."""
+    trace = [one(1000, 40), one(1000, 3, t=0.3)]
+    cfg = ClusterConfig(1, 1, THRESHOLD_ALL_POOL)
+    base = flat_profile(long_prefill_token_threshold=2048)
+    shared = replace(base, kv_cpu_share=1.0)
+    free_a, _ = simulate(trace, base, cfg)
+    busy_a, _ = simulate(trace, shared, cfg)
+    stretched = [i for i, (x, y) in enumerate(zip(free_a.itls, busy_a.itls)) if y > x + 1e-9]
+    assert len(stretched) == 1  # one step of the first stream took the read's time
+    assert busy_a.itls[stretched[0]] - free_a.itls[stretched[0]] == pytest.approx(base.kv_get(1000 * 1000))
+    [alone_free] = simulate(trace[:1], base, cfg)
+    [alone_shared] = simulate(trace[:1], shared, cfg)
+    assert alone_shared.itls == pytest.approx(alone_free.itls)  # its own read and write met idle cores
+    with pytest.raises(ValueError, match="kv_cpu_share"):
+        replace(base, kv_cpu_share=1.5)
+
+
+def test_a_kv_write_on_the_prefill_workers_core_delays_the_next_prefill():
+    trace = [one(1000, 3), one(1000, 3, t=0.05)]  # the second waits while the first prefills
+    cfg = ClusterConfig(1, 1, THRESHOLD_ALL_POOL)
+    base = flat_profile(long_prefill_token_threshold=2048)
+    _, b_free = simulate(trace, base, cfg)
+    _, b_busy = simulate(trace, replace(base, kv_cpu_share=1.0), cfg)
+    assert b_busy.first_s - b_free.first_s == pytest.approx(base.kv_put(1000 * 1000))
+
+
 def test_second_request_queues_behind_the_first_within_the_token_budget():
     p = flat_profile(max_num_batched_tokens=512, long_prefill_token_threshold=512)
     a, b = simulate([one(500, 1), one(500, 1, t=0.001)], p, ClusterConfig(0, 1))
