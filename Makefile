@@ -38,7 +38,7 @@ proto: setup
 	$(PY) proto/generate.py
 
 test: setup redis prometheus tools
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 clean:
 	rm -rf $(VENV) .pytest_cache .tools

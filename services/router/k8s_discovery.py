@@ -13,8 +13,9 @@ One watcher per pool keeps its answer current, the informer pattern:
 
 An endpoint is used when `conditions.ready` is not false (unset means ready, as the API
 says) and its slice has the port named `port_name`. A terminating pod is not ready, so a
-worker that starts draining leaves the pool at once; the poller's health checks catch the
-rest. The registry asks `addresses()` on every poll, so changes need no restart.
+worker that starts draining takes no new work at once; the requests this router has open
+on it keep their channel and finish (workers.py), and the poller's health checks catch
+the rest. The registry asks `addresses()` on every poll, so changes need no restart.
 """
 from __future__ import annotations
 

@@ -68,7 +68,10 @@ def smollm2_reference(smollm2_loaded):
     return _generate(llm, [llm.tokenizer.encode(p) for p in SMOLLM2_PROMPTS])
 
 
-@pytest.mark.parametrize("t,p", [(3, 1), (1, 2), (3, 2)])
+# the real model once, at t = 3 (its 9 heads and 3 KV heads) x p = 2 (15 layers a stage):
+# TP and PP alone are the tiny model's cases above; each SmolLM2 engine of 6 ranks costs
+# a minute or more of a 2-core CI
+@pytest.mark.parametrize("t,p", [(3, 2)])
 def test_smollm2_parallel_matches_single_rank(t, p, smollm2_reference):
     llm = LLM("smollm2", tensor_parallel_size=t, pipeline_parallel_size=p, **ENGINE_KW)
     try:
