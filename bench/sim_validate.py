@@ -14,9 +14,12 @@ to judge a model by).
 Calibration, measured here and not fitted to the workloads:
 - the profile (one torch thread, the grids below), with `kv_cpu_share` 1: on this host a
   KV transfer's gRPC and copies take the worker's own core;
-- `request_overhead_s` per setup: on the idle platform, the median TTFT of a few lone
-  64-token prompts less the profile's 64-token prefill step (the router's and client's
-  hops, the lease and lookup on the disaggregated path).
+- `step_overhead_s` and `request_overhead_s` per setup, from a few lone 64-token prompts
+  streaming 24 tokens on the idle platform: the median gap between tokens less the
+  profile's decode step (what a serving worker's step costs beyond engine.step(): the
+  outputs handed to their streams and sent from the same core), and the median TTFT less
+  the prefill step and that (the router's and client's hops, the lease and lookup on the
+  disaggregated path).
 
 Each worker is pinned to one core (cpus_per_worker=1), as the profile's one thread.
 `--scale` multiplies the request counts.
@@ -51,7 +54,7 @@ WORKLOADS = {"chat": (16, (32, 128), (16, 32), 2.0),
              "long-prompt": (12, (256, 512), (4, 8), 3.0)}
 SETUPS = {"1P+1D": (1, 1), "colocated": (0, 1)}
 METRICS = (("ttft_s", "p50"), ("ttft_s", "p90"), ("itl_s", "p50"), ("itl_s", "p90"))
-PROBE_TOKENS, PROBE_REQUESTS = 64, 5
+PROBE_TOKENS, PROBE_OUTPUT, PROBE_REQUESTS = 64, 24, 5
 
 
 def make_trace(name: str, scale: float, seed: int) -> list[TraceRequest]:
@@ -64,30 +67,37 @@ def make_trace(name: str, scale: float, seed: int) -> list[TraceRequest]:
     return out
 
 
-def probe_overhead(router: str, profile: Profile) -> float:
-    """What a lone request's TTFT costs beyond its prefill step, on the idle platform."""
+def probe_overheads(router: str, profile: Profile) -> tuple[float, float]:
+    """What a lone stream costs on the idle platform beyond the profile's engine steps:
+    per step (its median gap between tokens after the second, less the profile's decode
+    step) and per request (its TTFT less its prefill step and that step's overhead)."""
     target, rng = GrpcTarget(TargetConfig("grpc", router, timeout_s=120)), random.Random(7)
-    ttfts = []
+    ttfts, gaps = [], []
     try:
         for _ in range(PROBE_REQUESTS):
             prompt = tuple(rng.randrange(1000, 40000) for _ in range(PROBE_TOKENS))
-            out = target.send(BenchRequest(prompt=prompt, prompt_len=PROBE_TOKENS, output_len=2))
-            if out.error or not out.chunks:
-                raise RuntimeError(f"overhead probe failed: {out.error}")
+            out = target.send(BenchRequest(prompt=prompt, prompt_len=PROBE_TOKENS, output_len=PROBE_OUTPUT))
+            if out.error or len(out.chunks) < 3:
+                raise RuntimeError(f"overhead probe failed: {out.error or len(out.chunks)} chunks")
             ttfts.append(out.chunks[0][0] - out.sent)
+            # the first gap may hold the KV hand-off; one chunk per token (no speculation here)
+            gaps += [b[0] - a[0] for a, b in zip(out.chunks[1:], out.chunks[2:])]
     finally:
         target.close()
-    return max(0.0, statistics.median(ttfts) - profile.prefill_s(PROBE_TOKENS))
+    step = max(0.0, statistics.median(gaps) - profile.decode_step_s(1, PROBE_TOKENS + PROBE_OUTPUT / 2))
+    request = max(0.0, statistics.median(ttfts) - profile.prefill_s(PROBE_TOKENS) - step)
+    return request, step
 
 
-def measured(setup: str, traces: list[tuple[str, int]], profile: Profile, log_dir: str) -> tuple[list, float]:
-    """The records of every trace run on one platform, and the probe's overhead."""
+def measured(setup: str, traces: list[tuple[str, int]], profile: Profile,
+             log_dir: str) -> tuple[list, tuple[float, float]]:
+    """The records of every trace run on one platform, and the probe's overheads."""
     num_prefill, num_decode = SETUPS[setup]
     cfg = PlatformConfig(num_prefill=num_prefill, num_decode=num_decode, cpus_per_worker=1, startup_timeout_s=900)
     records = []
     with local_platform(cfg, log_path=os.path.join(log_dir, f"{setup}.log")) as platform:
         platform.warm_up()
-        overhead = probe_overhead(platform.router_address, profile)
+        overheads = probe_overheads(platform.router_address, profile)
         for path, n in traces:
             result = run_bench(BenchConfig(target=TargetConfig("grpc", platform.router_address, timeout_s=600),
                                            dataset=DatasetConfig("mooncake", num_requests=n, path=path),
@@ -98,7 +108,7 @@ def measured(setup: str, traces: list[tuple[str, int]], profile: Profile, log_di
             with open(f"{path}.{setup}.summary.json", "w") as f:
                 json.dump(result.summary, f, indent=1, default=str)
             records += [r for r in result.records if r.ok]
-    return records, overhead
+    return records, overheads
 
 
 def percentiles(ttfts, itls) -> dict:
@@ -116,7 +126,7 @@ def main() -> None:
     parser.add_argument("--out-dir", default="/tmp/sim_validate")
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--runs", type=int, default=3, help="traces per workload, pooled")
-    parser.add_argument("--repeats", type=int, default=3, help="profile repeats per point")
+    parser.add_argument("--repeats", type=int, default=5, help="profile repeats per point (the median)")
     parser.add_argument("--profile", default=None, help="use this profile instead of measuring one now")
     args = parser.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
@@ -124,8 +134,9 @@ def main() -> None:
     if args.profile:
         profile = load_profile(args.profile)
     else:
-        profile = measure("smollm2", 1, (16, 64, 128, 256, 512, 1024), (1, 2, 4, 8), (32, 256, 768),
-                          (1, 4, 16, 64), args.repeats)
+        # prefill points every 64 tokens over the long prompts' range: the cost bends there
+        profile = measure("smollm2", 1, (16, 64, 128, 192, 256, 320, 384, 448, 512, 768, 1024), (1, 2, 4, 8),
+                          (32, 256, 768), (1, 4, 16, 64), args.repeats)
         save_profile(profile, os.path.join(args.out_dir, "profile.json"))
     print(f"profile: {profile.source}; kv_cpu_share {profile.kv_cpu_share}", flush=True)
     rows, loads, overheads = [], {}, {}
@@ -137,11 +148,12 @@ def main() -> None:
             write_trace(path, trace)
             traces.append((path, trace))
         for setup, (num_prefill, num_decode) in SETUPS.items():
-            records, overhead = measured(setup, [(p, len(t)) for p, t in traces], profile, args.out_dir)
+            records, (overhead, step_overhead) = measured(setup, [(p, len(t)) for p, t in traces], profile,
+                                                          args.out_dir)
             key = f"{name}/{setup}"
-            loads[key], overheads[key] = os.getloadavg()[0], overhead
+            loads[key], overheads[key] = os.getloadavg()[0], (overhead, step_overhead)
             real = percentiles([r.ttft_s for r in records], [g for r in records for g in r.itl_s])
-            calibrated = dataclasses.replace(profile, request_overhead_s=overhead)
+            calibrated = dataclasses.replace(profile, request_overhead_s=overhead, step_overhead_s=step_overhead)
             sims = [q for _, t in traces for q in simulate(t, calibrated, ClusterConfig(num_prefill, num_decode))]
             done = [q for q in sims if not q.rejected and q.first_s is not None]
             sim = percentiles([q.first_s - q.arrival_s + overhead for q in done], [g for q in done for g in q.itls])
@@ -151,15 +163,15 @@ def main() -> None:
                              "measured_ms": m * 1000, "predicted_ms": p * 1000, "error_pct": (p - m) / m * 100,
                              "completed": len(records), "simulated": len(done)})
                 print(_row(rows[-1]), flush=True)  # as it goes: a later run may fail
-            print(f"done {key}: {len(records)} requests measured, overhead {overhead * 1000:.1f} ms "
-                  f"(load {loads[key]:.2f})", flush=True)
+            print(f"done {key}: {len(records)} requests measured, overheads {overhead * 1000:.1f} ms a request, "
+                  f"{step_overhead * 1000:.1f} ms a step (load {loads[key]:.2f})", flush=True)
     print("\n| workload | setup | metric | measured (ms) | predicted (ms) | error |")
     print("|---|---|---|---:|---:|---:|")
     for r in rows:
         print(_row(r))
     within = sum(abs(r["error_pct"]) <= 20 for r in rows)
-    print(f"\n{within}/{len(rows)} within 20%; overheads (ms): "
-          + ", ".join(f"{k} {v * 1000:.1f}" for k, v in overheads.items())
+    print(f"\n{within}/{len(rows)} within 20%; overheads (ms a request / a step): "
+          + ", ".join(f"{k} {r * 1000:.1f} / {st * 1000:.1f}" for k, (r, st) in overheads.items())
           + "; 1-minute load average after each: " + ", ".join(f"{k} {v:.2f}" for k, v in loads.items()))
     with open(os.path.join(args.out_dir, "results.json"), "w") as f:
         json.dump({"profile_source": profile.source, "runs": args.runs, "rows": rows, "load_avg": loads,

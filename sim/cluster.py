@@ -36,6 +36,7 @@ class SimRequest:
     slo_class: str
     path: str = ""
     first_s: float | None = None   # first token's time (absolute)
+    written_s: float = 0.0         # when the prefill's KV write ended (the decode's read waits for it)
     last_s: float | None = None
     end_s: float | None = None
     rejected: bool = False
@@ -155,9 +156,11 @@ class Cluster:
         seq.slot = (DECODE, address, tokens)
         if mode == DECODE_ONLY:  # the read waits on the prefill's write (the lease), then takes its own time
             nbytes = req.num_prompt * self.profile.kv_bytes_per_token
-            read_s = self.profile.kv_get(nbytes)
-            ready = max(self.now, req.first_s + self.profile.kv_put(nbytes)) + read_s
-            self.workers[address].charge(read_s * self.profile.kv_cpu_share)
+            worker, read_s = self.workers[address], self.profile.kv_get(nbytes)
+            # on a shared core the read and the steps split it: the read lasts longer, and
+            # the steps lose its CPU time
+            ready = max(self.now, req.written_s) + read_s * worker.transfer_stretch()
+            worker.charge(read_s * self.profile.kv_cpu_share)
             self.at(ready, self._submit, address, seq)
         else:
             self._submit(address, seq)
@@ -193,8 +196,10 @@ class Cluster:
         if seq.mode == PREFILL_ONLY:
             req.first_s = req.last_s = self.now
             if req.num_output > 1:  # the write of its KV, in the background on this worker
-                nbytes = req.num_prompt * self.profile.kv_bytes_per_token
-                self.workers[seq.slot[1]].charge(self.profile.kv_put(nbytes) * self.profile.kv_cpu_share)
+                worker = self.workers[seq.slot[1]]
+                write_s = self.profile.kv_put(req.num_prompt * self.profile.kv_bytes_per_token)
+                req.written_s = self.now + write_s * worker.transfer_stretch()
+                worker.charge(write_s * self.profile.kv_cpu_share)
             self._release(seq)
             if req.num_output == 1:
                 self._end(req)

@@ -62,12 +62,18 @@ class Profile:
     kv_bytes_per_token: int
     scheduler: SchedulerLimits = SchedulerLimits()
     request_overhead_s: float = 0.0        # fixed per call (gRPC, router): added to TTFT
+    # what a serving worker's step costs beyond engine.step(): handing the outputs to their
+    # streams, gRPC sending them from the same cores, metrics; measured on a running platform
+    step_overhead_s: float = 0.0
     # the part of a KV put / get that runs on the worker's own cores, stretching its steps:
     # 1 where the transfer is the worker's CPU work (gRPC + copies, as on this host), 0 where
     # a NIC moves the bytes (RDMA, NIXL)
     kv_cpu_share: float = 0.0
 
     def __post_init__(self):
+        if not self.request_overhead_s >= 0.0 or not self.step_overhead_s >= 0.0:
+            raise ValueError(f"profile: fields 'request_overhead_s' and 'step_overhead_s' must be >= 0, got "
+                             f"{self.request_overhead_s} and {self.step_overhead_s}")
         if not 0.0 <= self.kv_cpu_share <= 1.0:
             raise ValueError(f"profile: field 'kv_cpu_share' must be in [0, 1], got {self.kv_cpu_share}")
         if len(self.decode_s) != len(self.decode_batch_sizes) or any(
@@ -87,13 +93,14 @@ class Profile:
         return Table1D(tuple(map(float, ctxs)), tuple(at))(context) if len(ctxs) > 1 else at[0]
 
     def step_s(self, num_prefill_tokens: int, num_decodes: int, mean_context: float) -> float:
+        """A serving worker's step: the engine's, plus step_overhead_s."""
         if num_prefill_tokens == 0:
-            return self.decode_step_s(num_decodes, mean_context) if num_decodes else 0.0
+            return self.decode_step_s(num_decodes, mean_context) + self.step_overhead_s if num_decodes else 0.0
         extra = 0.0
         if num_decodes:
             extra = max(0.0, self.decode_step_s(num_decodes, mean_context)
                         - self.decode_step_s(num_decodes, self.decode_contexts[0]))
-        return self.prefill_s(num_prefill_tokens + num_decodes) + extra
+        return self.prefill_s(num_prefill_tokens + num_decodes) + extra + self.step_overhead_s
 
     def handoff_s(self, num_tokens: int) -> float:
         """The KV of `num_tokens` prompt tokens written by the prefill and read by the decode."""
@@ -109,7 +116,8 @@ class Profile:
                 "kv_put": {"bytes": list(self.kv_put.xs), "seconds": list(self.kv_put.ys)},
                 "kv_get": {"bytes": list(self.kv_get.xs), "seconds": list(self.kv_get.ys)},
                 "kv_bytes_per_token": self.kv_bytes_per_token, "scheduler": asdict(self.scheduler),
-                "request_overhead_s": self.request_overhead_s, "kv_cpu_share": self.kv_cpu_share}
+                "request_overhead_s": self.request_overhead_s, "step_overhead_s": self.step_overhead_s,
+                "kv_cpu_share": self.kv_cpu_share}
 
 
 def profile_from_json(raw: dict, where: str = "profile") -> Profile:
@@ -144,6 +152,7 @@ def profile_from_json(raw: dict, where: str = "profile") -> Profile:
                    kv_put=table("kv_put", "bytes"), kv_get=table("kv_get", "bytes"),
                    kv_bytes_per_token=int(field("kv_bytes_per_token")), scheduler=scheduler,
                    request_overhead_s=float(raw.get("request_overhead_s", 0.0)),
+                   step_overhead_s=float(raw.get("step_overhead_s", 0.0)),
                    kv_cpu_share=float(raw.get("kv_cpu_share", 0.0)))
 
 

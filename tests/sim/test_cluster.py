@@ -24,6 +24,16 @@ def test_one_request_colocated_ttft_is_its_prefill_and_itl_its_decode_step():
     assert r.itls == pytest.approx([p.decode_step_s(1, 100)] * 3)
 
 
+def test_the_step_overhead_is_paid_by_every_step_and_the_request_overhead_once():
+    p = replace(flat_profile(), step_overhead_s=0.005, request_overhead_s=0.030)
+    [r] = simulate([one(100, 4)], p, ClusterConfig(0, 1))
+    assert r.first_s - r.arrival_s == pytest.approx(p.prefill_s(100) + 0.005)
+    assert r.itls == pytest.approx([p.decode_step_s(1, 100) + 0.005] * 3)
+    assert summarize([r], p.request_overhead_s)["ttft_s"]["p50"] == pytest.approx(p.prefill_s(100) + 0.035)
+    with pytest.raises(ValueError, match="step_overhead_s"):
+        replace(p, step_overhead_s=-0.001)
+
+
 def test_long_prompt_is_chunked_by_the_threshold():
     p = flat_profile(long_prefill_token_threshold=512)
     [r] = simulate([one(1200, 1)], p, ClusterConfig(0, 1))
@@ -64,9 +74,15 @@ def test_a_kv_write_on_the_prefill_workers_core_delays_the_next_prefill():
     trace = [one(1000, 3), one(1000, 3, t=0.05)]  # the second waits while the first prefills
     cfg = ClusterConfig(1, 1, THRESHOLD_ALL_POOL)
     base = flat_profile(long_prefill_token_threshold=2048)
-    _, b_free = simulate(trace, base, cfg)
-    _, b_busy = simulate(trace, replace(base, kv_cpu_share=1.0), cfg)
-    assert b_busy.first_s - b_free.first_s == pytest.approx(base.kv_put(1000 * 1000))
+    a_free, b_free = simulate(trace, base, cfg)
+    a_busy, b_busy = simulate(trace, replace(base, kv_cpu_share=1.0), cfg)
+    put = base.kv_put(1000 * 1000)
+    assert b_busy.first_s - b_free.first_s == pytest.approx(put)  # the core time the write took
+    # the write itself shared the core with b's prefill: it lasted twice as long
+    assert a_free.written_s - a_free.first_s == pytest.approx(put)
+    assert a_busy.written_s - a_busy.first_s == pytest.approx(2 * put)
+    # b's own write met an idle core
+    assert b_busy.written_s - b_busy.first_s == pytest.approx(put)
 
 
 def test_second_request_queues_behind_the_first_within_the_token_budget():
