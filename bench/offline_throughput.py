@@ -11,6 +11,8 @@ Prints one JSON line with every rate, `ratio_vs_vllm` and `ratio_vs_hf`.
 
     .venv/bin/python bench/offline_throughput.py --num-prompts 32 --vllm-python $TMPDIR/vllm-peer/bin/python
     .venv/bin/python bench/offline_throughput.py                 # 64 prompts, pdserve vs transformers
+    .venv/bin/python bench/offline_throughput.py --num-prompts 16 --skip-hf --tensor-parallel-size 3 \
+        --vllm-python $TMPDIR/vllm-peer/bin/python               # both engines at t = 3 (3 ranks each)
 """
 from __future__ import annotations
 
@@ -78,14 +80,14 @@ def save_hf_folder(gguf_path: str, out_dir: str) -> str:
     return out_dir
 
 
-def run_vllm(python: str, hf_dir: str, prompts, outputs, threads: int) -> dict:
+def run_vllm(python: str, hf_dir: str, prompts, outputs, threads: int, tensor_parallel_size: int = 1) -> dict:
     """vLLM in a subprocess of its own environment; its JSON line starts with PEER_RESULT."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers", "vllm_offline.py")
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"prompts": prompts, "max_tokens": outputs}, f)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    proc = subprocess.run([python, script, "--model", hf_dir, "--workload", f.name], env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run([python, script, "--model", hf_dir, "--workload", f.name,
+                           "--tensor-parallel-size", str(tensor_parallel_size)], env=env, capture_output=True, text=True)
     os.unlink(f.name)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("PEER_RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -99,28 +101,33 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64, help="engine max_num_seqs = HF batch size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="both engines' (not transformers')")
     parser.add_argument("--vllm-python", default=None, help="a vLLM environment's python: also run vLLM")
     parser.add_argument("--hf-dir", default=os.path.join(tempfile.gettempdir(), "pdserve-smollm2-hf"),
                         help="where the HF folder vLLM reads is saved (once)")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
-    llm = LLM(DEFAULT_MODEL, max_num_seqs=args.concurrency, progress=False)
+    llm = LLM(DEFAULT_MODEL, max_num_seqs=args.concurrency, progress=False,
+              tensor_parallel_size=args.tensor_parallel_size)
     prompts, outputs = make_workload(llm.engine.loaded.arch.vocab_size, args.num_prompts, args.seed)
     warm = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     llm.generate({"prompt_token_ids": prompts[0][:64]}, warm)  # as vLLM is warmed up: no request pays start-up
     engine_s, engine_ids = run_engine(llm, prompts, outputs)
     tokens = sum(outputs)
     result = {"num_prompts": args.num_prompts, "concurrency": args.concurrency,
+              "tensor_parallel_size": args.tensor_parallel_size,
               "prompt_tokens": sum(map(len, prompts)), "output_tokens": tokens,
               "engine_s": round(engine_s, 2), "engine_output_tok_s": round(tokens / engine_s, 2),
               "torch_threads": torch.get_num_threads()}
     if args.vllm_python:
         hf_dir = save_hf_folder(resolve_model(DEFAULT_MODEL).path, args.hf_dir)
-        peer = run_vllm(args.vllm_python, hf_dir, prompts, outputs, torch.get_num_threads())
+        peer = run_vllm(args.vllm_python, hf_dir, prompts, outputs, torch.get_num_threads(), args.tensor_parallel_size)
         result.update(vllm_s=peer["seconds"], vllm_output_tok_s=peer["output_tok_s"],
                       ratio_vs_vllm=round(peer["seconds"] / engine_s, 2),
                       # greedy float32 on both: requests whose tokens agree exactly (kernels differ in rounding)
                       same_tokens_as_vllm=sum(a == b for a, b in zip(engine_ids, peer["token_ids"])))
+    if args.tensor_parallel_size > 1:
+        llm.engine.shutdown()
     if not args.skip_hf:
         del llm
         hf_s, _ = run_hf(resolve_model(DEFAULT_MODEL).path, prompts, outputs, args.concurrency, pad_id=2)

@@ -17,6 +17,7 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="a Hugging Face folder (vLLM reads no GGUF here)")
     parser.add_argument("--workload", required=True)
     parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -28,7 +29,8 @@ def main() -> None:
     with open(args.workload) as f:
         work = json.load(f)
     start = time.perf_counter()
-    llm = LLM(model=args.model, dtype="float32", max_model_len=2048, max_num_seqs=args.max_num_seqs)
+    llm = LLM(model=args.model, dtype="float32", max_model_len=2048, max_num_seqs=args.max_num_seqs,
+              tensor_parallel_size=args.tensor_parallel_size)
     load_s = time.perf_counter() - start
     warm = [TokensPrompt(prompt_token_ids=work["prompts"][0][:64])]
     llm.generate(warm, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), use_tqdm=False)
