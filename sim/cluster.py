@@ -156,11 +156,7 @@ class Cluster:
         seq.slot = (DECODE, address, tokens)
         if mode == DECODE_ONLY:  # the read waits on the prefill's write (the lease), then takes its own time
             nbytes = req.num_prompt * self.profile.kv_bytes_per_token
-            worker, read_s = self.workers[address], self.profile.kv_get(nbytes)
-            # on a shared core the read and the steps split it: the read lasts longer, and
-            # the steps lose its CPU time
-            ready = max(self.now, req.written_s) + read_s * worker.transfer_stretch()
-            worker.charge(read_s * self.profile.kv_cpu_share)
+            ready = max(self.now, req.written_s) + self.workers[address].transfer(self.profile.kv_get(nbytes))
             self.at(ready, self._submit, address, seq)
         else:
             self._submit(address, seq)
@@ -196,10 +192,8 @@ class Cluster:
         if seq.mode == PREFILL_ONLY:
             req.first_s = req.last_s = self.now
             if req.num_output > 1:  # the write of its KV, in the background on this worker
-                worker = self.workers[seq.slot[1]]
                 write_s = self.profile.kv_put(req.num_prompt * self.profile.kv_bytes_per_token)
-                req.written_s = self.now + write_s * worker.transfer_stretch()
-                worker.charge(write_s * self.profile.kv_cpu_share)
+                req.written_s = self.now + self.workers[seq.slot[1]].transfer(write_s)
             self._release(seq)
             if req.num_output == 1:
                 self._end(req)

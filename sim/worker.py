@@ -76,17 +76,14 @@ class SimWorker:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def transfer_stretch(self) -> float:
-        """How much longer a KV transfer takes when it shares the core with this worker's
-        steps: 1 + kv_cpu_share while the worker has work (each gets part of the core),
-        1 on an idle core."""
-        return 1.0 + self.profile.kv_cpu_share if self.busy or self.has_work() else 1.0
-
-    def charge(self, seconds: float) -> None:
-        """Core time a KV transfer takes from this worker: its next step ends that much
-        later, unless the core had nothing else to do."""
-        if self.busy or self.has_work():
-            self.cpu_debt_s += seconds
+    def transfer(self, seconds: float) -> float:
+        """A KV transfer of `seconds` (alone on a core) beside this worker's steps: with
+        work here it shares the core, so it lasts (1 + kv_cpu_share)x as long and its CPU
+        time delays the next step; on an idle core it costs nothing else. Its duration."""
+        if not (self.busy or self.has_work()):
+            return seconds
+        self.cpu_debt_s += seconds * self.profile.kv_cpu_share
+        return seconds * (1.0 + self.profile.kv_cpu_share)
 
     # ---- one step --------------------------------------------------------------------
     def schedule(self) -> StepPlan:
