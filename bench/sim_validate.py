@@ -134,8 +134,9 @@ def main() -> None:
     if args.profile:
         profile = load_profile(args.profile)
     else:
-        # prefill points every 64 tokens over the long prompts' range: the cost bends there
-        profile = measure("smollm2", 1, (16, 64, 128, 192, 256, 320, 384, 448, 512, 768, 1024), (1, 2, 4, 8),
+        # prefill points every 64 tokens over the long prompts' range (the cost bends there), up
+        # to the chunk threshold: a step of several prompts is costed from one prompt's points
+        profile = measure("smollm2", 1, (16, 64, 128, 192, 256, 320, 384, 448, 512), (1, 2, 4, 8),
                           (32, 256, 768), (1, 4, 16, 64), args.repeats)
         save_profile(profile, os.path.join(args.out_dir, "profile.json"))
     print(f"profile: {profile.source}; kv_cpu_share {profile.kv_cpu_share}", flush=True)

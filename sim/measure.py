@@ -6,8 +6,9 @@ put_blocks / get_blocks, as the prefill and decode workers move KV):
     decode    steps where B sequences of context C all decode, nothing prefills
     kv        put_blocks then get_blocks of N blocks of the model's KV shape
 
-Each point is the median of a few repeats. The grids are flags; the defaults take a
-couple of minutes for SmolLM2 on one CPU core (a `pdserve up` worker's share here).
+Each point is a median: of `--repeats` rounds over the prefill grid, of 4 x `--repeats`
+decode steps, of `--repeats` transfers. The grids are flags; the defaults take a couple of
+minutes for SmolLM2 on one CPU core (a `pdserve up` worker's share here).
 """
 from __future__ import annotations
 
@@ -65,8 +66,14 @@ def measure(model: str, threads: int, prefill_tokens, batch_sizes, contexts, kv_
     ids = _Prompts(engine.info.vocab_size)
     _prefill_step(engine, ids, 64, limits)  # untimed: first calls pay one-off costs
     _decode_step(engine, ids, 2, 32, 1)
-    prefill = Table1D(tuple(map(float, prefill_tokens)),
-                      tuple(_median(repeats, lambda: _prefill_step(engine, ids, t, limits)) for t in prefill_tokens))
+    # the repeats go round the grid rather than point by point: this VM's speed drifts by
+    # tens of percent over minutes, and a slow minute spread over every point keeps the
+    # curve's shape (each prompt's own attention) where it would bend one point
+    samples = {t: [] for t in prefill_tokens}
+    for _ in range(repeats):
+        for t in prefill_tokens:
+            samples[t].append(_prefill_step(engine, ids, t, limits))
+    prefill = Table1D(tuple(map(float, prefill_tokens)), tuple(statistics.median(samples[t]) for t in prefill_tokens))
     decode = tuple(tuple(_decode_step(engine, ids, b, c, repeats) for c in contexts) for b in batch_sizes)
     block_shape = engine.info.kv_block_shape
     element = torch.empty((), dtype=engine.dtype).element_size()
@@ -97,10 +104,6 @@ class _Prompts:
         return f"profile-{self.n}"
 
 
-def _median(repeats: int, fn) -> float:
-    return statistics.median(fn() for _ in range(repeats))
-
-
 def _prefill_step(engine, ids: _Prompts, num_tokens: int, limits: SchedulerLimits) -> float:
     """One step that computes `num_tokens` prompt tokens (each prompt one chunk)."""
     from engine import SamplingParams
@@ -117,16 +120,18 @@ def _prefill_step(engine, ids: _Prompts, num_tokens: int, limits: SchedulerLimit
 
 
 def _decode_step(engine, ids: _Prompts, batch: int, context: int, repeats: int) -> float:
-    """Median time of steps where `batch` sequences of about `context` tokens decode."""
+    """Median time of steps where `batch` sequences of about `context` tokens decode (four
+    steps a repeat: they are cheap next to the prefill that sets them up)."""
     from engine import SamplingParams
+    num_steps = 4 * repeats
     req_ids = [ids.req_id() for _ in range(batch)]
     for req_id in req_ids:
-        engine.add_request(req_id, ids.take(context), SamplingParams(max_tokens=repeats + 64, ignore_eos=True))
+        engine.add_request(req_id, ids.take(context), SamplingParams(max_tokens=num_steps + 64, ignore_eos=True))
     while engine.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens
                                           for r in engine.scheduler.running):
         engine.step()
     times = []
-    for _ in range(repeats + 1):
+    for _ in range(num_steps + 1):
         start = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - start)

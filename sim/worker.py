@@ -44,10 +44,14 @@ class Seq:
 @dataclass
 class StepPlan:
     scheduled: list = field(default_factory=list)   # (seq, num_new)
-    num_prefill_tokens: int = 0
+    prefill_chunks: list = field(default_factory=list)  # num_new of each prefill chunk
     num_decodes: int = 0
     context_sum: int = 0
     preempted: bool = False
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(self.prefill_chunks)
 
 
 class SimWorker:
@@ -95,7 +99,7 @@ class SimWorker:
 
     def step_seconds(self, plan: StepPlan) -> float:
         mean_ctx = plan.context_sum / plan.num_decodes if plan.num_decodes else 0.0
-        return self.profile.step_s(plan.num_prefill_tokens, plan.num_decodes, mean_ctx)
+        return self.profile.step_s(plan.prefill_chunks, plan.num_decodes, mean_ctx)
 
     def _chunk(self, seq: Seq, budget: int) -> int:
         cap = min(self.threshold, seq.chunk_cap) if seq.chunk_cap else self.threshold
@@ -189,7 +193,7 @@ class SimWorker:
             plan.num_decodes += 1
             plan.context_sum += seq.num_computed
         else:
-            plan.num_prefill_tokens += num_new
+            plan.prefill_chunks.append(num_new)
 
     @staticmethod
     def _uncount(plan: StepPlan, num_new: int, seq: Seq) -> None:
@@ -197,7 +201,7 @@ class SimWorker:
             plan.num_decodes -= 1
             plan.context_sum -= seq.num_computed - 1
         else:
-            plan.num_prefill_tokens -= num_new
+            plan.prefill_chunks.remove(num_new)
 
     def finish_step(self, plan: StepPlan, seconds: float) -> list[tuple[Seq, bool]]:
         """The step's sampled tokens: (seq, finished) for each sequence that got one."""

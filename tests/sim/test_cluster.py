@@ -7,6 +7,7 @@ import services.router.policy as router_policy
 from services.router.config import PathConfig, RouterConfig
 from sim.cluster import ClusterConfig, simulate
 from sim.metrics import summarize
+from sim.profile import Table1D
 from sim.trace import TraceRequest
 from tests.sim.helpers import flat_profile
 
@@ -38,6 +39,16 @@ def test_long_prompt_is_chunked_by_the_threshold():
     p = flat_profile(long_prefill_token_threshold=512)
     [r] = simulate([one(1200, 1)], p, ClusterConfig(0, 1))
     assert r.first_s == pytest.approx(p.prefill_s(512) * 2 + p.prefill_s(176))
+
+
+def test_prompts_queued_together_share_one_step_costed_per_prompt():
+    # a step of several prompts pays each prompt's own attention (sim/profile.py), as the
+    # engine's varlen attention does: the three first tokens come at the step's end
+    p = replace(flat_profile(), prefill=Table1D((0.0, 400.0, 1200.0), (0.1, 2.3, 9.0)))
+    a, b, c = simulate([one(400, 1), one(400, 1, t=0.01), one(400, 1, t=0.02)], p, ClusterConfig(0, 1))
+    assert a.first_s == pytest.approx(p.prefill_s(400))  # alone: the others arrived mid-step
+    assert b.first_s == c.first_s == pytest.approx(a.first_s + p.step_s([400, 400], 0, 0.0))
+    assert p.step_s([400, 400], 0, 0.0) == pytest.approx(0.1 + 2 * 2.2)
 
 
 def test_disaggregated_pays_the_handoff_before_the_second_token():

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from cli.main import main
-from sim.profile import load_profile, profile_from_json
+from sim.profile import Table1D, load_profile, profile_from_json
 from sim.trace import TraceRequest, parse_trace, trace_lines
 from tests.sim.helpers import flat_profile
 
@@ -58,7 +58,17 @@ def test_step_cost_interpolates_and_mixes():
     p = flat_profile()
     assert p.prefill_s(500) == pytest.approx(0.060)
     assert p.decode_step_s(32, 100) == pytest.approx(0.021 + 31 / 63 * 0.063)
-    assert p.step_s(100, 2, 50) == pytest.approx(p.prefill_s(102))  # context-free decode: no extra
+    assert p.step_s([100], 2, 50) == pytest.approx(p.prefill_s(102))  # context-free decode: no extra
+    assert p.step_s([], 2, 50) == pytest.approx(p.decode_step_s(2, 50))
+
+
+def test_a_step_of_several_prompts_pays_the_fixed_part_once_and_each_prompts_own_attention():
+    # 0.1 s fixed, then each prompt's cost grows faster than its length (attention)
+    p = replace(flat_profile(), prefill=Table1D((0.0, 400.0, 1200.0), (0.1, 2.3, 9.0)))
+    three = p.step_s([400, 400, 400], 0, 0.0)
+    assert three == pytest.approx(0.1 + 3 * 2.2)
+    assert three < p.prefill_s(1200)  # not one 1200-token prompt's attention
+    assert p.step_s([400], 4, 0.0) == pytest.approx(p.prefill_s(400) + p.prefill_s(4) - 0.1)
 
 
 @pytest.fixture
