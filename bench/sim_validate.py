@@ -19,7 +19,12 @@ Calibration, measured here and not fitted to the workloads:
   profile's decode step (what a serving worker's step costs beyond engine.step(): the
   outputs handed to their streams and sent from the same core), and the median TTFT less
   the prefill step and that (the router's and client's hops, the lease and lookup on the
-  disaggregated path).
+  disaggregated path);
+- `handoff_overhead_s` from the same probe: the median first gap between tokens less the
+  profile's KV read and decode step (the router's call to the decode worker, its lookup
+  and import).
+
+Each run's measured requests are saved beside its trace (`<trace>.<setup>.records.jsonl`).
 
 Each worker is pinned to one core (cpus_per_worker=1), as the profile's one thread.
 `--scale` multiplies the request counts.
@@ -67,12 +72,14 @@ def make_trace(name: str, scale: float, seed: int) -> list[TraceRequest]:
     return out
 
 
-def probe_overheads(router: str, profile: Profile) -> tuple[float, float]:
-    """What a lone stream costs on the idle platform beyond the profile's engine steps:
-    per step (its median gap between tokens after the second, less the profile's decode
-    step) and per request (its TTFT less its prefill step and that step's overhead)."""
+def probe_overheads(router: str, profile: Profile) -> tuple[float, float, float]:
+    """What a lone stream costs on the idle platform beyond the profile's engine steps and
+    transfers: per request (its TTFT less its prefill step and that step's overhead), per
+    step (its median gap between tokens after the second, less the profile's decode step)
+    and per hand-off (its first gap less the KV read and a decode step: on the colocated
+    path, where there is none, this comes out near 0 and is not used)."""
     target, rng = GrpcTarget(TargetConfig("grpc", router, timeout_s=120)), random.Random(7)
-    ttfts, gaps = [], []
+    ttfts, gaps, first_gaps = [], [], []
     try:
         for _ in range(PROBE_REQUESTS):
             prompt = tuple(rng.randrange(1000, 40000) for _ in range(PROBE_TOKENS))
@@ -80,17 +87,21 @@ def probe_overheads(router: str, profile: Profile) -> tuple[float, float]:
             if out.error or len(out.chunks) < 3:
                 raise RuntimeError(f"overhead probe failed: {out.error or len(out.chunks)} chunks")
             ttfts.append(out.chunks[0][0] - out.sent)
+            first_gaps.append(out.chunks[1][0] - out.chunks[0][0])
             # the first gap may hold the KV hand-off; one chunk per token (no speculation here)
             gaps += [b[0] - a[0] for a, b in zip(out.chunks[1:], out.chunks[2:])]
     finally:
         target.close()
     step = max(0.0, statistics.median(gaps) - profile.decode_step_s(1, PROBE_TOKENS + PROBE_OUTPUT / 2))
+    decode_step = profile.decode_step_s(1, PROBE_TOKENS + 1) + step
     request = max(0.0, statistics.median(ttfts) - profile.prefill_s(PROBE_TOKENS) - step)
-    return request, step
+    handoff = max(0.0, statistics.median(first_gaps) - decode_step
+                  - profile.kv_get(PROBE_TOKENS * profile.kv_bytes_per_token))
+    return request, step, handoff
 
 
 def measured(setup: str, traces: list[tuple[str, int]], profile: Profile,
-             log_dir: str) -> tuple[list, tuple[float, float]]:
+             log_dir: str) -> tuple[list, tuple[float, float, float]]:
     """The records of every trace run on one platform, and the probe's overheads."""
     num_prefill, num_decode = SETUPS[setup]
     cfg = PlatformConfig(num_prefill=num_prefill, num_decode=num_decode, cpus_per_worker=1, startup_timeout_s=900)
@@ -107,6 +118,8 @@ def measured(setup: str, traces: list[tuple[str, int]], profile: Profile,
                       f"{result.summary.get('errors')}", flush=True)
             with open(f"{path}.{setup}.summary.json", "w") as f:
                 json.dump(result.summary, f, indent=1, default=str)
+            with open(f"{path}.{setup}.records.jsonl", "w") as f:  # for a request-by-request look
+                f.writelines(json.dumps(dataclasses.asdict(r), default=str) + "\n" for r in result.records)
             records += [r for r in result.records if r.ok]
     return records, overheads
 
@@ -149,12 +162,13 @@ def main() -> None:
             write_trace(path, trace)
             traces.append((path, trace))
         for setup, (num_prefill, num_decode) in SETUPS.items():
-            records, (overhead, step_overhead) = measured(setup, [(p, len(t)) for p, t in traces], profile,
+            records, (overhead, step_overhead, handoff_overhead) = measured(setup, [(p, len(t)) for p, t in traces], profile,
                                                           args.out_dir)
             key = f"{name}/{setup}"
-            loads[key], overheads[key] = os.getloadavg()[0], (overhead, step_overhead)
+            loads[key], overheads[key] = os.getloadavg()[0], (overhead, step_overhead, handoff_overhead)
             real = percentiles([r.ttft_s for r in records], [g for r in records for g in r.itl_s])
-            calibrated = dataclasses.replace(profile, request_overhead_s=overhead, step_overhead_s=step_overhead)
+            calibrated = dataclasses.replace(profile, request_overhead_s=overhead, step_overhead_s=step_overhead,
+                                             handoff_overhead_s=handoff_overhead)
             sims = [q for _, t in traces for q in simulate(t, calibrated, ClusterConfig(num_prefill, num_decode))]
             done = [q for q in sims if not q.rejected and q.first_s is not None]
             sim = percentiles([q.first_s - q.arrival_s + overhead for q in done], [g for q in done for g in q.itls])
@@ -165,14 +179,15 @@ def main() -> None:
                              "completed": len(records), "simulated": len(done)})
                 print(_row(rows[-1]), flush=True)  # as it goes: a later run may fail
             print(f"done {key}: {len(records)} requests measured, overheads {overhead * 1000:.1f} ms a request, "
-                  f"{step_overhead * 1000:.1f} ms a step (load {loads[key]:.2f})", flush=True)
+                  f"{step_overhead * 1000:.1f} ms a step, {handoff_overhead * 1000:.1f} ms a hand-off "
+                  f"(load {loads[key]:.2f})", flush=True)
     print("\n| workload | setup | metric | measured (ms) | predicted (ms) | error |")
     print("|---|---|---|---:|---:|---:|")
     for r in rows:
         print(_row(r))
     within = sum(abs(r["error_pct"]) <= 20 for r in rows)
-    print(f"\n{within}/{len(rows)} within 20%; overheads (ms a request / a step): "
-          + ", ".join(f"{k} {r * 1000:.1f} / {st * 1000:.1f}" for k, (r, st) in overheads.items())
+    print(f"\n{within}/{len(rows)} within 20%; overheads (ms a request / a step / a hand-off): "
+          + ", ".join(f"{k} {r * 1000:.1f} / {st * 1000:.1f} / {h * 1000:.1f}" for k, (r, st, h) in overheads.items())
           + "; 1-minute load average after each: " + ", ".join(f"{k} {v:.2f}" for k, v in loads.items()))
     with open(os.path.join(args.out_dir, "results.json"), "w") as f:
         json.dump({"profile_source": profile.source, "runs": args.runs, "rows": rows, "load_avg": loads,

@@ -156,7 +156,8 @@ class Cluster:
         seq.slot = (DECODE, address, tokens)
         if mode == DECODE_ONLY:  # the read waits on the prefill's write (the lease), then takes its own time
             nbytes = req.num_prompt * self.profile.kv_bytes_per_token
-            ready = max(self.now, req.written_s) + self.workers[address].transfer(self.profile.kv_get(nbytes))
+            ready = (max(self.now + self.profile.handoff_overhead_s, req.written_s)
+                     + self.workers[address].transfer(self.profile.kv_get(nbytes)))
             self.at(ready, self._submit, address, seq)
         else:
             self._submit(address, seq)

@@ -76,11 +76,15 @@ class Profile:
     # 1 where the transfer is the worker's CPU work (gRPC + copies, as on this host), 0 where
     # a NIC moves the bytes (RDMA, NIXL)
     kv_cpu_share: float = 0.0
+    # what the hand-off from prefill to decode costs beyond moving the bytes: the router's
+    # call to the decode worker, its KV lookup and the import into its cache; measured on a
+    # running platform, added before the decode's read
+    handoff_overhead_s: float = 0.0
 
     def __post_init__(self):
-        if not self.request_overhead_s >= 0.0 or not self.step_overhead_s >= 0.0:
-            raise ValueError(f"profile: fields 'request_overhead_s' and 'step_overhead_s' must be >= 0, got "
-                             f"{self.request_overhead_s} and {self.step_overhead_s}")
+        for name in ("request_overhead_s", "step_overhead_s", "handoff_overhead_s"):
+            if not getattr(self, name) >= 0.0:
+                raise ValueError(f"profile: field '{name}' must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.kv_cpu_share <= 1.0:
             raise ValueError(f"profile: field 'kv_cpu_share' must be in [0, 1], got {self.kv_cpu_share}")
         if len(self.decode_s) != len(self.decode_batch_sizes) or any(
@@ -126,7 +130,7 @@ class Profile:
                 "kv_get": {"bytes": list(self.kv_get.xs), "seconds": list(self.kv_get.ys)},
                 "kv_bytes_per_token": self.kv_bytes_per_token, "scheduler": asdict(self.scheduler),
                 "request_overhead_s": self.request_overhead_s, "step_overhead_s": self.step_overhead_s,
-                "kv_cpu_share": self.kv_cpu_share}
+                "kv_cpu_share": self.kv_cpu_share, "handoff_overhead_s": self.handoff_overhead_s}
 
 
 def profile_from_json(raw: dict, where: str = "profile") -> Profile:
@@ -162,7 +166,8 @@ def profile_from_json(raw: dict, where: str = "profile") -> Profile:
                    kv_bytes_per_token=int(field("kv_bytes_per_token")), scheduler=scheduler,
                    request_overhead_s=float(raw.get("request_overhead_s", 0.0)),
                    step_overhead_s=float(raw.get("step_overhead_s", 0.0)),
-                   kv_cpu_share=float(raw.get("kv_cpu_share", 0.0)))
+                   kv_cpu_share=float(raw.get("kv_cpu_share", 0.0)),
+                   handoff_overhead_s=float(raw.get("handoff_overhead_s", 0.0)))
 
 
 def load_profile(path: str) -> Profile:

@@ -61,6 +61,18 @@ def test_disaggregated_pays_the_handoff_before_the_second_token():
     assert r.itls[1] == pytest.approx(p.decode_step_s(1, 1001))
 
 
+def test_the_handoffs_call_overlaps_the_prefills_write_and_precedes_the_read():
+    base = flat_profile(long_prefill_token_threshold=2048)
+    nbytes = 1000 * base.kv_bytes_per_token
+    for overhead in (0.0005, 0.5):  # shorter than the write (hidden), then longer
+        p = replace(base, handoff_overhead_s=overhead)
+        [r] = simulate([one(1000, 3)], p, ClusterConfig(1, 1, THRESHOLD_ALL_POOL))
+        assert r.itls[0] == pytest.approx(max(overhead, p.kv_put(nbytes)) + p.kv_get(nbytes)
+                                          + p.decode_step_s(1, 1000))
+    with pytest.raises(ValueError, match="handoff_overhead_s"):
+        replace(base, handoff_overhead_s=-1.0)
+
+
 def test_a_kv_read_on_the_decode_workers_core_stretches_its_running_streams_steps():
     """kv_cpu_share 1 (a CPU host): the read of a second request's KV takes the decode
     core from the first's stream, whose next step ends that much later; 0 (RDMA): it does

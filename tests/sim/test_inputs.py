@@ -39,7 +39,8 @@ def test_trace_going_backwards_is_refused():
 def test_profile_round_trip_and_errors():
     raw = flat_profile().to_json()
     assert profile_from_json(raw) == flat_profile()
-    calibrated = replace(flat_profile(), request_overhead_s=0.01, step_overhead_s=0.002, kv_cpu_share=1.0)
+    calibrated = replace(flat_profile(), request_overhead_s=0.01, step_overhead_s=0.002, kv_cpu_share=1.0,
+                         handoff_overhead_s=0.02)
     assert profile_from_json(calibrated.to_json()) == calibrated
     del raw["decode"]["contexts"]
     with pytest.raises(ValueError, match="missing field 'decode.contexts'"):
