@@ -12,17 +12,14 @@ measured and simulated alike (a p90 of 16 requests is their second largest: too 
 to judge a model by).
 
 Calibration, measured here and not fitted to the workloads:
-- the profile (one torch thread, the grids below), with `kv_cpu_share` 1: on this host a
-  KV transfer's gRPC and copies take the worker's own core;
-- `step_overhead_s` and `request_overhead_s` per setup, from a few lone 64-token prompts
-  streaming 24 tokens on the idle platform: the median gap between tokens less the
-  profile's decode step (what a serving worker's step costs beyond engine.step(): the
-  outputs handed to their streams and sent from the same core), and the median TTFT less
-  the prefill step and that (the router's and client's hops, the lease and lookup on the
-  disaggregated path);
-- `handoff_overhead_s` from the same probe: the median first gap between tokens less the
-  profile's KV read and decode step (the router's call to the decode worker, its lookup
-  and import).
+- the profile (one torch thread, the grids below; the decode table a fit to its medians),
+  with `kv_cpu_share` 1: on this host a KV transfer's gRPC and copies take the worker's
+  own core;
+- per setup, once its platform is up, a probe of lone requests on the idle platform
+  (five 64-token prompts streaming 24 tokens, five 256-token prompts) brings the profile
+  to the machine's speed of the moment and measures the request and hand-off overheads
+  (sim/calibrate.py): this VM's speed drifts by tens of percent between the profile and
+  the runs.
 
 Each run's measured requests are saved beside its trace (`<trace>.<setup>.records.jsonl`).
 
@@ -49,6 +46,7 @@ from cli.bench.local_platform import local_platform  # noqa: E402
 from cli.bench.main import BenchConfig, run_bench  # noqa: E402
 from cli.bench.targets import GrpcTarget, TargetConfig  # noqa: E402
 from cli.launcher import PlatformConfig  # noqa: E402
+from sim.calibrate import Calibration, ProbeResult, calibrate  # noqa: E402
 from sim.cluster import ClusterConfig, simulate  # noqa: E402
 from sim.measure import measure  # noqa: E402
 from sim.profile import Profile, load_profile, save_profile  # noqa: E402
@@ -59,7 +57,7 @@ WORKLOADS = {"chat": (16, (32, 128), (16, 32), 2.0),
              "long-prompt": (12, (256, 512), (4, 8), 3.0)}
 SETUPS = {"1P+1D": (1, 1), "colocated": (0, 1)}
 METRICS = (("ttft_s", "p50"), ("ttft_s", "p90"), ("itl_s", "p50"), ("itl_s", "p90"))
-PROBE_TOKENS, PROBE_OUTPUT, PROBE_REQUESTS = 64, 24, 5
+PROBE_TOKENS, PROBE_OUTPUT, PROBE_LONG_TOKENS, PROBE_REQUESTS = 64, 24, 256, 5
 
 
 def make_trace(name: str, scale: float, seed: int) -> list[TraceRequest]:
@@ -72,43 +70,40 @@ def make_trace(name: str, scale: float, seed: int) -> list[TraceRequest]:
     return out
 
 
-def probe_overheads(router: str, profile: Profile) -> tuple[float, float, float]:
-    """What a lone stream costs on the idle platform beyond the profile's engine steps and
-    transfers: per request (its TTFT less its prefill step and that step's overhead), per
-    step (its median gap between tokens after the second, less the profile's decode step)
-    and per hand-off (its first gap less the KV read and a decode step: on the colocated
-    path, where there is none, this comes out near 0 and is not used)."""
+def probe(router: str, profile: Profile, disaggregated: bool) -> Calibration:
+    """Lone requests on the idle platform (sim/calibrate.py): short prompts streaming a
+    few tokens, then longer prompts for the prefill's slope."""
     target, rng = GrpcTarget(TargetConfig("grpc", router, timeout_s=120)), random.Random(7)
-    ttfts, gaps, first_gaps = [], [], []
+    ttfts = {PROBE_TOKENS: [], PROBE_LONG_TOKENS: []}
+    gaps, first_gaps = [], []
     try:
-        for _ in range(PROBE_REQUESTS):
-            prompt = tuple(rng.randrange(1000, 40000) for _ in range(PROBE_TOKENS))
-            out = target.send(BenchRequest(prompt=prompt, prompt_len=PROBE_TOKENS, output_len=PROBE_OUTPUT))
-            if out.error or len(out.chunks) < 3:
-                raise RuntimeError(f"overhead probe failed: {out.error or len(out.chunks)} chunks")
-            ttfts.append(out.chunks[0][0] - out.sent)
-            first_gaps.append(out.chunks[1][0] - out.chunks[0][0])
-            # the first gap may hold the KV hand-off; one chunk per token (no speculation here)
-            gaps += [b[0] - a[0] for a, b in zip(out.chunks[1:], out.chunks[2:])]
+        for num_tokens, num_output in ((PROBE_TOKENS, PROBE_OUTPUT), (PROBE_LONG_TOKENS, 2)):
+            for _ in range(PROBE_REQUESTS):
+                prompt = tuple(rng.randrange(1000, 40000) for _ in range(num_tokens))
+                out = target.send(BenchRequest(prompt=prompt, prompt_len=num_tokens, output_len=num_output))
+                if out.error or len(out.chunks) < num_output:
+                    raise RuntimeError(f"calibration probe failed: {out.error or len(out.chunks)} chunks")
+                ttfts[num_tokens].append(out.chunks[0][0] - out.sent)
+                if num_tokens == PROBE_TOKENS:  # one chunk per token (no speculation here)
+                    first_gaps.append(out.chunks[1][0] - out.chunks[0][0])
+                    gaps += [b[0] - a[0] for a, b in zip(out.chunks[1:], out.chunks[2:])]
     finally:
         target.close()
-    step = max(0.0, statistics.median(gaps) - profile.decode_step_s(1, PROBE_TOKENS + PROBE_OUTPUT / 2))
-    decode_step = profile.decode_step_s(1, PROBE_TOKENS + 1) + step
-    request = max(0.0, statistics.median(ttfts) - profile.prefill_s(PROBE_TOKENS) - step)
-    handoff = max(0.0, statistics.median(first_gaps) - decode_step
-                  - profile.kv_get(PROBE_TOKENS * profile.kv_bytes_per_token))
-    return request, step, handoff
+    result = ProbeResult(PROBE_TOKENS, PROBE_LONG_TOKENS, statistics.median(ttfts[PROBE_TOKENS]),
+                         statistics.median(ttfts[PROBE_LONG_TOKENS]), statistics.median(gaps),
+                         statistics.median(first_gaps), PROBE_TOKENS + PROBE_OUTPUT / 2)
+    return calibrate(profile, result, disaggregated)
 
 
 def measured(setup: str, traces: list[tuple[str, int]], profile: Profile,
-             log_dir: str) -> tuple[list, tuple[float, float, float]]:
-    """The records of every trace run on one platform, and the probe's overheads."""
+             log_dir: str) -> tuple[list, Calibration]:
+    """The records of every trace run on one platform, and the probe's calibration."""
     num_prefill, num_decode = SETUPS[setup]
     cfg = PlatformConfig(num_prefill=num_prefill, num_decode=num_decode, cpus_per_worker=1, startup_timeout_s=900)
     records = []
     with local_platform(cfg, log_path=os.path.join(log_dir, f"{setup}.log")) as platform:
         platform.warm_up()
-        overheads = probe_overheads(platform.router_address, profile)
+        calibration = probe(platform.router_address, profile, disaggregated=num_prefill > 0)
         for path, n in traces:
             result = run_bench(BenchConfig(target=TargetConfig("grpc", platform.router_address, timeout_s=600),
                                            dataset=DatasetConfig("mooncake", num_requests=n, path=path),
@@ -121,12 +116,17 @@ def measured(setup: str, traces: list[tuple[str, int]], profile: Profile,
             with open(f"{path}.{setup}.records.jsonl", "w") as f:  # for a request-by-request look
                 f.writelines(json.dumps(dataclasses.asdict(r), default=str) + "\n" for r in result.records)
             records += [r for r in result.records if r.ok]
-    return records, overheads
+    return records, calibration
 
 
 def percentiles(ttfts, itls) -> dict:
     return {"ttft_s": {f"p{p}": float(np.percentile(ttfts, p)) for p in (50, 90)},
             "itl_s": {f"p{p}": float(np.percentile(itls, p)) for p in (50, 90)}}
+
+
+def _calibration(c: Calibration) -> str:
+    return (f"prefill x{c.prefill_factor:.2f}, decode x{c.decode_factor:.2f}, {c.request_overhead_s * 1000:.1f} ms "
+            f"a request, {c.handoff_overhead_s * 1000:.1f} ms a hand-off")
 
 
 def _row(r: dict) -> str:
@@ -153,7 +153,7 @@ def main() -> None:
                           (32, 256, 768), (1, 4, 16, 64), args.repeats)
         save_profile(profile, os.path.join(args.out_dir, "profile.json"))
     print(f"profile: {profile.source}; kv_cpu_share {profile.kv_cpu_share}", flush=True)
-    rows, loads, overheads = [], {}, {}
+    rows, loads, calibrations = [], {}, {}
     for w, name in enumerate(WORKLOADS, 1):
         traces = []
         for r in range(args.runs):
@@ -162,13 +162,13 @@ def main() -> None:
             write_trace(path, trace)
             traces.append((path, trace))
         for setup, (num_prefill, num_decode) in SETUPS.items():
-            records, (overhead, step_overhead, handoff_overhead) = measured(setup, [(p, len(t)) for p, t in traces], profile,
+            records, calibration = measured(setup, [(p, len(t)) for p, t in traces], profile,
                                                           args.out_dir)
             key = f"{name}/{setup}"
-            loads[key], overheads[key] = os.getloadavg()[0], (overhead, step_overhead, handoff_overhead)
+            loads[key], calibrations[key] = os.getloadavg()[0], calibration
+            overhead = calibration.request_overhead_s
             real = percentiles([r.ttft_s for r in records], [g for r in records for g in r.itl_s])
-            calibrated = dataclasses.replace(profile, request_overhead_s=overhead, step_overhead_s=step_overhead,
-                                             handoff_overhead_s=handoff_overhead)
+            calibrated = calibration.apply(profile)
             sims = [q for _, t in traces for q in simulate(t, calibrated, ClusterConfig(num_prefill, num_decode))]
             done = [q for q in sims if not q.rejected and q.first_s is not None]
             sim = percentiles([q.first_s - q.arrival_s + overhead for q in done], [g for q in done for g in q.itls])
@@ -178,20 +178,19 @@ def main() -> None:
                              "measured_ms": m * 1000, "predicted_ms": p * 1000, "error_pct": (p - m) / m * 100,
                              "completed": len(records), "simulated": len(done)})
                 print(_row(rows[-1]), flush=True)  # as it goes: a later run may fail
-            print(f"done {key}: {len(records)} requests measured, overheads {overhead * 1000:.1f} ms a request, "
-                  f"{step_overhead * 1000:.1f} ms a step, {handoff_overhead * 1000:.1f} ms a hand-off "
+            print(f"done {key}: {len(records)} requests measured; {_calibration(calibration)} "
                   f"(load {loads[key]:.2f})", flush=True)
     print("\n| workload | setup | metric | measured (ms) | predicted (ms) | error |")
     print("|---|---|---|---:|---:|---:|")
     for r in rows:
         print(_row(r))
     within = sum(abs(r["error_pct"]) <= 20 for r in rows)
-    print(f"\n{within}/{len(rows)} within 20%; overheads (ms a request / a step / a hand-off): "
-          + ", ".join(f"{k} {r * 1000:.1f} / {st * 1000:.1f} / {h * 1000:.1f}" for k, (r, st, h) in overheads.items())
+    print(f"\n{within}/{len(rows)} within 20%; calibrations: "
+          + ", ".join(f"{k}: {_calibration(c)}" for k, c in calibrations.items())
           + "; 1-minute load average after each: " + ", ".join(f"{k} {v:.2f}" for k, v in loads.items()))
     with open(os.path.join(args.out_dir, "results.json"), "w") as f:
         json.dump({"profile_source": profile.source, "runs": args.runs, "rows": rows, "load_avg": loads,
-                   "overhead_s": overheads}, f, indent=1)
+                   "calibration": {k: dataclasses.asdict(c) for k, c in calibrations.items()}}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,15 @@ class Profile:
                 0.0, self.decode_step_s(num_decodes, mean_context)
                 - self.decode_step_s(num_decodes, self.decode_contexts[0]))
         return seconds + self.step_overhead_s
+
+    def scaled(self, prefill: float, decode: float) -> "Profile":
+        """The same profile on a machine running `prefill` (`decode`) times as long a
+        prefill (decode) step: a profile taken earlier, brought to where the machine's
+        speed stands now (this VM drifts by tens of percent over hours)."""
+        if not (prefill > 0 and decode > 0):
+            raise ValueError(f"profile: scale factors must be > 0, got prefill {prefill} and decode {decode}")
+        return replace(self, prefill=Table1D(self.prefill.xs, tuple(y * prefill for y in self.prefill.ys)),
+                       decode_s=tuple(tuple(v * decode for v in row) for row in self.decode_s))
 
     def handoff_s(self, num_tokens: int) -> float:
         """The KV of `num_tokens` prompt tokens written by the prefill and read by the decode."""

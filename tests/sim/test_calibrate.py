@@ -1,0 +1,53 @@
+"""The probe's calibration recovers a machine's speed and overheads."""
+from dataclasses import replace
+
+import pytest
+
+from sim.calibrate import ProbeResult, calibrate
+from sim.profile import Table1D
+from tests.sim.helpers import flat_profile
+
+
+def probe_of(machine, short=64, long=256, request=0.03, handoff=0.02, disaggregated=True):
+    """What the probe would see on a machine whose steps cost `machine`'s."""
+    gap = machine.decode_step_s(1, 76)
+    read = machine.kv_get(short * machine.kv_bytes_per_token) if disaggregated else 0.0
+    return ProbeResult(short, long, request + machine.prefill_s(short), request + machine.prefill_s(long),
+                       gap, gap + (handoff + read if disaggregated else 0.0), 76)
+
+
+def test_a_slower_machine_and_its_overheads_are_recovered():
+    profile = replace(flat_profile(), prefill=Table1D((0.0, 512.0), (0.1, 3.0)))
+    now = profile.scaled(1.3, 0.8)  # prefill 30% slower, decode 20% faster than profiled
+    cal = calibrate(profile, probe_of(now), disaggregated=True)
+    assert cal.prefill_factor == pytest.approx(1.3) and cal.decode_factor == pytest.approx(0.8)
+    assert cal.request_overhead_s == pytest.approx(0.03) and cal.handoff_overhead_s == pytest.approx(0.02)
+    fitted = cal.apply(profile)
+    assert fitted.prefill_s(300) == pytest.approx(now.prefill_s(300))
+    assert fitted.decode_step_s(4, 1000) == pytest.approx(now.decode_step_s(4, 1000))
+    assert fitted.step_overhead_s == 0.0 and fitted.handoff_overhead_s == pytest.approx(0.02)
+
+
+def test_colocated_has_no_handoff_and_bad_probes_are_refused():
+    profile = flat_profile()
+    assert calibrate(profile, probe_of(profile, disaggregated=False), disaggregated=False).handoff_overhead_s == 0.0
+    with pytest.raises(ValueError, match="long_tokens"):
+        calibrate(profile, probe_of(profile, short=64, long=64), disaggregated=True)
+    backwards = replace(probe_of(profile), ttft_long_s=0.001)
+    with pytest.raises(ValueError, match="must exceed"):
+        calibrate(profile, backwards, disaggregated=True)
+    with pytest.raises(ValueError, match="scale factors"):
+        profile.scaled(0.0, 1.0)
+
+
+def test_the_decode_fit_smooths_one_slow_point_and_keeps_small_grids():
+    from sim.measure import fit_decode
+    batches, contexts = (1, 2, 4, 8), (32, 256, 768)
+    true = [[0.1 + 0.01 * b + 2e-5 * b * c for c in contexts] for b in batches]
+    noisy = [row[:] for row in true]
+    noisy[1][1] *= 1.25  # one point measured in a slow minute
+    fitted, worst = fit_decode(batches, contexts, noisy)
+    assert abs(fitted[1][1] / true[1][1] - 1) < 0.1 and worst > 0.1
+    exact = fit_decode(batches, contexts, true)[0]
+    assert [v for row in exact for v in row] == pytest.approx([v for row in true for v in row])
+    assert fit_decode((1,), (8, 24), [[0.1, 0.12]]) == (((0.1, 0.12),), 0.0)  # too few points to fit
