@@ -156,8 +156,8 @@ class Cluster:
         seq.slot = (DECODE, address, tokens)
         if mode == DECODE_ONLY:  # the read waits on the prefill's write (the lease), then takes its own time
             nbytes = req.num_prompt * self.profile.kv_bytes_per_token
-            ready = (max(self.now + self.profile.handoff_overhead_s, req.written_s)
-                     + self.workers[address].transfer(self.profile.kv_get(nbytes)))
+            ready = self.workers[address].transfer(max(self.now + self.profile.handoff_overhead_s, req.written_s),
+                                                   self.profile.kv_get(nbytes))
             self.at(ready, self._submit, address, seq)
         else:
             self._submit(address, seq)
@@ -194,7 +194,7 @@ class Cluster:
             req.first_s = req.last_s = self.now
             if req.num_output > 1:  # the write of its KV, in the background on this worker
                 write_s = self.profile.kv_put(req.num_prompt * self.profile.kv_bytes_per_token)
-                req.written_s = self.now + self.workers[seq.slot[1]].transfer(write_s)
+                req.written_s = self.workers[seq.slot[1]].transfer(self.now, write_s)
             self._release(seq)
             if req.num_output == 1:
                 self._end(req)

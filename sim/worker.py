@@ -69,6 +69,7 @@ class SimWorker:
         self.num_preemptions = 0
         self.busy_s = 0.0
         self.cpu_debt_s = 0.0                 # core time other work took since the last step began
+        self.transfers_end_s = 0.0            # when the KV transfers queued here are done
         # hash ids whose KV this worker's prefix cache holds, oldest first
         self._cache: OrderedDict[int, None] = OrderedDict()
         self._cache_units = max(1, lim.num_kv_blocks * lim.block_size // TRACE_BLOCK_SIZE)
@@ -80,14 +81,18 @@ class SimWorker:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def transfer(self, seconds: float) -> float:
-        """A KV transfer of `seconds` (alone on a core) beside this worker's steps: with
-        work here it shares the core, so it lasts (1 + kv_cpu_share)x as long and its CPU
-        time delays the next step; on an idle core it costs nothing else. Its duration."""
-        if not (self.busy or self.has_work()):
-            return seconds
-        self.cpu_debt_s += seconds * self.profile.kv_cpu_share
-        return seconds * (1.0 + self.profile.kv_cpu_share)
+    def transfer(self, start_s: float, seconds: float) -> float:
+        """A KV transfer of `seconds` (alone on a core) from `start_s`, beside this worker's
+        steps; when it ends. With work here it shares the core, so it lasts
+        (1 + kv_cpu_share)x as long and its CPU time delays the next step; on an idle core
+        it costs nothing else. Transfers on one worker run one after another: four prompts
+        that end in one step write 4x the bytes through the same core (or NIC), and the
+        last one's decode waits for all of them."""
+        if self.busy or self.has_work():
+            self.cpu_debt_s += seconds * self.profile.kv_cpu_share
+            seconds *= 1.0 + self.profile.kv_cpu_share
+        self.transfers_end_s = max(start_s, self.transfers_end_s) + seconds
+        return self.transfers_end_s
 
     # ---- one step --------------------------------------------------------------------
     def schedule(self) -> StepPlan:

@@ -9,6 +9,7 @@ from sim.cluster import ClusterConfig, simulate
 from sim.metrics import summarize
 from sim.profile import Table1D
 from sim.trace import TraceRequest
+from sim.worker import SimWorker
 from tests.sim.helpers import flat_profile
 
 THRESHOLD_ALL_POOL = RouterConfig(paths=PathConfig(policy="threshold"), short_prompt_tokens=0)
@@ -71,6 +72,19 @@ def test_the_handoffs_call_overlaps_the_prefills_write_and_precedes_the_read():
                                           + p.decode_step_s(1, 1000))
     with pytest.raises(ValueError, match="handoff_overhead_s"):
         replace(base, handoff_overhead_s=-1.0)
+
+
+def test_transfers_on_one_worker_run_one_after_another():
+    w = SimWorker("w", flat_profile())
+    assert w.transfer(0.0, 1.0) == 1.0
+    assert w.transfer(0.5, 1.0) == 2.0  # queued behind the first
+    assert w.transfer(5.0, 1.0) == 6.0  # the core was free again
+    # two prompts that end in one prefill step: the second's write follows the first's
+    p = flat_profile(long_prefill_token_threshold=2048)
+    trace = [one(100, 1), one(1000, 3, t=0.001), one(1000, 3, t=0.002)]  # the pair queue behind the first
+    _, a, b = simulate(trace, p, ClusterConfig(1, 1, THRESHOLD_ALL_POOL))
+    assert a.first_s == b.first_s
+    assert b.written_s - a.written_s == pytest.approx(p.kv_put(1000 * p.kv_bytes_per_token))
 
 
 def test_a_kv_read_on_the_decode_workers_core_stretches_its_running_streams_steps():
