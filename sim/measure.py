@@ -7,8 +7,10 @@ put_blocks / get_blocks, as the prefill and decode workers move KV):
     kv        put_blocks then get_blocks of N blocks of the model's KV shape
 
 Each point is a median: of `--repeats` rounds over the prefill grid, of 4 x `--repeats`
-decode steps (then the decode table is smoothed by a fit, `fit_decode`), of `--repeats`
-transfers. The grids are flags; the defaults take a couple of
+decode steps, of `--repeats` transfers. The prefill and decode tables are then smoothed by a
+fit of each one's cost model (`fit_prefill`, `fit_decode`): this VM's speed drifts by tens
+of percent within minutes, and a median of a few samples still lands up to 25% off the
+curve its neighbours draw. The grids are flags; the defaults take a couple of
 minutes for SmolLM2 on one CPU core (a `pdserve up` worker's share here).
 """
 from __future__ import annotations
@@ -74,7 +76,9 @@ def measure(model: str, threads: int, prefill_tokens, batch_sizes, contexts, kv_
     for _ in range(repeats):
         for t in prefill_tokens:
             samples[t].append(_prefill_step(engine, ids, t, limits))
-    prefill = Table1D(tuple(map(float, prefill_tokens)), tuple(statistics.median(samples[t]) for t in prefill_tokens))
+    prefill_s, prefill_worst = fit_prefill(prefill_tokens, [statistics.median(samples[t]) for t in prefill_tokens],
+                                           limits.long_prefill_token_threshold)
+    prefill = Table1D(tuple(map(float, prefill_tokens)), prefill_s)
     decode, worst = fit_decode(batch_sizes, contexts,
                                [[_decode_step(engine, ids, b, c, repeats) for c in contexts] for b in batch_sizes])
     block_shape = engine.info.kv_block_shape
@@ -85,11 +89,32 @@ def measure(model: str, threads: int, prefill_tokens, batch_sizes, contexts, kv_
     # steps run on the device and the host threads that move the bytes do not slow them
     kv_cpu_share = 1.0 if engine.config.device.startswith("cpu") else 0.0
     return Profile(source=f"measured on {socket.gethostname()} ({os.cpu_count()} CPUs, {threads} torch thread(s), "
-                          f"{time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f}; decode "
-                          f"fitted, medians within {worst:.0%} of the fit)",
+                          f"{time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f}; fitted "
+                          f"to the medians: prefill within {prefill_worst:.0%}, decode within {worst:.0%})",
                    model=model, prefill=prefill, decode_batch_sizes=tuple(batch_sizes),
                    decode_contexts=tuple(contexts), decode_s=decode, kv_put=put, kv_get=get,
                    kv_bytes_per_token=per_token, scheduler=limits, kv_cpu_share=kv_cpu_share)
+
+
+def fit_prefill(tokens, medians, threshold: int) -> tuple[tuple[float, ...], float]:
+    """The one-prompt prefill points (up to the chunk threshold) as the fit of
+    a + b*T + c*T^2 to their medians (the weights read once, the per-token layers, the
+    attention), least squares on relative error so the short prompts weigh as much as the
+    long ones; and the largest relative gap between a median and the fit. Points past the
+    threshold (several prompts a step) keep their medians, as do grids of fewer than four
+    one-prompt points or a fit that is not positive."""
+    import numpy as np
+    x, y = np.array(tokens, dtype=float), np.array(medians, dtype=float)
+    one = x <= threshold
+    if one.sum() >= 4:
+        design = np.stack([np.ones(one.sum()), x[one], x[one] ** 2], axis=1)
+        coef = np.linalg.lstsq(design / y[one, None], np.ones(one.sum()), rcond=None)[0]
+        fit = design @ coef
+        if (fit > 0).all():
+            out = y.copy()
+            out[one] = fit
+            return tuple(float(v) for v in out), float(np.max(np.abs(y[one] / fit - 1.0)))
+    return tuple(float(v) for v in y), 0.0
 
 
 def fit_decode(batch_sizes, contexts, medians) -> tuple[tuple[tuple[float, ...], ...], float]:
