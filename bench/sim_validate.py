@@ -15,11 +15,11 @@ Calibration, measured here and not fitted to the workloads:
 - the profile (one torch thread, the grids below; the decode table a fit to its medians),
   with `kv_cpu_share` 1: on this host a KV transfer's gRPC and copies take the worker's
   own core;
-- per setup, once its platform is up, a probe of lone requests on the idle platform
-  (five 64-token prompts streaming 24 tokens, five 256-token prompts) brings the profile
-  to the machine's speed of the moment and measures the request and hand-off overheads
-  (sim/calibrate.py): this VM's speed drifts by tens of percent between the profile and
-  the runs.
+- per setup, probes of lone requests on the idle platform (three 64-token prompts
+  streaming 24 tokens, three 256-token prompts), one before each trace and one after the
+  last, pooled: they bring the profile to the machine's speed through the runs and
+  measure the request and hand-off overheads (sim/calibrate.py). This VM's speed drifts
+  by tens of percent between the profile and the runs, and within them.
 
 Each run's measured requests are saved beside its trace (`<trace>.<setup>.records.jsonl`).
 
@@ -35,6 +35,7 @@ import os
 import random
 import statistics
 import sys
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -57,7 +58,7 @@ WORKLOADS = {"chat": (16, (32, 128), (16, 32), 2.0),
              "long-prompt": (12, (256, 512), (4, 8), 3.0)}
 SETUPS = {"1P+1D": (1, 1), "colocated": (0, 1)}
 METRICS = (("ttft_s", "p50"), ("ttft_s", "p90"), ("itl_s", "p50"), ("itl_s", "p90"))
-PROBE_TOKENS, PROBE_OUTPUT, PROBE_LONG_TOKENS, PROBE_REQUESTS = 64, 24, 256, 5
+PROBE_TOKENS, PROBE_OUTPUT, PROBE_LONG_TOKENS, PROBE_REQUESTS = 64, 24, 256, 3
 
 
 def make_trace(name: str, scale: float, seed: int) -> list[TraceRequest]:
@@ -70,29 +71,38 @@ def make_trace(name: str, scale: float, seed: int) -> list[TraceRequest]:
     return out
 
 
-def probe(router: str, profile: Profile, disaggregated: bool) -> Calibration:
+@dataclass
+class ProbeSamples:
+    """What the probes of one platform saw, pooled: one probe before each trace and one
+    after the last, so the calibration follows the machine's speed through the runs."""
+    ttfts: dict = field(default_factory=lambda: {PROBE_TOKENS: [], PROBE_LONG_TOKENS: []})
+    gaps: list = field(default_factory=list)
+    first_gaps: list = field(default_factory=list)
+
+    def result(self) -> ProbeResult:
+        return ProbeResult(PROBE_TOKENS, PROBE_LONG_TOKENS, statistics.median(self.ttfts[PROBE_TOKENS]),
+                           statistics.median(self.ttfts[PROBE_LONG_TOKENS]), statistics.median(self.gaps),
+                           statistics.median(self.first_gaps), PROBE_TOKENS + PROBE_OUTPUT / 2)
+
+
+def probe(router: str, samples: ProbeSamples) -> None:
     """Lone requests on the idle platform (sim/calibrate.py): short prompts streaming a
     few tokens, then longer prompts for the prefill's slope."""
-    target, rng = GrpcTarget(TargetConfig("grpc", router, timeout_s=120)), random.Random(7)
-    ttfts = {PROBE_TOKENS: [], PROBE_LONG_TOKENS: []}
-    gaps, first_gaps = [], []
+    # a new seed each probe: a prompt seen before would hit the prefix cache
+    target, rng = GrpcTarget(TargetConfig("grpc", router, timeout_s=120)), random.Random(7 + len(samples.first_gaps))
     try:
         for num_tokens, num_output in ((PROBE_TOKENS, PROBE_OUTPUT), (PROBE_LONG_TOKENS, 2)):
             for _ in range(PROBE_REQUESTS):
-                prompt = tuple(rng.randrange(1000, 40000) for _ in range(num_tokens))
+                prompt = tuple(rng.randrange(1000, 40000) for _ in range(num_tokens))  # no prefix-cache hit
                 out = target.send(BenchRequest(prompt=prompt, prompt_len=num_tokens, output_len=num_output))
                 if out.error or len(out.chunks) < num_output:
                     raise RuntimeError(f"calibration probe failed: {out.error or len(out.chunks)} chunks")
-                ttfts[num_tokens].append(out.chunks[0][0] - out.sent)
+                samples.ttfts[num_tokens].append(out.chunks[0][0] - out.sent)
                 if num_tokens == PROBE_TOKENS:  # one chunk per token (no speculation here)
-                    first_gaps.append(out.chunks[1][0] - out.chunks[0][0])
-                    gaps += [b[0] - a[0] for a, b in zip(out.chunks[1:], out.chunks[2:])]
+                    samples.first_gaps.append(out.chunks[1][0] - out.chunks[0][0])
+                    samples.gaps += [b[0] - a[0] for a, b in zip(out.chunks[1:], out.chunks[2:])]
     finally:
         target.close()
-    result = ProbeResult(PROBE_TOKENS, PROBE_LONG_TOKENS, statistics.median(ttfts[PROBE_TOKENS]),
-                         statistics.median(ttfts[PROBE_LONG_TOKENS]), statistics.median(gaps),
-                         statistics.median(first_gaps), PROBE_TOKENS + PROBE_OUTPUT / 2)
-    return calibrate(profile, result, disaggregated)
 
 
 def measured(setup: str, traces: list[tuple[str, int]], profile: Profile,
@@ -103,8 +113,9 @@ def measured(setup: str, traces: list[tuple[str, int]], profile: Profile,
     records = []
     with local_platform(cfg, log_path=os.path.join(log_dir, f"{setup}.log")) as platform:
         platform.warm_up()
-        calibration = probe(platform.router_address, profile, disaggregated=num_prefill > 0)
+        samples = ProbeSamples()
         for path, n in traces:
+            probe(platform.router_address, samples)
             result = run_bench(BenchConfig(target=TargetConfig("grpc", platform.router_address, timeout_s=600),
                                            dataset=DatasetConfig("mooncake", num_requests=n, path=path),
                                            arrivals=ArrivalConfig("trace"), progress=False), quiet=True)
@@ -116,7 +127,8 @@ def measured(setup: str, traces: list[tuple[str, int]], profile: Profile,
             with open(f"{path}.{setup}.records.jsonl", "w") as f:  # for a request-by-request look
                 f.writelines(json.dumps(dataclasses.asdict(r), default=str) + "\n" for r in result.records)
             records += [r for r in result.records if r.ok]
-    return records, calibration
+        probe(platform.router_address, samples)
+    return records, calibrate(profile, samples.result(), disaggregated=num_prefill > 0)
 
 
 def percentiles(ttfts, itls) -> dict:
