@@ -16,10 +16,16 @@ Calibration, measured here and not fitted to the workloads:
   with `kv_cpu_share` 1: on this host a KV transfer's gRPC and copies take the worker's
   own core;
 - per setup, probes of lone requests on the idle platform (three 64-token prompts
-  streaming 24 tokens, three 256-token prompts), one before each trace and one after the
-  last, pooled: they bring the profile to the machine's speed through the runs and
-  measure the request and hand-off overheads (sim/calibrate.py). This VM's speed drifts
-  by tens of percent between the profile and the runs, and within them.
+  streaming 24 tokens, three 256-token prompts streaming 2), one before each trace and
+  one after the last, pooled: they bring the profile to the machine's speed through the
+  runs and measure the request and hand-off overheads and the platform's KV transfer
+  speed (sim/calibrate.py). This VM's speed drifts by tens of percent between the
+  profile and the runs, and within them;
+- on 1P+1D, with each of those probes, a neighbour probe: two streams decode while three
+  256-token prompts prefill one after another on the other worker. How much slower the
+  streams' steps and the prompts' TTFTs run than alone is what the two workers, the
+  router and the kvstore on this host's two cores cost each other; the simulator puts
+  both workers on one host (`workers_per_host`).
 
 Each run's measured requests are saved beside its trace (`<trace>.<setup>.records.jsonl`).
 
@@ -35,6 +41,8 @@ import os
 import random
 import statistics
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,7 +55,7 @@ from cli.bench.local_platform import local_platform  # noqa: E402
 from cli.bench.main import BenchConfig, run_bench  # noqa: E402
 from cli.bench.targets import GrpcTarget, TargetConfig  # noqa: E402
 from cli.launcher import PlatformConfig  # noqa: E402
-from sim.calibrate import Calibration, ProbeResult, calibrate  # noqa: E402
+from sim.calibrate import Calibration, NeighbourProbe, ProbeResult, calibrate  # noqa: E402
 from sim.cluster import ClusterConfig, simulate  # noqa: E402
 from sim.measure import measure  # noqa: E402
 from sim.profile import Profile, load_profile, save_profile  # noqa: E402
@@ -59,6 +67,7 @@ WORKLOADS = {"chat": (16, (32, 128), (16, 32), 2.0),
 SETUPS = {"1P+1D": (1, 1), "colocated": (0, 1)}
 METRICS = (("ttft_s", "p50"), ("ttft_s", "p90"), ("itl_s", "p50"), ("itl_s", "p90"))
 PROBE_TOKENS, PROBE_OUTPUT, PROBE_LONG_TOKENS, PROBE_REQUESTS = 64, 24, 256, 3
+NEIGHBOUR_STREAMS, NEIGHBOUR_OUTPUT, NEIGHBOUR_ALONE_S = 2, 96, 2.5
 
 
 def make_trace(name: str, scale: float, seed: int) -> list[TraceRequest]:
@@ -78,11 +87,23 @@ class ProbeSamples:
     ttfts: dict = field(default_factory=lambda: {PROBE_TOKENS: [], PROBE_LONG_TOKENS: []})
     gaps: list = field(default_factory=list)
     first_gaps: list = field(default_factory=list)
+    first_gaps_long: list = field(default_factory=list)
+    # the neighbour probe's
+    gaps_alone: list = field(default_factory=list)
+    gaps_beside_prefill: list = field(default_factory=list)
+    ttfts_beside_decode: list = field(default_factory=list)
 
     def result(self) -> ProbeResult:
         return ProbeResult(PROBE_TOKENS, PROBE_LONG_TOKENS, statistics.median(self.ttfts[PROBE_TOKENS]),
                            statistics.median(self.ttfts[PROBE_LONG_TOKENS]), statistics.median(self.gaps),
-                           statistics.median(self.first_gaps), PROBE_TOKENS + PROBE_OUTPUT / 2)
+                           statistics.median(self.first_gaps), PROBE_TOKENS + PROBE_OUTPUT / 2,
+                           statistics.median(self.first_gaps_long))
+
+    def neighbours(self) -> NeighbourProbe | None:
+        if not self.ttfts_beside_decode:
+            return None
+        return NeighbourProbe(statistics.median(self.gaps_alone), statistics.median(self.gaps_beside_prefill),
+                              statistics.median(self.ttfts_beside_decode))
 
 
 def probe(router: str, samples: ProbeSamples) -> None:
@@ -98,11 +119,65 @@ def probe(router: str, samples: ProbeSamples) -> None:
                 if out.error or len(out.chunks) < num_output:
                     raise RuntimeError(f"calibration probe failed: {out.error or len(out.chunks)} chunks")
                 samples.ttfts[num_tokens].append(out.chunks[0][0] - out.sent)
-                if num_tokens == PROBE_TOKENS:  # one chunk per token (no speculation here)
-                    samples.first_gaps.append(out.chunks[1][0] - out.chunks[0][0])
+                # one chunk per token (no speculation here)
+                (samples.first_gaps if num_tokens == PROBE_TOKENS else samples.first_gaps_long).append(
+                    out.chunks[1][0] - out.chunks[0][0])
+                if num_tokens == PROBE_TOKENS:
                     samples.gaps += [b[0] - a[0] for a, b in zip(out.chunks[1:], out.chunks[2:])]
     finally:
         target.close()
+
+
+def probe_neighbours(router: str, samples: ProbeSamples) -> None:
+    """Both workers busy at once (sim/calibrate.py NeighbourProbe): streams of 64-token
+    prompts decode alone for a while, then 256-token prompts (one token each: no hand-off
+    onto the decode worker) prefill one after another beside them. A gap counts as beside
+    a prefill when it lies wholly between a prompt's send and its token; a prompt counts
+    when the streams ran through all of it."""
+    rng = random.Random(1000 + len(samples.first_gaps))
+
+    def prompt(n: int) -> tuple:
+        return tuple(rng.randrange(1000, 40000) for _ in range(n))
+
+    streams: list = [None] * NEIGHBOUR_STREAMS
+
+    def stream(i: int, tokens: tuple) -> None:
+        target = GrpcTarget(TargetConfig("grpc", router, timeout_s=120))
+        try:
+            streams[i] = target.send(BenchRequest(prompt=tokens, prompt_len=len(tokens), output_len=NEIGHBOUR_OUTPUT))
+        finally:
+            target.close()
+
+    threads = [threading.Thread(target=stream, args=(i, prompt(PROBE_TOKENS))) for i in range(NEIGHBOUR_STREAMS)]
+    for t in threads:
+        t.start()
+    time.sleep(NEIGHBOUR_ALONE_S)  # the streams' prefills, hand-offs and a dozen steps alone
+    target, windows = GrpcTarget(TargetConfig("grpc", router, timeout_s=120)), []
+    try:
+        for _ in range(PROBE_REQUESTS):
+            out = target.send(BenchRequest(prompt=prompt(PROBE_LONG_TOKENS), prompt_len=PROBE_LONG_TOKENS,
+                                           output_len=1))
+            if out.error or not out.chunks or out.path != "disaggregated":
+                raise RuntimeError(f"neighbour probe: a prompt failed or ran off the prefill worker: "
+                                   f"{out.error or out.path}")
+            windows.append((out.sent, out.chunks[0][0]))
+    finally:
+        target.close()
+    for t in threads:
+        t.join()
+    if any(s is None or s.error or len(s.chunks) < NEIGHBOUR_OUTPUT for s in streams):
+        raise RuntimeError(f"neighbour probe: a stream failed: {[s and s.error for s in streams]}")
+    steady = max(s.chunks[1][0] for s in streams)  # both imported, both in the batch
+    last = min(s.chunks[-1][0] for s in streams)
+    for s in streams:
+        for (a, _), (b, _) in zip(s.chunks[1:], s.chunks[2:]):
+            if steady <= a and b <= windows[0][0]:
+                samples.gaps_alone.append(b - a)
+            elif any(start <= a and b <= end for start, end in windows):
+                samples.gaps_beside_prefill.append(b - a)
+    samples.ttfts_beside_decode += [end - start for start, end in windows if end <= last]
+    if not (samples.gaps_alone and samples.gaps_beside_prefill and samples.ttfts_beside_decode):
+        raise RuntimeError("neighbour probe: the streams did not run alone first and through a prefill")
 
 
 def measured(setup: str, traces: list[tuple[str, int]], profile: Profile,
@@ -116,6 +191,8 @@ def measured(setup: str, traces: list[tuple[str, int]], profile: Profile,
         samples = ProbeSamples()
         for path, n in traces:
             probe(platform.router_address, samples)
+            if num_prefill:
+                probe_neighbours(platform.router_address, samples)
             result = run_bench(BenchConfig(target=TargetConfig("grpc", platform.router_address, timeout_s=600),
                                            dataset=DatasetConfig("mooncake", num_requests=n, path=path),
                                            arrivals=ArrivalConfig("trace"), progress=False), quiet=True)
@@ -128,7 +205,10 @@ def measured(setup: str, traces: list[tuple[str, int]], profile: Profile,
                 f.writelines(json.dumps(dataclasses.asdict(r), default=str) + "\n" for r in result.records)
             records += [r for r in result.records if r.ok]
         probe(platform.router_address, samples)
-    return records, calibrate(profile, samples.result(), disaggregated=num_prefill > 0)
+        if num_prefill:
+            probe_neighbours(platform.router_address, samples)
+    return records, calibrate(profile, samples.result(), disaggregated=num_prefill > 0,
+                              neighbours=samples.neighbours())
 
 
 def percentiles(ttfts, itls) -> dict:
@@ -137,8 +217,9 @@ def percentiles(ttfts, itls) -> dict:
 
 
 def _calibration(c: Calibration) -> str:
-    return (f"prefill x{c.prefill_factor:.2f}, decode x{c.decode_factor:.2f}, {c.request_overhead_s * 1000:.1f} ms "
-            f"a request, {c.handoff_overhead_s * 1000:.1f} ms a hand-off")
+    return (f"prefill x{c.prefill_factor:.2f}, decode x{c.decode_factor:.2f}, KV x{c.kv_factor:.2f}, "
+            f"{c.request_overhead_s * 1000:.1f} ms a request, {c.handoff_overhead_s * 1000:.1f} ms a hand-off, "
+            f"beside a busy neighbour prefill x{c.neighbour_prefill_factor:.2f} decode x{c.neighbour_decode_factor:.2f}")
 
 
 def _row(r: dict) -> str:
@@ -181,7 +262,9 @@ def main() -> None:
             overhead = calibration.request_overhead_s
             real = percentiles([r.ttft_s for r in records], [g for r in records for g in r.itl_s])
             calibrated = calibration.apply(profile)
-            sims = [q for _, t in traces for q in simulate(t, calibrated, ClusterConfig(num_prefill, num_decode))]
+            # `pdserve up` here: every worker on this one host
+            on_one_host = ClusterConfig(num_prefill, num_decode, workers_per_host=num_prefill + num_decode)
+            sims = [q for _, t in traces for q in simulate(t, calibrated, on_one_host)]
             done = [q for q in sims if not q.rejected and q.first_s is not None]
             sim = percentiles([q.first_s - q.arrival_s + overhead for q in done], [g for q in done for g in q.itls])
             for metric, pct in METRICS:

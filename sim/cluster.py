@@ -6,7 +6,10 @@ hand-off costs what the profile says.
                     └─ direct: decode worker prefills it itself ─────────────────────────┴─ decode pool streams
 
 One event heap; a worker schedules its next step when the last one ends (continuous
-batching: requests join and leave between steps). The router sees each worker as last
+batching: requests join and leave between steps). Workers placed on one host
+(`workers_per_host`) slow each other down: while a neighbour steps, a step runs at the
+profile's neighbour factor, and each start or end of a step on the host re-times the
+others' (the part done so far kept, the rest at the new speed). The router sees each worker as last
 polled plus its own in-flight counters; a request no unsaturated worker can take waits
 in the pool's queue (FIFO) for at most its class's max_queue_ms, then is refused.
 """
@@ -54,12 +57,27 @@ class ClusterConfig:
     num_decode: int
     router: RouterConfig = RouterConfig()
     slo_class: str = ""                 # "": the router's default class
+    # workers per host, in order (prefill first): those on one host share its cores, cache
+    # and memory bus (`pdserve up` on one machine: all of them); 1 where each has its own device
+    workers_per_host: int = 1
 
     def __post_init__(self):
+        if self.workers_per_host < 1:
+            raise ValueError(f"--workers-per-host: must be >= 1, got {self.workers_per_host}")
         if self.num_prefill < 0:
             raise ValueError(f"--prefill: must be >= 0, got {self.num_prefill}")
         if self.num_decode < 1:
             raise ValueError(f"--decode: needs at least one worker, got {self.num_decode}")
+
+
+@dataclass
+class _RunningStep:
+    plan: object           # the worker's StepPlan
+    started_s: float
+    left_s: float          # what is left of it, in seconds alone on the host
+    factor: float          # how many times as long it runs at present
+    since_s: float         # when left_s and factor were last set
+    version: int = 0       # its end event's number: the events of earlier timings are stale
 
 
 class Cluster:
@@ -67,10 +85,13 @@ class Cluster:
         self.cfg, self.profile = cfg, profile
         self.now = 0.0
         self._events: list = []
-        self._seq = itertools.count()
+        self._seq = itertools.count(1)  # event order; also the step-end versions (0: none yet)
         self.router = SimRouter(cfg.router, colocated=cfg.num_prefill == 0)
         self.workers: dict[str, SimWorker] = {}
         self.pool_of: dict[str, str] = {}
+        self.host_of: dict[str, int] = {}
+        self._hosts: dict[int, list[SimWorker]] = {}
+        self._steps: dict[str, _RunningStep] = {}
         for pool, n in ((PREFILL, cfg.num_prefill), (DECODE, cfg.num_decode)):
             for i in range(n):
                 self._add_worker(pool, f"{pool}-{i}")
@@ -80,8 +101,10 @@ class Cluster:
         self._max_queue_s = cfg.router.slo_classes[self._slo_class].max_queue_ms / 1000
 
     def _add_worker(self, pool: str, address: str) -> None:
-        self.workers[address] = SimWorker(address, self.profile)
+        worker = self.workers[address] = SimWorker(address, self.profile)
         self.pool_of[address] = pool
+        self.host_of[address] = host = (len(self.workers) - 1) // self.cfg.workers_per_host
+        self._hosts.setdefault(host, []).append(worker)
         self.router.set_workers(pool, [a for a, p in self.pool_of.items() if p == pool])
 
     # ---- the loop --------------------------------------------------------------------
@@ -180,13 +203,35 @@ class Cluster:
         seconds = worker.step_seconds(plan) + worker.cpu_debt_s  # a KV transfer's share of the core
         worker.cpu_debt_s = 0.0
         worker.busy = True
-        self.at(self.now + seconds, self._step_end, worker, plan, seconds)
+        self._steps[worker.address] = _RunningStep(plan, self.now, seconds, 1.0, self.now)
+        self._retime(worker)
 
-    def _step_end(self, worker: SimWorker, plan, seconds: float) -> None:
+    def _retime(self, worker: SimWorker) -> None:
+        """(Re)schedule the end of each running step on `worker`'s host at the speed the
+        host's busy workers now allow."""
+        mates = self._hosts[self.host_of[worker.address]]
+        for w in mates:
+            step = self._steps.get(w.address)
+            if step is None:
+                continue
+            crowded = any(m.busy for m in mates if m is not w)
+            factor = self.profile.neighbour_factor(bool(step.plan.prefill_chunks)) if crowded else 1.0
+            if step.version and factor == step.factor:
+                continue  # its end stands
+            step.left_s = max(0.0, step.left_s - (self.now - step.since_s) / step.factor)
+            step.since_s, step.factor, step.version = self.now, factor, next(self._seq)
+            self.at(self.now + step.left_s * factor, self._step_end, w, step.version)
+
+    def _step_end(self, worker: SimWorker, version: int) -> None:
+        step = self._steps.get(worker.address)
+        if step is None or step.version != version:
+            return  # re-timed since
+        del self._steps[worker.address]
         worker.busy = False
-        for seq, done in worker.finish_step(plan, seconds):
+        for seq, done in worker.finish_step(step.plan, self.now - step.started_s):
             self._token(seq, done)
         self._kick(worker)
+        self._retime(worker)  # its neighbours run alone now, unless it stepped again
 
     def _token(self, seq: Seq, done: bool) -> None:
         req = seq.req

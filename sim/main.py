@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill", type=int, default=1, help="prefill workers (0 or --colocated: none)")
     p.add_argument("--decode", type=int, default=1, help="decode workers")
     p.add_argument("--colocated", action="store_true", help="no prefill pool: every decode worker prefills")
+    p.add_argument("--workers-per-host", type=int, default=1,
+                   help="workers sharing a host, prefill first (`pdserve up` on one machine: all); the "
+                        "profile's neighbour factors slow their steps while more than one steps")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -53,7 +56,7 @@ def load_inputs(args):
 def run(args) -> int:
     trace, profile = load_inputs(args)
     num_prefill = 0 if args.colocated else args.prefill
-    cfg = ClusterConfig(num_prefill, args.decode, router_config(args))
+    cfg = ClusterConfig(num_prefill, args.decode, router_config(args), workers_per_host=args.workers_per_host)
     requests = simulate(trace, profile, cfg)
     summary = summarize(requests, profile.request_overhead_s, args.slo_ttft_ms / 1000, args.slo_tpot_ms / 1000,
                         num_prefill + args.decode)

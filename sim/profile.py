@@ -16,6 +16,10 @@ as b more tokens, plus the attention over their context beyond the shortest meas
 (the part a prefill table does not hold). A chunk is costed as a fresh prompt of its length:
 the attention over a chunked prompt's earlier chunks is not counted.
 
+Workers that share a host (the cluster's `workers_per_host`) slow each other down: a step
+runs `neighbour_prefill_factor` (`neighbour_decode_factor`) times as long while another
+worker there steps too (sim/calibrate.py measures both on a running platform).
+
 `source` says where the numbers come from: "measured on <host> ..." (`pdserve profile`)
 or "hand-written from published numbers: <reference>".
 """
@@ -80,11 +84,22 @@ class Profile:
     # call to the decode worker, its KV lookup and the import into its cache; measured on a
     # running platform, added before the decode's read
     handoff_overhead_s: float = 0.0
+    # how many times as long a step runs while another worker on the same host steps too, by
+    # the step's kind (one with prefill chunks, or decodes only): the shared cache and memory
+    # bus, and on a CPU host the router's, kvstore's and gRPC's threads taking the same
+    # cores; 1 where each worker has its own device. The cluster applies them only to
+    # workers it places on one host (ClusterConfig.workers_per_host).
+    neighbour_prefill_factor: float = 1.0
+    neighbour_decode_factor: float = 1.0
 
     def __post_init__(self):
         for name in ("request_overhead_s", "step_overhead_s", "handoff_overhead_s"):
             if not getattr(self, name) >= 0.0:
                 raise ValueError(f"profile: field '{name}' must be >= 0, got {getattr(self, name)}")
+        for name in ("neighbour_prefill_factor", "neighbour_decode_factor"):
+            if not getattr(self, name) >= 1.0:
+                raise ValueError(f"profile: field '{name}' must be >= 1 (a neighbour does not speed a step "
+                                 f"up), got {getattr(self, name)}")
         if not 0.0 <= self.kv_cpu_share <= 1.0:
             raise ValueError(f"profile: field 'kv_cpu_share' must be in [0, 1], got {self.kv_cpu_share}")
         if len(self.decode_s) != len(self.decode_batch_sizes) or any(
@@ -115,13 +130,22 @@ class Profile:
                 - self.decode_step_s(num_decodes, self.decode_contexts[0]))
         return seconds + self.step_overhead_s
 
-    def scaled(self, prefill: float, decode: float) -> "Profile":
+    def neighbour_factor(self, has_prefill: bool) -> float:
+        return self.neighbour_prefill_factor if has_prefill else self.neighbour_decode_factor
+
+    def scaled(self, prefill: float, decode: float, kv: float = 1.0) -> "Profile":
         """The same profile on a machine running `prefill` (`decode`) times as long a
-        prefill (decode) step: a profile taken earlier, brought to where the machine's
-        speed stands now (this VM drifts by tens of percent over hours)."""
-        if not (prefill > 0 and decode > 0):
-            raise ValueError(f"profile: scale factors must be > 0, got prefill {prefill} and decode {decode}")
-        return replace(self, prefill=Table1D(self.prefill.xs, tuple(y * prefill for y in self.prefill.ys)),
+        prefill (decode) step and `kv` times as long a KV transfer: a profile taken earlier,
+        brought to where the machine's speed stands now (this VM drifts by tens of percent
+        over hours), and to the platform's transfers (the profile's kvstore runs in its own
+        process's threads; a platform's is one more process on the same cores)."""
+        if not (prefill > 0 and decode > 0 and kv > 0):
+            raise ValueError(f"profile: scale factors must be > 0, got prefill {prefill}, decode {decode}, kv {kv}")
+
+        def times(table: Table1D, k: float) -> Table1D:
+            return Table1D(table.xs, tuple(y * k for y in table.ys))
+        return replace(self, prefill=times(self.prefill, prefill), kv_put=times(self.kv_put, kv),
+                       kv_get=times(self.kv_get, kv),
                        decode_s=tuple(tuple(v * decode for v in row) for row in self.decode_s))
 
     def handoff_s(self, num_tokens: int) -> float:
@@ -139,7 +163,9 @@ class Profile:
                 "kv_get": {"bytes": list(self.kv_get.xs), "seconds": list(self.kv_get.ys)},
                 "kv_bytes_per_token": self.kv_bytes_per_token, "scheduler": asdict(self.scheduler),
                 "request_overhead_s": self.request_overhead_s, "step_overhead_s": self.step_overhead_s,
-                "kv_cpu_share": self.kv_cpu_share, "handoff_overhead_s": self.handoff_overhead_s}
+                "kv_cpu_share": self.kv_cpu_share, "handoff_overhead_s": self.handoff_overhead_s,
+                "neighbour_prefill_factor": self.neighbour_prefill_factor,
+                "neighbour_decode_factor": self.neighbour_decode_factor}
 
 
 def profile_from_json(raw: dict, where: str = "profile") -> Profile:
@@ -159,6 +185,12 @@ def profile_from_json(raw: dict, where: str = "profile") -> Profile:
         except (TypeError, ValueError) as e:
             raise ValueError(f"{where}: field '{name}': {e}") from None
 
+    def number(name: str, default: float) -> float:
+        try:
+            return float(raw.get(name, default))
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: field '{name}' must be a number, got {raw.get(name)!r}") from None
+
     source = field("source")
     if not isinstance(source, str) or not source.startswith(("measured on ", "hand-written from published numbers")):
         raise ValueError(f"{where}: field 'source' must start with 'measured on ' or "
@@ -173,10 +205,11 @@ def profile_from_json(raw: dict, where: str = "profile") -> Profile:
                    decode_s=tuple(tuple(float(v) for v in row) for row in field("decode.seconds")),
                    kv_put=table("kv_put", "bytes"), kv_get=table("kv_get", "bytes"),
                    kv_bytes_per_token=int(field("kv_bytes_per_token")), scheduler=scheduler,
-                   request_overhead_s=float(raw.get("request_overhead_s", 0.0)),
-                   step_overhead_s=float(raw.get("step_overhead_s", 0.0)),
-                   kv_cpu_share=float(raw.get("kv_cpu_share", 0.0)),
-                   handoff_overhead_s=float(raw.get("handoff_overhead_s", 0.0)))
+                   request_overhead_s=number("request_overhead_s", 0.0),
+                   step_overhead_s=number("step_overhead_s", 0.0), kv_cpu_share=number("kv_cpu_share", 0.0),
+                   handoff_overhead_s=number("handoff_overhead_s", 0.0),
+                   neighbour_prefill_factor=number("neighbour_prefill_factor", 1.0),
+                   neighbour_decode_factor=number("neighbour_decode_factor", 1.0))
 
 
 def load_profile(path: str) -> Profile:

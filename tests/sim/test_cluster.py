@@ -122,6 +122,26 @@ def test_a_kv_write_on_the_prefill_workers_core_delays_the_next_prefill():
     assert b_busy.written_s - b_busy.first_s == pytest.approx(put)
 
 
+def test_workers_on_one_host_slow_each_other_while_both_step():
+    """A decodes on decode-0 while B's long prefill runs on prefill-0. On one host, B's
+    prefill runs at the prefill factor the whole time (A decodes throughout), and A's steps
+    at the decode factor while B prefills: A ends later by B's prefill time x (1 - 1/2)."""
+    p = replace(flat_profile(long_prefill_token_threshold=8192, max_num_batched_tokens=8192),
+                neighbour_prefill_factor=1.5, neighbour_decode_factor=2.0)
+    trace = [one(100, 60), one(5000, 1, t=0.1)]
+    apart_a, apart_b = simulate(trace, p, ClusterConfig(1, 1, THRESHOLD_ALL_POOL))
+    shared_a, shared_b = simulate(trace, p, ClusterConfig(1, 1, THRESHOLD_ALL_POOL, workers_per_host=2))
+    assert apart_b.first_s - 0.1 == pytest.approx(p.prefill_s(5000))
+    assert shared_b.first_s - 0.1 == pytest.approx(1.5 * p.prefill_s(5000))
+    assert 0.1 + 1.5 * p.prefill_s(5000) < apart_a.end_s  # A decodes all through B's prefill
+    assert shared_a.end_s - apart_a.end_s == pytest.approx(1.5 * p.prefill_s(5000) * (1 - 1 / 2.0))
+    assert max(shared_a.itls) == pytest.approx(2 * p.decode_step_s(1, 200))  # a step wholly beside B's
+    with pytest.raises(ValueError, match="workers-per-host"):
+        ClusterConfig(1, 1, workers_per_host=0)
+    with pytest.raises(ValueError, match="neighbour_decode_factor"):
+        replace(p, neighbour_decode_factor=0.9)
+
+
 def test_second_request_queues_behind_the_first_within_the_token_budget():
     p = flat_profile(max_num_batched_tokens=512, long_prefill_token_threshold=512)
     a, b = simulate([one(500, 1), one(500, 1, t=0.001)], p, ClusterConfig(0, 1))

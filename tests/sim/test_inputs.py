@@ -40,8 +40,10 @@ def test_profile_round_trip_and_errors():
     raw = flat_profile().to_json()
     assert profile_from_json(raw) == flat_profile()
     calibrated = replace(flat_profile(), request_overhead_s=0.01, step_overhead_s=0.002, kv_cpu_share=1.0,
-                         handoff_overhead_s=0.02)
+                         handoff_overhead_s=0.02, neighbour_prefill_factor=1.2, neighbour_decode_factor=1.4)
     assert profile_from_json(calibrated.to_json()) == calibrated
+    with pytest.raises(ValueError, match="field 'neighbour_decode_factor' must be a number"):
+        profile_from_json({**raw, "neighbour_decode_factor": "fast"})
     del raw["decode"]["contexts"]
     with pytest.raises(ValueError, match="missing field 'decode.contexts'"):
         profile_from_json(raw)
@@ -95,6 +97,23 @@ def test_sim_command_names_bad_inputs(files, capsys):
     assert "--trace: cannot read /nonexistent.jsonl" in capsys.readouterr().err
     assert main(["sim", "--trace", trace, "--profile", profile, "--decode", "0"]) == 2
     assert "--decode" in capsys.readouterr().err
+
+
+def test_sim_command_puts_workers_on_one_host_when_asked(files, tmp_path, capsys):
+    trace = tmp_path / "dense.jsonl"  # prompts long enough for the prefill pool, arriving while others decode
+    trace.write_text("\n".join(json.dumps({"timestamp": i * 100, "input_length": 3000, "output_length": 20})
+                               for i in range(10)) + "\n")
+    crowded = tmp_path / "crowded.json"
+    crowded.write_text(json.dumps(replace(flat_profile(), neighbour_prefill_factor=2.0,
+                                          neighbour_decode_factor=2.0).to_json()))
+    args = ["sim", "--trace", str(trace), "--profile", str(crowded), "--prefill", "1", "--decode", "1", "--json"]
+    ttft = {}
+    for hosts in ("1", "2"):
+        assert main(args + ["--workers-per-host", hosts]) == 0
+        ttft[hosts] = json.loads(capsys.readouterr().out)["ttft_s"]["p90"]
+    assert ttft["2"] > ttft["1"]  # a prefill beside a decoding stream runs at the factor
+    assert main(args + ["--workers-per-host", "0"]) == 2
+    assert "--workers-per-host" in capsys.readouterr().err
 
 
 def test_plan_command_prints_ranked_choices(files, capsys):
