@@ -16,13 +16,13 @@ Calibration, measured here and not fitted to the workloads:
   with `kv_cpu_share` 1: on this host a KV transfer's gRPC and copies take the worker's
   own core;
 - per setup, probes of lone requests on the idle platform (three 64-token prompts
-  streaming 24 tokens, three 256-token prompts streaming 2), one before each trace and
+  streaming 24 tokens, three 512-token prompts streaming 2), one before each trace and
   one after the last, pooled: they bring the profile to the machine's speed through the
   runs and measure the request and hand-off overheads and the platform's KV transfer
   speed (sim/calibrate.py). This VM's speed drifts by tens of percent between the
   profile and the runs, and within them;
-- on 1P+1D, with each of those probes, a neighbour probe: two streams decode while three
-  256-token prompts prefill one after another on the other worker. How much slower the
+- on 1P+1D, with each of those probes, a neighbour probe: two streams decode while two
+  512-token prompts prefill one after another on the other worker. How much slower the
   streams' steps and the prompts' TTFTs run than alone is what the two workers, the
   router and the kvstore on this host's two cores cost each other; the simulator puts
   both workers on one host (`workers_per_host`).
@@ -66,8 +66,11 @@ WORKLOADS = {"chat": (16, (32, 128), (16, 32), 2.0),
              "long-prompt": (12, (256, 512), (4, 8), 3.0)}
 SETUPS = {"1P+1D": (1, 1), "colocated": (0, 1)}
 METRICS = (("ttft_s", "p50"), ("ttft_s", "p90"), ("itl_s", "p50"), ("itl_s", "p90"))
-PROBE_TOKENS, PROBE_OUTPUT, PROBE_LONG_TOKENS, PROBE_REQUESTS = 64, 24, 256, 3
-NEIGHBOUR_STREAMS, NEIGHBOUR_OUTPUT, NEIGHBOUR_ALONE_S = 2, 96, 2.5
+# the long probe at the profile's largest one-prompt point (the chunk threshold): the
+# prefill factor is the slope over the whole range a prompt is costed from (a 64-to-256
+# slope read ~10% under what 300-500-token prompts then took, in runs 13 and 14)
+PROBE_TOKENS, PROBE_OUTPUT, PROBE_LONG_TOKENS, PROBE_REQUESTS = 64, 24, 512, 3
+NEIGHBOUR_STREAMS, NEIGHBOUR_OUTPUT, NEIGHBOUR_ALONE_S, NEIGHBOUR_PROMPTS = 2, 128, 2.5, 2
 
 
 def make_trace(name: str, scale: float, seed: int) -> list[TraceRequest]:
@@ -130,7 +133,7 @@ def probe(router: str, samples: ProbeSamples) -> None:
 
 def probe_neighbours(router: str, samples: ProbeSamples) -> None:
     """Both workers busy at once (sim/calibrate.py NeighbourProbe): streams of 64-token
-    prompts decode alone for a while, then 256-token prompts (one token each: no hand-off
+    prompts decode alone for a while, then long prompts (one token each: no hand-off
     onto the decode worker) prefill one after another beside them. A gap counts as beside
     a prefill when it lies wholly between a prompt's send and its token; a prompt counts
     when the streams ran through all of it."""
@@ -154,7 +157,7 @@ def probe_neighbours(router: str, samples: ProbeSamples) -> None:
     time.sleep(NEIGHBOUR_ALONE_S)  # the streams' prefills, hand-offs and a dozen steps alone
     target, windows = GrpcTarget(TargetConfig("grpc", router, timeout_s=120)), []
     try:
-        for _ in range(PROBE_REQUESTS):
+        for _ in range(NEIGHBOUR_PROMPTS):
             out = target.send(BenchRequest(prompt=prompt(PROBE_LONG_TOKENS), prompt_len=PROBE_LONG_TOKENS,
                                            output_len=1))
             if out.error or not out.chunks or out.path != "disaggregated":
