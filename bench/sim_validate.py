@@ -222,7 +222,8 @@ def percentiles(ttfts, itls) -> dict:
 def _calibration(c: Calibration) -> str:
     return (f"prefill x{c.prefill_factor:.2f}, decode x{c.decode_factor:.2f}, KV x{c.kv_factor:.2f}, "
             f"{c.request_overhead_s * 1000:.1f} ms a request, {c.handoff_overhead_s * 1000:.1f} ms a hand-off, "
-            f"beside a busy neighbour prefill x{c.neighbour_prefill_factor:.2f} decode x{c.neighbour_decode_factor:.2f}")
+            f"beside a busy neighbour prefill x{c.neighbour_prefill_factor:.2f} "
+            f"decode x{c.neighbour_decode_factor:.2f}")
 
 
 def _row(r: dict) -> str:

@@ -9,8 +9,8 @@ One event heap; a worker schedules its next step when the last one ends (continu
 batching: requests join and leave between steps). Workers placed on one host
 (`workers_per_host`) slow each other down: while a neighbour steps, a step runs at the
 profile's neighbour factor, and each start or end of a step on the host re-times the
-others' (the part done so far kept, the rest at the new speed). The router sees each worker as last
-polled plus its own in-flight counters; a request no unsaturated worker can take waits
+others' (the part done so far kept, the rest at the new speed). The router sees each
+worker as last polled plus its own in-flight counters; a request no unsaturated worker can take waits
 in the pool's queue (FIFO) for at most its class's max_queue_ms, then is refused.
 """
 from __future__ import annotations
