@@ -185,6 +185,18 @@ def profile_from_json(raw: dict, where: str = "profile") -> Profile:
         except (TypeError, ValueError) as e:
             raise ValueError(f"{where}: field '{name}': {e}") from None
 
+    def integers(path: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(v) for v in field(path))
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: field '{path}' must be a list of integers, got {field(path)!r}") from None
+
+    def integer(path: str) -> int:
+        try:
+            return int(field(path))
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: field '{path}' must be an integer, got {field(path)!r}") from None
+
     def number(name: str, default: float) -> float:
         try:
             return float(raw.get(name, default))
@@ -200,11 +212,11 @@ def profile_from_json(raw: dict, where: str = "profile") -> Profile:
     except TypeError as e:
         raise ValueError(f"{where}: field 'scheduler': {e}") from None
     return Profile(source=source, model=str(raw.get("model", "")), prefill=table("prefill", "tokens"),
-                   decode_batch_sizes=tuple(int(b) for b in field("decode.batch_sizes")),
-                   decode_contexts=tuple(int(c) for c in field("decode.contexts")),
+                   decode_batch_sizes=integers("decode.batch_sizes"),
+                   decode_contexts=integers("decode.contexts"),
                    decode_s=tuple(tuple(float(v) for v in row) for row in field("decode.seconds")),
                    kv_put=table("kv_put", "bytes"), kv_get=table("kv_get", "bytes"),
-                   kv_bytes_per_token=int(field("kv_bytes_per_token")), scheduler=scheduler,
+                   kv_bytes_per_token=integer("kv_bytes_per_token"), scheduler=scheduler,
                    request_overhead_s=number("request_overhead_s", 0.0),
                    step_overhead_s=number("step_overhead_s", 0.0), kv_cpu_share=number("kv_cpu_share", 0.0),
                    handoff_overhead_s=number("handoff_overhead_s", 0.0),

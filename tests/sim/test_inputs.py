@@ -44,6 +44,10 @@ def test_profile_round_trip_and_errors():
     assert profile_from_json(calibrated.to_json()) == calibrated
     with pytest.raises(ValueError, match="field 'neighbour_decode_factor' must be a number"):
         profile_from_json({**raw, "neighbour_decode_factor": "fast"})
+    with pytest.raises(ValueError, match="field 'kv_bytes_per_token' must be an integer"):
+        profile_from_json({**raw, "kv_bytes_per_token": None})
+    with pytest.raises(ValueError, match="field 'decode.batch_sizes' must be a list of integers"):
+        profile_from_json({**raw, "decode": {**raw["decode"], "batch_sizes": ["one"]}})
     del raw["decode"]["contexts"]
     with pytest.raises(ValueError, match="missing field 'decode.contexts'"):
         profile_from_json(raw)
