@@ -31,8 +31,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m kernels.cpu.build
 	touch $(STAMP)
 
+# UP_ARGS: more `pdserve up` flags (other ports, more workers: `pdserve up --help`)
+UP_ARGS ?=
+
 up: setup
-	$(VENV)/bin/pdserve up --model smollm2
+	$(VENV)/bin/pdserve up --model smollm2 $(UP_ARGS)
 
 proto: setup
 	$(PY) proto/generate.py

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import yaml
 
+from services.autoscale.chart_values import CHART_VALUES
 from services.autoscale.controller import SYNC_PERIOD_S, Autoscaler, PoolScaler, pools_from_values
 from services.router.file_discovery import write_pools
 
-CHART_VALUES = Path(__file__).resolve().parents[1] / "deploy" / "helm" / "pdserve" / "values.yaml"
 POOLS = ("prefill", "decode")
 
 

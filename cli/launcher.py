@@ -103,7 +103,9 @@ def worker_ranks(argv: list[str] | tuple[str, ...]) -> int:
 
 
 def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
-    cli = [sys.executable, "-m", "cli.main"]
+    # -P: the working directory stays off sys.path, so a child runs the installed package
+    # (a folder named like one of its packages where `pdserve up` was started cannot shadow it)
+    cli = [sys.executable, "-P", "-m", "cli.main"]
     kvstore = f"{cfg.host}:{cfg.kvstore_port}"
     # UCX on a free port: workers ask the kvstore for it (gRPC metadata on Stats)
     ucx = ["--ucx-port", "0"] if cfg.kv_transport == "ucx" else []
@@ -262,6 +264,7 @@ def run_platform(cfg: PlatformConfig) -> int:
         platform.stop()
         if cfg.autoscale is not None:  # the discovery file's own temporary directory
             shutil.rmtree(os.path.dirname(cfg.autoscale.discovery_file), ignore_errors=True)
+        print("pdserve stopped: every process it started has exited", flush=True)
 
 
 def _print_endpoints(platform: Platform, cfg: PlatformConfig) -> None:

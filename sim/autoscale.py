@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import yaml
 
+from services.autoscale.chart_values import CHART_VALUES
 from services.autoscale.hpa import HPA, HPASpec, load_hpa_specs
 from services.router.config import PathConfig, RouterConfig, SaturationConfig
 from sim.cluster import ClusterConfig, simulate
@@ -40,8 +41,6 @@ from sim.diurnal import DAY_S, DiurnalConfig, lengths, requests
 from sim.metrics import summarize
 from sim.profile import Profile, load_profile
 
-CHART_VALUES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            "deploy", "helm", "pdserve", "values.yaml")
 
 
 def pooled_router(profile: Profile) -> RouterConfig:

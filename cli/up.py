@@ -1,0 +1,84 @@
+"""`pdserve up`: the whole platform as local processes (cli/launcher.py starts and supervises them)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+
+from cli.autoscale import add_autoscale_arguments, autoscale_config_from_args
+from cli.launcher import PlatformConfig, run_platform
+from services.router.main import port_or_off
+from services.router.paths import PATH_POLICIES
+from services.worker.config import speculative_config_arg
+from services.worker.parallel_args import positive_int
+
+
+def add_arguments(p) -> None:
+    # PlatformConfig's defaults are the flags' defaults: one place per setting
+    p.add_argument("--model", default=PlatformConfig.model)
+    p.add_argument("--prefill", type=int, default=PlatformConfig.num_prefill,
+                   help="number of prefill workers (0: colocated, each decode worker prefills its own prompts)")
+    p.add_argument("--decode", type=int, default=PlatformConfig.num_decode, help="number of decode workers")
+    p.add_argument("--host", default=PlatformConfig.host)
+    p.add_argument("--port", type=int, default=PlatformConfig.router_port, help="the router's gRPC port")
+    p.add_argument("--http-port", type=port_or_off, default=PlatformConfig.http_port,
+                   help="the router's OpenAI-compatible HTTP port ('off': none)")
+    p.add_argument("--kvstore-port", type=int, default=PlatformConfig.kvstore_port)
+    p.add_argument("--worker-base-port", type=int, default=PlatformConfig.worker_base_port)
+    p.add_argument("--metrics-base-port", type=int, default=PlatformConfig.metrics_base_port)
+    p.add_argument("--cpus-per-worker", type=int, default=PlatformConfig.cpus_per_worker)
+    p.add_argument("--path-policy", choices=PATH_POLICIES, default=PlatformConfig.path_policy,
+                   help="how the router chooses each request's path (see `pdserve router --help`)")
+    p.add_argument("--short-prompt-tokens", type=int, default=PlatformConfig.short_prompt_tokens,
+                   help="the threshold path policy's direct-path limit")
+    p.add_argument("--kv-transport", choices=("grpc", "ucx"), default=PlatformConfig.kv_transport,
+                   help="how KV blocks move between workers and the kvstore (ucx: the kvstore also serves UCX)")
+    p.add_argument("--speculative-config", type=speculative_config_arg, default=None, metavar="JSON",
+                   help="speculative decoding on the decode workers (colocated ones too; prefill workers never "
+                        "speculate), vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
+                        "(see `pdserve decode --help`)")
+    for pool in ("prefill", "decode"):  # after --worker-args on that pool's command lines (colocated: decode)
+        p.add_argument(f"--{pool}-tensor-parallel-size", type=positive_int, default=1, metavar="T",
+                       help=f"tensor parallel ranks of each {pool} worker")
+        p.add_argument(f"--{pool}-pipeline-parallel-size", type=positive_int, default=1, metavar="P",
+                       help=f"pipeline stages of each {pool} worker (it runs T x P processes, with T x P "
+                            "times the cores of a single-process worker)")
+    p.add_argument("--worker-args", default="",
+                   help="extra arguments for every worker, one string (e.g. '--no-chunked-prefill')")
+    p.add_argument("--router-args", default="",
+                   help="extra arguments for the router, one string (e.g. '--slo-config slo.json')")
+    add_autoscale_arguments(p)  # --autoscale, --autoscale-values, --autoscale-sync-s
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.prefill < 0:
+        raise ValueError("--prefill: must be >= 0")
+    if args.decode < 1:
+        raise ValueError("--decode: needs at least one worker")
+    return run_platform(PlatformConfig(
+        model=args.model, num_prefill=args.prefill, num_decode=args.decode, host=args.host, router_port=args.port,
+        http_port=args.http_port,
+        kvstore_port=args.kvstore_port, worker_base_port=args.worker_base_port,
+        metrics_base_port=args.metrics_base_port, cpus_per_worker=args.cpus_per_worker,
+        path_policy=args.path_policy, short_prompt_tokens=args.short_prompt_tokens,
+        kv_transport=args.kv_transport,
+        worker_args=tuple(shlex.split(args.worker_args)), router_args=tuple(shlex.split(args.router_args)),
+        prefill_args=_parallel_args(args, "prefill"),
+        decode_args=_speculative_args(args.speculative_config) + _parallel_args(args, "decode"),
+        autoscale=autoscale_config_from_args(args)))
+
+
+def _parallel_args(args, pool: str) -> tuple[str, ...]:
+    """A pool's --tensor/--pipeline-parallel-size, when not 1 (a size given in --worker-args then stands)."""
+    sizes = {"--tensor-parallel-size": getattr(args, f"{pool}_tensor_parallel_size"),
+             "--pipeline-parallel-size": getattr(args, f"{pool}_pipeline_parallel_size")}
+    return tuple(arg for flag, size in sizes.items() if size != 1 for arg in (flag, str(size)))
+
+
+def _speculative_args(spec) -> tuple[str, ...]:
+    """The decode workers' --speculative-config, from the config checked here (a bad one
+    stops `pdserve up` before any process starts)."""
+    if spec is None:
+        return ()
+    return ("--speculative-config", json.dumps({k: v for k, v in dataclasses.asdict(spec).items() if v is not None}))

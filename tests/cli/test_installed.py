@@ -1,0 +1,133 @@
+"""`pdserve` as installed from its wheel, run from outside the checkout (tests/cli/installed.py)."""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import zipfile
+
+import pytest
+
+from cli.main import COMMANDS
+from tests.cli.installed import REPO, Installed, build_wheel, install, repository_files, wheel_files
+from tests.cli.up_platform import running_up, up_ports
+
+PROMPT = "The quick brown fox jumps over the lazy dog and then"
+MAX_TOKENS = 8
+NOT_INSTALLED = {"tests", "bench"}   # the repository's own tooling, never imported by the product
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Installed:
+    root = tmp_path_factory.mktemp("installed")
+    return install(build_wheel(root / "dist"), root / "venv", root / "work")
+
+
+def imported_packages() -> set[str]:
+    """Top-level packages of this repository that the tests or the CLI's commands import."""
+    names = {c.module.split(".")[0] for c in _commands(COMMANDS)}
+    for path in (REPO / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module.split(".")[0])
+    return {n for n in names if (REPO / n / "__init__.py").is_file()} - NOT_INSTALLED
+
+
+def _commands(commands):
+    for c in commands:
+        yield from _commands(c.subcommands) if c.subcommands else (c,)
+
+
+def test_the_wheel_holds_every_runtime_file_of_the_repository(installed):
+    packages = imported_packages()
+    assert {"engine", "kernels", "services", "cli", "sim"} <= packages
+    expected = set(repository_files(*sorted(packages)))
+    assert {"kernels/cpu/paged_attention.cpp", "sim/profiles/h100_llama8b.json",
+            "services/autoscale/chart_values.yaml"} <= expected
+    missing = sorted(expected - wheel_files(installed.wheel))
+    assert missing == [], f"files the product needs that the wheel lacks: {missing}"
+
+
+def test_the_wheel_carries_the_charts_values_themselves_not_a_link(installed):
+    with zipfile.ZipFile(installed.wheel) as z:
+        carried = z.read("services/autoscale/chart_values.yaml")
+    assert carried == (REPO / "deploy" / "helm" / "pdserve" / "values.yaml").read_bytes()
+
+
+def test_pdserve_help_works_from_any_directory_and_loads_no_torch(installed):
+    out = installed.run("--help")
+    assert out.returncode == 0, out.stderr
+    assert all(c.name in out.stdout for c in COMMANDS)
+    probe = ("import sys\nfrom cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in ('torch', 'grpc', 'fastapi', 'transformers') if m in sys.modules), "
+             "file=sys.stderr)")
+    loaded = subprocess.run([installed.python, "-c", probe], cwd=installed.workdir, env=installed.env(),
+                            capture_output=True, text=True, timeout=60)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stderr.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("words", [[c.name] for c in COMMANDS if not c.subcommands]
+                         + [[c.name, s.name] for c in COMMANDS for s in c.subcommands])
+def test_every_subcommands_help_works_installed(installed, words):
+    out = installed.run(*words, "--help")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: pdserve {' '.join(words)}")
+
+
+def test_a_command_whose_module_cannot_import_fails_alone_naming_it(installed):
+    # `sim` missing, as when it was left out of the packages: its commands fail in one line
+    # that names it, and the others still work in the same process
+    probe = ("import importlib.abc, sys\n"
+             "class Missing(importlib.abc.MetaPathFinder):\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        if name == 'sim':\n"
+             "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+             "sys.meta_path.insert(0, Missing())\n"
+             "from cli.main import main\n"
+             "print(main(['profile', '--help']))\n"
+             "try:\n    main(['up', '--help'])\nexcept SystemExit as e:\n    print('up', e.code)\n")
+    out = subprocess.run([installed.python, "-c", probe], cwd=installed.workdir, env=installed.env(),
+                         capture_output=True, text=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert (lines[0], lines[1].startswith("usage: pdserve up "), lines[-1]) == ("2", True, "up 0"), out.stdout
+    (error,) = out.stderr.strip().splitlines()
+    assert error == ("pdserve: error: 'pdserve profile' is unavailable: module 'sim' could not be imported "
+                     "while loading sim.measure (No module named 'sim')")
+
+
+@pytest.fixture(scope="module")
+def generated(installed, tiny_llama_dir, tmp_path_factory) -> dict:
+    """`pdserve generate` with the default backend: the C++ kernels built from the wheel's
+    own source, in an extension cache of their own (nothing built from the checkout reused)."""
+    cache = tmp_path_factory.mktemp("torch-extensions")
+    out = installed.run("generate", "--model", tiny_llama_dir, "--prompt", PROMPT, "--max-tokens", str(MAX_TOKENS),
+                        "--json", timeout=600, TORCH_EXTENSIONS_DIR=str(cache))
+    assert out.returncode == 0, out.stderr
+    built = list(cache.rglob("pdserve_cpu_kernels*.so"))
+    assert built, f"the cpu backend built no kernels under {cache}"
+    return json.loads(out.stdout)
+
+
+def test_generate_installed_with_the_default_cpu_backend_matches_transformers(generated, tiny_llama_dir):
+    from tests.engine.hf_reference import hf_greedy, load_hf_model
+    from transformers import AutoTokenizer
+    eos = {AutoTokenizer.from_pretrained(tiny_llama_dir).eos_token_id}
+    (expected,) = hf_greedy(load_hf_model(tiny_llama_dir), [generated["prompt_token_ids"]], MAX_TOKENS, eos)
+    assert generated["token_ids"] == expected
+
+
+def test_up_installed_serves_a_request_through_the_router_and_stops_on_ctrl_c(installed, generated, tiny_llama_dir,
+                                                                             tmp_path):
+    ports = up_ports(2)
+    with running_up(tiny_llama_dir, ports, ["--short-prompt-tokens", "4"], tmp_path, pdserve=(installed.pdserve,),
+                    cwd=installed.workdir, env=installed.env()) as up:
+        out = installed.run("generate", "--url", up.router, "--model", tiny_llama_dir, "--prompt", PROMPT,
+                            "--max-tokens", str(MAX_TOKENS), "--json")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["token_ids"] == generated["token_ids"]
+        for name in ("kvstore", "prefill-0", "decode-0", "router"):
+            assert f"[{name:>9}]" in up.log() or name in up.log()
+    assert up.proc.returncode == 0, up.log()
