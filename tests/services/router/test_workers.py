@@ -65,6 +65,29 @@ def test_discovery_changes_add_and_remove_workers_keeping_channels(monkeypatch):
         registry.close()
 
 
+def test_a_draining_worker_dropped_by_discovery_keeps_its_streams_until_it_stops_answering():
+    """A Kubernetes scale-down: the pod leaves its EndpointSlice and, on SIGTERM, answers
+    NOT_SERVING; its open stream keeps the channel (found by the chart's pods under podman,
+    where the stream broke mid-way). Once polls get no answer it goes (its streams migrate)."""
+    discovery = _Changing()
+    discovery.pools[DECODE] = ("127.0.0.1:2",)
+    registry = WorkerRegistry(discovery)
+    try:
+        registry.report(DECODE, "127.0.0.1:2", common_pb2.WorkerLoad(max_num_seqs=8))
+        stub = registry.stub(DECODE, "127.0.0.1:2")
+        registry.reserve(DECODE, "127.0.0.1:2", tokens=10)
+        discovery.pools[DECODE] = ()
+        registry.report(DECODE, "127.0.0.1:2", common_pb2.WorkerLoad(max_num_seqs=8, draining=True), serving=False)
+        registry.sync()
+        assert registry.stub(DECODE, "127.0.0.1:2") is stub
+        assert _view(registry, DECODE, "127.0.0.1:2").draining
+        registry.report(DECODE, "127.0.0.1:2", None)   # gone without finishing
+        registry.sync()
+        assert registry.views(DECODE) == []
+    finally:
+        registry.close()
+
+
 def test_a_worker_dropped_by_discovery_with_open_requests_finishes_them_first():
     """A terminating pod leaves its EndpointSlice at once; the streams this router has on it
     keep their channel and finish, the worker takes no new work, and it goes when they end."""
