@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import json
 import subprocess
+import urllib.request
 import zipfile
 
 import pytest
@@ -121,13 +122,16 @@ def test_generate_installed_with_the_default_cpu_backend_matches_transformers(ge
 
 def test_up_installed_serves_a_request_through_the_router_and_stops_on_ctrl_c(installed, generated, tiny_llama_dir,
                                                                              tmp_path):
-    ports = up_ports(2)
+    ports = up_ports(2, http=True)
     with running_up(tiny_llama_dir, ports, ["--short-prompt-tokens", "4"], tmp_path, pdserve=(installed.pdserve,),
                     cwd=installed.workdir, env=installed.env()) as up:
         out = installed.run("generate", "--url", up.router, "--model", tiny_llama_dir, "--prompt", PROMPT,
                             "--max-tokens", str(MAX_TOKENS), "--json")
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["token_ids"] == generated["token_ids"]
-        for name in ("kvstore", "prefill-0", "decode-0", "router"):
-            assert f"[{name:>9}]" in up.log() or name in up.log()
-    assert up.proc.returncode == 0, up.log()
+        models = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{ports['http']}/v1/models", timeout=10).read())
+        assert models["object"] == "list" and models["data"]
+    log = "".join(up.lines)
+    for name in ("kvstore", "prefill-0", "decode-0", "router"):   # every process's log, prefixed
+        assert f"[{name:>9}]" in log
+    assert up.proc.returncode == 0, log

@@ -33,7 +33,8 @@ pytestmark = pytest.mark.pods
 API_KEY, INTERNAL_TOKEN = "sk-pods-test", "internal-pods-test"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 STREAM_PROMPT = "Once upon a time, in a small village by the sea,"
-STREAM_TOKENS = 400   # long enough to be in flight when SIGTERM follows the 5 s preStop pause
+STREAM_TOKENS = 160   # long enough to be in flight when SIGTERM follows the decode pods' preStop pause
+DECODE_PRE_STOP_S = 1  # (the chart's default is 5 s: shorter here, the test waits it out)
 ENGINE = dict(dtype="float32", attention_backend="torch", max_num_seqs=16)   # ci/cpu-values.yaml's engine
 
 
@@ -45,7 +46,8 @@ def image() -> str:
 def rendered(ports: dict[str, int], metrics_port: int) -> list[dict]:
     sets = (f"router.port={ports['router']}", f"router.http.port={ports['http']}", f"kvstore.port={ports['kvstore']}",
             f"prefill.port={ports['prefill']}", f"decode.port={ports['decode']}", f"metricsPort={metrics_port}",
-            "listenHost=127.0.0.1", f"auth.apiKey.value={API_KEY}", f"auth.internalToken.value={INTERNAL_TOKEN}")
+            "listenHost=127.0.0.1", f"decode.preStopSleepSeconds={DECODE_PRE_STOP_S}",
+            f"auth.apiKey.value={API_KEY}", f"auth.internalToken.value={INTERNAL_TOKEN}")
     return [d for d in yaml.safe_load_all(render_text(VALUES["cpu"], sets)) if d]
 
 
