@@ -61,6 +61,29 @@ class Streams:
             t.join(timeout=180)
 
 
+class RunningSampler:
+    """decode-1's running requests, sampled until the drain is seen: a worker that drains
+    fast can be gone (its /metrics with it) before a scrape made after the log line."""
+
+    def __init__(self, url: str):
+        self.url, self.last = url, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                self.last = scrape(self.url, "pdserve_requests_running")
+            except OSError:   # draining or gone: keep the last value it reported
+                return
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return self.last
+
+
 def _generate(router: str, prompt: str) -> list[int]:
     with RouterClient(router) as client:
         return list(client.generate_text(prompt, GREEDY, timeout_s=120).token_ids)
@@ -70,11 +93,12 @@ def test_the_decode_pool_drains_a_worker_with_open_streams_and_loses_none(platfo
     up = platform
     drained_url = up.metrics_url("decode-1")
     streams = Streams(up.router)
+    running = RunningSampler(drained_url)
     try:
         # the HPA's first sync counted 2 replicas as a recommendation: 1 only after the window
         draining = up.wait_for(r"autoscale: draining (decode-\d+) \(pid \d+\)", timeout_s=120)
         assert draining.group(1) == "decode-1", "the newest decode worker goes first"
-        open_streams = scrape(drained_url, "pdserve_requests_running")
+        open_streams = running.stop()
         mark = up.mark()
         exited = up.wait_for(r"autoscale: decode-1 drained and exited \(code (-?\d+)\)", timeout_s=150, start=mark)
         after_drain = len(up.lines)
