@@ -113,7 +113,8 @@ def test_a_burst_grows_the_prefill_pool_and_it_drains_back_without_a_failed_requ
     # the scale-down waited out the 5 s window after the last recommendation of 2
     down_t = float(downs[0]["t"])
     last_two = max(float(d["t"]) for d in decisions(up, "prefill") if int(d["raw"]) >= 2 and float(d["t"]) < down_t)
-    assert down_t - last_two >= 5.0
+    # the log prints t to 0.1 s, so two rounded times may read up to 0.1 s short of the real gap
+    assert down_t - last_two >= 5.0 - 0.1 - 1e-9
     assert decisions(up, "decode"), "the decode pool's HPA runs too (min = max = 1 here)"
     assert not any(re.search(r"restarted prefill-[1-9]", line) for line in up.lines), "a drained worker came back"
     assert decisions(up, "prefill")[-1]["current"] == "1"
