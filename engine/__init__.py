@@ -10,7 +10,7 @@ import importlib
 
 _SUBMODULES = {
     "CacheConfig": "engine.config", "EngineConfig": "engine.config", "SchedulerConfig": "engine.config",
-    "EngineCore": "engine.engine_core",
+    "EngineCore": "engine.engine_core", "EngineRequest": "engine.engine_request",
     "InvalidRequestError": "engine.errors", "ModelLoadError": "engine.errors",
     "LLM": "engine.llm",
     "RequestOutput": "engine.outputs", "TokenLogprob": "engine.outputs",
@@ -21,7 +21,7 @@ _SUBMODULES = {
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "TokenLogprob", "EngineCore", "EngineConfig",
            "CacheConfig", "SchedulerConfig", "InvalidRequestError", "ModelLoadError", "load_tokenizer",
-           "describe_model", "ModelDescription", "RequestMode", "EngineStats", "EngineInfo"]
+           "describe_model", "ModelDescription", "RequestMode", "EngineStats", "EngineInfo", "EngineRequest"]
 
 
 def load_tokenizer(model: str):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from engine.executor.config import ParallelConfig
 from engine.spec_decode.config import SpeculativeConfig
+from engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S
 
 from dataclasses import dataclass, field
 
@@ -64,7 +65,7 @@ class EngineConfig:
     # empty: every step runs eagerly (vLLM's enforce_eager). CUDA and the triton backend only.
     cuda_graph_batch_sizes: tuple[int, ...] = ()
     # structured outputs: a request whose grammar takes longer to compile ends with an error
-    structured_outputs_compile_timeout_s: float = 30.0
+    structured_outputs_compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S
     # speculative decoding (engine/spec_decode): None: off
     speculative_config: SpeculativeConfig | None = None
     # tensor and pipeline parallelism: t x p ranks, one process each (engine/executor/)

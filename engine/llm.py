@@ -17,6 +17,7 @@ from engine.errors import InvalidRequestError
 from engine.model.loader import LoadedModel
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.engine_request import EngineRequest
 
 PromptType = str | dict
 
@@ -131,7 +132,7 @@ class LLM:
             if p.structured_outputs is not None:  # a spec that does not compile is refused before anything runs
                 engine.structured.compiler.check(p.structured_outputs)
         for req_id, (text, ids), p, salt in zip(req_ids, encoded, params, salts):
-            engine.add_request(req_id, ids, p, prompt=text, cache_salt=salt)
+            engine.add_request(EngineRequest(req_id, ids, p, prompt=text, cache_salt=salt))
         finished: dict[str, RequestOutput] = {}
         wanted = set(req_ids)
         with tqdm(total=len(req_ids), desc="Generating", disable=not use_tqdm) as bar:

@@ -6,6 +6,20 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class SpecDecodeStats:
+    """Speculative decoding, since start: draft tokens proposed and scored, those accepted,
+    and the verifications (one per request per step that had drafts)."""
+    num_proposed_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_verifications: int = 0
+
+    def plus(self, num_proposed: int, num_accepted: int) -> SpecDecodeStats:
+        """After one more verification."""
+        return SpecDecodeStats(self.num_proposed_tokens + num_proposed, self.num_accepted_tokens + num_accepted,
+                               self.num_verifications + 1)
+
+
+@dataclass(frozen=True)
 class EngineStats:
     num_running: int = 0
     num_waiting: int = 0
@@ -17,8 +31,17 @@ class EngineStats:
     num_prefix_hit_tokens: int = 0       # ...and found there
     prefill_tokens_per_s: float = 0.0    # measured over recent steps (engine/step_rates.py); 0: not yet
     decode_step_ms: float = 0.0          # a pure decode step of the recent batches; 0: not yet
-    # speculative decoding, since start: draft tokens proposed and scored, those accepted,
-    # and the verifications (one per request per step that had drafts)
-    num_spec_proposed_tokens: int = 0
-    num_spec_accepted_tokens: int = 0
-    num_spec_verifications: int = 0
+    spec: SpecDecodeStats = SpecDecodeStats()
+
+    # flat names, as the WorkerLoad message and the metrics carry them
+    @property
+    def num_spec_proposed_tokens(self) -> int:
+        return self.spec.num_proposed_tokens
+
+    @property
+    def num_spec_accepted_tokens(self) -> int:
+        return self.spec.num_accepted_tokens
+
+    @property
+    def num_spec_verifications(self) -> int:
+        return self.spec.num_verifications

@@ -43,15 +43,3 @@ class AttentionBackend(ABC):
         kv_cache: [2, num_blocks, block_size, num_kv_heads, d] for this layer.
         Stores key/value at meta.slot_mapping, returns attention output [T, num_heads, d]."""
 
-
-def get_attention_backend(name: str) -> AttentionBackend:
-    if name == "cpu":
-        from engine.attention.cpu_backend import CpuAttentionBackend
-        return CpuAttentionBackend()
-    if name == "torch":
-        from engine.attention.torch_backend import TorchAttentionBackend
-        return TorchAttentionBackend()
-    if name == "triton":
-        from engine.attention.triton_backend import TritonAttentionBackend
-        return TritonAttentionBackend()
-    raise ValueError(f"attention_backend: unknown backend {name!r} (choose 'cpu', 'torch' or 'triton')")

@@ -7,13 +7,10 @@ request's tokens and block table.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from engine.kv_transfer import KVLoad
 from engine.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from engine.structured.manager import GrammarBitmask
+from engine.structured.bitmask import GrammarBitmask
 
 
 @dataclass
@@ -46,7 +43,7 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
     # structured outputs: the next-token bitmask of the guided requests that sample this step
-    grammar_bitmask: "GrammarBitmask | None" = None
+    grammar_bitmask: GrammarBitmask | None = None
     # speculative decoding: draft tokens scored after each such request's last token
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 

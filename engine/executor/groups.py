@@ -3,11 +3,13 @@
 Rank numbering: rank = pp_rank * t + tp_rank, so a pipeline stage's t ranks are
 consecutive and rank 0 (the driver, which runs the scheduler) is stage 0's first rank.
 
-Two kinds of traffic, two groups:
-- the model's collectives (all-reduce, all-gather within a stage, activations from stage
-  to stage, logits back to the driver): `device`, nccl on GPUs, gloo on CPU;
-- the step's inputs and KV blocks the driver sends: `cpu`, always gloo (they start on the host).
-Every collective of both fails after the configured timeout.
+Three groups, by traffic:
+- the model's all-reduce and all-gather within a stage: `tp`, the stage's t ranks;
+- activations from stage to stage, logits back to the driver: `device`, every rank;
+  these two use nccl on GPUs, gloo on CPU;
+- the step's inputs and KV blocks the driver sends: `cpu`, every rank, always gloo (they
+  start on the host).
+Every collective of each fails after the configured timeout.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from engine.executor.rank_group import RankGroup
 
 
 # how long the ranks may take to start and meet (process start, imports), collectives aside
@@ -54,42 +58,40 @@ class RankPlace:
 
 
 class ParallelGroups:
-    """Joins the rendezvous and builds the groups; `tp` is what the model calls."""
+    """Joins the engine's rendezvous and builds its groups; `tp` is what the model calls.
+
+    The store is the engine's own (its port chosen by the driver) and the groups are built
+    on it directly, outside torch.distributed's one default group per process: engines
+    side by side in one driver each hold their own (engine/executor/rank_group.py)."""
 
     def __init__(self, place: RankPlace, backend: str, master_port: int, timeout_s: float):
         self.place = place
         timeout = datetime.timedelta(seconds=timeout_s)
         # joining waits for processes still importing torch (slow on a busy host): its own, longer limit
-        store = dist.TCPStore("127.0.0.1", master_port, place.world_size, is_master=place.rank == 0,
-                              timeout=datetime.timedelta(seconds=max(timeout_s, START_TIMEOUT_S)))
-        dist.init_process_group(backend=backend, store=store, rank=place.rank, world_size=place.world_size,
-                                timeout=timeout)
-        self.device = dist.group.WORLD
-        self.cpu = self.device if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
-        self.tp_group = None
-        for stage in range(place.pp_size):  # every rank creates every group, in the same order
-            group = dist.new_group([place.peer(stage, t) for t in range(place.tp_size)], timeout=timeout)
-            if stage == place.pp_rank:
-                self.tp_group = group
-        self.tp = TensorParallelOps(self.tp_group, place.tp_size)
+        self._store = dist.TCPStore("127.0.0.1", master_port, place.world_size, is_master=place.rank == 0,
+                                    timeout=datetime.timedelta(seconds=max(timeout_s, START_TIMEOUT_S)))
+        self.device = RankGroup.open(self._store, "device", place.rank, place.world_size, backend, timeout)
+        self.cpu = self.device if backend == "gloo" else RankGroup.open(
+            self._store, "cpu", place.rank, place.world_size, "gloo", timeout)
+        # only a stage's own ranks join its group: its ranks there are the tp ranks
+        stage_ranks = RankGroup.open(self._store, f"tp{place.pp_rank}", place.tp_rank, place.tp_size, backend, timeout)
+        self.tp = TensorParallelOps(stage_ranks)
+        self._groups = [self.device, self.cpu, stage_ranks]
 
     def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        for group in {id(g): g for g in self._groups}.values():
+            group.close()
+        self._groups = []
 
 
 class TensorParallelOps:
     """The two collectives a tensor-parallel model makes (engine/model/llama.py)."""
 
-    def __init__(self, group, size: int):
-        self.group, self.size = group, size
+    def __init__(self, group: RankGroup):
+        self.group, self.size = group, group.size
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(x, group=self.group)
-        return x
+        return self.group.all_reduce(x)
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(self.size)]
-        dist.all_gather(parts, x, group=self.group)
-        return torch.cat(parts, dim=-1)
+        return torch.cat(self.group.all_gather(x), dim=-1)

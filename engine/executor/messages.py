@@ -17,12 +17,12 @@ with a timeout cannot do; and its end of file tells a rank that the driver is go
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import BinaryIO
 
 import torch
 
 from engine.attention.backend import AttentionMetadata
+from engine.worker.step_batch import StepInputs
 
 INIT, STEP, KV_IMPORT, KV_EXPORT, SHUTDOWN = 1, 2, 3, 4, 5
 HEADER = struct.Struct("<qqq")  # op, a, b
@@ -48,30 +48,6 @@ def read_exact(pipe: BinaryIO, n: int) -> bytes | None:
 def read_ints(pipe: BinaryIO, n: int) -> list[int] | None:
     data = read_exact(pipe, 8 * n)
     return None if data is None else list(struct.unpack(f"<{n}q", data))
-
-
-@dataclass
-class StepInputs:
-    """One micro-batch's model inputs: what every rank needs to run its layers."""
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttentionMetadata
-    logits_indices: torch.Tensor
-
-    @property
-    def num_tokens(self) -> int:
-        return self.input_ids.shape[0]
-
-    def shape_fields(self) -> list[int]:
-        m = self.meta
-        return [self.num_tokens, m.num_seqs, m.block_tables.shape[1], self.logits_indices.shape[0],
-                m.num_decodes, m.max_query_len, m.max_seq_len]
-
-    def pack(self) -> torch.Tensor:
-        m = self.meta
-        parts = [self.input_ids, self.positions, m.query_start_loc, m.seq_lens, m.block_tables.flatten(),
-                 m.slot_mapping, self.logits_indices]
-        return torch.cat([p.to(device="cpu", dtype=torch.int64) for p in parts])
 
 
 def pack_step(batches: list[StepInputs]) -> tuple[list[int], torch.Tensor]:

@@ -27,7 +27,6 @@ import time
 from contextlib import contextmanager
 
 import torch
-import torch.distributed as dist
 
 from engine.attention.backend import AttentionBackend
 from engine.config import EngineConfig, ModelArchConfig
@@ -35,6 +34,7 @@ from engine.errors import EngineDeadError, InvalidRequestError, ModelLoadError
 from engine.executor import messages as M
 from engine.executor.groups import ParallelGroups, RankPlace
 from engine.executor.launch import RankLaunch, rank_kv_arch, rank_shard, threads_per_rank
+from engine.executor.base import Executor
 from engine.executor.messages import StepInputs
 from engine.executor.stage import StageWorker
 from engine.model.loader import LoadedModel, load_model, read_arch
@@ -44,7 +44,9 @@ from engine.model.source import ModelSource
 logger = logging.getLogger(__name__)
 
 
-class MultiProcExecutor:
+class MultiProcExecutor(Executor):
+    holds_whole_model = False  # rank 0's layers and heads only
+
     def __init__(self, config: EngineConfig, source: ModelSource, dtype: torch.dtype, progress: bool = True):
         parallel = config.parallel
         self.parallel, self.config = parallel, config
@@ -100,7 +102,7 @@ class MultiProcExecutor:
             self._send_all(M.INIT, num_blocks)
             self.worker = StageWorker(self.loaded.model, kv_caches[:len(self.loaded.model.layers)], backend,
                                       self.groups, self.device)
-            dist.barrier(group=self.groups.cpu)
+            self.groups.cpu.barrier()
 
     # ---- the engine's calls --------------------------------------------------------
     def forward(self, batches: list[StepInputs]) -> torch.Tensor:
@@ -108,14 +110,14 @@ class MultiProcExecutor:
         with self._guard("a step"):
             shapes, payload = M.pack_step(batches)
             self._send_all(M.STEP, len(batches), payload.shape[0], shapes)
-            dist.broadcast(payload, src=0, group=self.groups.cpu)
+            self.groups.cpu.broadcast(payload, src=0)
             return torch.cat(self.worker.run(batches))
 
     def import_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
         with self._guard("a KV import"):
             self._send_all(M.KV_IMPORT, len(block_ids), 0, block_ids)
             blocks = blocks.to(device="cpu", dtype=self.worker.kv_caches[0].dtype).contiguous()
-            dist.broadcast(blocks, src=0, group=self.groups.cpu)
+            self.groups.cpu.broadcast(blocks, src=0)
             self.worker.import_blocks(block_ids, blocks)
 
     def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
@@ -133,7 +135,7 @@ class MultiProcExecutor:
                 else:
                     part = torch.empty((len(block_ids), len(shard.layers), 2, bs, len(shard.kv_heads),
                                         arch.head_dim), dtype=dtype)
-                    dist.recv(part, src=rank, group=self.groups.cpu)
+                    self.groups.cpu.recv(part, src=rank)
                 out[:, shard.layers.start:shard.layers.stop, :, :, shard.kv_heads.start:shard.kv_heads.stop] = part
             return out
 

@@ -9,9 +9,8 @@ import logging
 import sys
 
 import torch
-import torch.distributed as dist
 
-from engine.attention.backend import get_attention_backend
+from engine.attention.selector import get_attention_backend
 from engine.executor import messages as M
 from engine.executor.groups import ParallelGroups
 from engine.executor.launch import RankLaunch, rank_kv_arch, rank_shard
@@ -47,7 +46,7 @@ def main(argv: list[str]) -> int:
     kv_caches = allocate_kv_caches(num_blocks, rank_kv_arch(parallel, loaded.arch), launch.block_size, dtype, device)
     kv_caches = kv_caches[:len(loaded.model.layers)]
     worker = StageWorker(loaded.model, kv_caches, get_attention_backend(launch.attention_backend), groups, device)
-    dist.barrier(group=groups.cpu)  # ready: the driver's start-up returns
+    groups.cpu.barrier()  # ready: the driver's start-up returns
     block_shape = (loaded.arch.num_layers, 2, launch.block_size, loaded.arch.num_kv_heads, loaded.arch.head_dim)
     try:
         return _serve(pipe, worker, groups, dtype, device, block_shape)
@@ -67,17 +66,17 @@ def _serve(pipe, worker: StageWorker, groups: ParallelGroups, dtype: torch.dtype
         if op == M.STEP:
             shapes = M.read_ints(pipe, a * M.SHAPE_FIELDS)
             payload = torch.empty(b, dtype=torch.int64)
-            dist.broadcast(payload, src=0, group=groups.cpu)
+            groups.cpu.broadcast(payload, src=0)
             worker.run(M.unpack_step(shapes, payload, device))
         elif op == M.KV_IMPORT:
             block_ids = M.read_ints(pipe, a)
             blocks = torch.empty((a, *block_shape), dtype=dtype)
-            dist.broadcast(blocks, src=0, group=groups.cpu)
+            groups.cpu.broadcast(blocks, src=0)
             worker.import_blocks(block_ids, blocks)
         elif op == M.KV_EXPORT:
             block_ids = M.read_ints(pipe, a)
             if worker.shard.owns_kv_heads:
-                dist.send(worker.export_part(block_ids).contiguous(), dst=0, group=groups.cpu)
+                groups.cpu.send(worker.export_part(block_ids).contiguous(), dst=0)
         else:
             raise RuntimeError(f"rank {groups.place.rank}: unknown op {op} from the driver")
 

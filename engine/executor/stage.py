@@ -4,7 +4,6 @@ processes run this same code."""
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from engine.attention.backend import AttentionBackend
 from engine.executor.groups import ParallelGroups
@@ -33,22 +32,22 @@ class StageWorker:
                 x = model.embed(batch.input_ids)
             else:
                 x = torch.empty(batch.num_tokens, model.cfg.hidden_size, dtype=self._dtype, device=self.device)
-                dist.recv(x, src=place.peer(place.pp_rank - 1), group=self.groups.device)
+                self.groups.device.recv(x, src=place.peer(place.pp_rank - 1))
             x = model.run_layers(x, batch.positions, self.kv_caches, batch.meta, self.backend)
             if not place.is_last_stage:
-                sends.append(dist.isend(x, dst=place.peer(place.pp_rank + 1), group=self.groups.device))
+                sends.append(self.groups.device.isend(x, dst=place.peer(place.pp_rank + 1)))
                 continue
             rows = model.compute_logits(x, batch.logits_indices)
             if place.rank == 0:
                 logits.append(rows)
             elif place.tp_rank == 0:  # the stage's ranks all hold the gathered logits; one sends
-                sends.append(dist.isend(rows, dst=0, group=self.groups.device))
+                sends.append(self.groups.device.isend(rows, dst=0))
         if place.rank == 0 and not place.is_last_stage:
             last = place.peer(place.pp_size - 1, 0)
             for batch in batches:
                 rows = torch.empty(batch.logits_indices.shape[0], model.cfg.vocab_size, dtype=torch.float32,
                                    device=self.device)
-                dist.recv(rows, src=last, group=self.groups.device)
+                self.groups.device.recv(rows, src=last)
                 logits.append(rows)
         for work in sends:
             work.wait()

@@ -1,23 +1,27 @@
-"""Whether an engine runs on rank processes, and starting them."""
+"""Starting an engine's executor: this process alone, or t x p rank processes."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
+from engine.executor.base import Executor
 
 if TYPE_CHECKING:
     import torch
 
-    from engine.executor.multiproc import MultiProcExecutor
     from engine.model.loader import LoadedModel
     from engine.model.source import ModelSource
 
 
 def start_executor(config: EngineConfig, source: ModelSource, dtype: torch.dtype, loaded: LoadedModel | None,
-                   progress: bool) -> MultiProcExecutor | None:
-    """t x p > 1: the rank processes, and rank 0's part of the model here; None for one rank."""
+                   progress: bool) -> Executor:
+    """t x p > 1: the rank processes, and rank 0's part of the model here; else the whole
+    model here (`loaded`, or loaded now)."""
     if config.parallel.world_size == 1:
-        return None
+        from engine.executor.local import LocalExecutor
+        from engine.model.loader import load_model
+        return LocalExecutor(loaded or load_model(source, dtype, config.device, config.scheduler.max_model_len,
+                                                  progress))
     if loaded is not None:
         raise ValueError("loaded_model: a model already in memory is whole; with tensor or pipeline "
                          "parallelism each rank loads its own part (pass the model path instead)")

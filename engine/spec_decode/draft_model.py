@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.attention.backend import AttentionMetadata, get_attention_backend
+from engine.attention.backend import AttentionMetadata
+from engine.attention.selector import get_attention_backend
 from engine.config import CacheConfig
 from engine.errors import InvalidRequestError
 from engine.model.loader import LoadedModel, load_model, parse_dtype

@@ -42,3 +42,10 @@ class Proposer(ABC):
 
     def close(self) -> None:
         """The engine is shutting down."""
+
+
+class NoProposer(Proposer):
+    """An engine without speculative decoding: nothing is ever proposed."""
+
+    def propose(self, requests: list[DraftRequest]) -> dict[str, list[int]]:
+        return {}

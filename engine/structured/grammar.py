@@ -19,12 +19,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import torch
 
 from engine.errors import InvalidRequestError
-from engine.structured.params import StructuredOutputsParams
+from engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S, StructuredOutputsParams
 
-# How long a spec may take to compile before its request is refused. A compile cannot be
-# interrupted (xgrammar runs it in C++), so past this the request fails and the thread
-# finishes on its own; the result is still cached for the next request with that spec.
-DEFAULT_COMPILE_TIMEOUT_S = 30.0
 # Bounds on what a long-running server keeps per distinct spec: futures (each holding its
 # compiled grammar) and xgrammar's own cache.
 MAX_CACHED_SPECS = 1024
@@ -150,7 +146,7 @@ def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
 def apply_grammar_bitmask(logits: torch.Tensor, grammar_bitmask, row_keys: list[tuple[str, int]]) -> None:
     """Sets to -inf, in place, the logits of the tokens each guided request's grammar
     forbids: logits row i is the row_keys[i] = (req_id, j)-th scored row of its request;
-    grammar_bitmask (a manager.GrammarBitmask) has rows for the guided requests. The
+    grammar_bitmask (a bitmask.GrammarBitmask) has rows for the guided requests. The
     padding rows of the vocabulary are always forbidden (the bitmask covers the model's
     whole vocabulary)."""
     import xgrammar as xgr

@@ -13,23 +13,19 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
+from engine.core.scheduler_output import SchedulerOutput
 from engine.errors import InvalidRequestError
 from engine.request import Request, RequestStatus
-from engine.structured.grammar import DEFAULT_COMPILE_TIMEOUT_S, GrammarCompiler, GrammarState, allocate_bitmask
+from engine.structured.bitmask import GrammarBitmask
+from engine.structured.grammar import GrammarCompiler, GrammarState, allocate_bitmask
+from engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class GrammarBitmask:
-    """For the runner: bitmask row rows[req_id][j] constrains the request's j-th scored row
-    (j > 0: after its j-th draft token)."""
-    bitmask: torch.Tensor
-    rows: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -94,7 +90,18 @@ class StructuredOutputManager:
         request.grammar = state
         return None
 
+    def for_guided(self) -> StructuredOutputManager:
+        return self
+
     # ---- each step -------------------------------------------------------------------
+    def step_bitmask(self, sched: SchedulerOutput, requests: dict[str, Request]) -> GrammarBitmask | None:
+        """The bitmask of the scheduled requests that sample a token this step (their known
+        tokens, and any drafts, are all computed by its end)."""
+        drafts = sched.spec_token_ids
+        sampling = [r for r in (requests.get(req_id) for req_id in sched.num_scheduled_tokens)
+                    if r is not None and r.num_computed_tokens == r.num_tokens + len(drafts.get(r.req_id, ()))]
+        return self.bitmask(sampling, drafts)
+
     def bitmask(self, sampling: list[Request], drafts: dict[str, list[int]]) -> GrammarBitmask | None:
         """The next-token bitmask of each request in `sampling` that has a grammar: one
         row, or with drafts one per scored position (the matcher walks the drafts, which
@@ -151,3 +158,28 @@ class StructuredOutputManager:
 
     def close(self) -> None:
         self.compiler.close()
+
+
+class NoStructuredOutputs:
+    """The engine's structured outputs until its first guided request: nothing waits for a
+    grammar, nothing is masked. The real manager's tokenizer table takes ~0.3 s, so it is
+    built only when a guided request comes (for_guided)."""
+    num_pending = 0
+
+    def __init__(self, build: Callable[[], StructuredOutputManager]):
+        self._build = build
+
+    def for_guided(self) -> StructuredOutputManager:
+        return self._build()
+
+    def remove(self, req_id: str) -> None:
+        return None
+
+    def poll(self) -> tuple[list[Request], list[tuple[Request, InvalidRequestError]]]:
+        return [], []
+
+    def step_bitmask(self, sched: SchedulerOutput, requests: dict[str, Request]) -> None:
+        return None
+
+    def close(self) -> None:
+        pass

@@ -13,6 +13,11 @@ KINDS = ("json", "regex", "choice", "grammar", "json_object")
 # hop of a request (router, prefill, decode, a migration).
 MAX_SPEC_CHARS = 64 * 1024
 MAX_CHOICES = 1024
+# How long a spec may take to compile before its request is refused. A compile cannot be
+# interrupted (xgrammar runs it in C++), so past this the request fails and the thread
+# finishes on its own; the result is still cached for the next request with that spec.
+# Here, not in grammar.py: the router and the engine config read it without loading torch.
+DEFAULT_COMPILE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)

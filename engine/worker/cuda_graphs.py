@@ -38,7 +38,7 @@ import torch
 from engine.attention.backend import AttentionMetadata
 
 if TYPE_CHECKING:
-    from engine.worker.model_runner import StepBatch
+    from engine.worker.step_batch import StepBatch
 
 logger = logging.getLogger(__name__)
 
@@ -180,3 +180,13 @@ class DecodeGraphs:
         # (the table's columns past a row's length are never read either).
         self.slot_mapping[n:size].fill_(-1)
         self.seq_lens[n:size].fill_(1)
+
+
+class NoDecodeGraphs:
+    """Before capture_decode_graphs (or without CUDA graphs): every step runs eagerly."""
+
+    def __init__(self):
+        self.graphs: dict[int, Graph] = {}
+
+    def run(self, batch: StepBatch) -> None:
+        return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -15,13 +15,22 @@ from engine.model.packed_linear import can_prepack
 from engine.sample.sampler import sample
 from engine.spec_decode.rejection import verify
 from engine.sampling_params import SamplingParams
-from engine.worker.cuda_graphs import CudaGraph, DecodeGraphs, Graph, sizes_to_capture
+from engine.worker.cuda_graphs import CudaGraph, DecodeGraphs, Graph, NoDecodeGraphs, sizes_to_capture
 from engine.structured.grammar import apply_grammar_bitmask
-from engine.worker.kv_cache import export_blocks, import_blocks
-from engine.executor.messages import StepInputs
+from engine.worker.step_batch import StepBatch
 
 if TYPE_CHECKING:
-    from engine.executor.multiproc import MultiProcExecutor
+    from engine.worker.step_batch import StepInputs
+
+
+class Forwarder(Protocol):
+    """What the runner needs of the engine's executor (engine/executor/base.py), which
+    sits above it: the forward and the KV copies, on however many ranks."""
+    num_microbatches: int
+
+    def forward(self, batches: list[StepInputs]) -> torch.Tensor: ...
+    def import_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None: ...
+    def export_blocks(self, block_ids: list[int]) -> torch.Tensor: ...
 
 
 @dataclass
@@ -33,35 +42,11 @@ class CachedRequestState:
     num_computed_tokens: int = 0
 
 
-@dataclass
-class StepBatch:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttentionMetadata
-    logits_indices: torch.Tensor
-    sampling_req_ids: list[str]
-    # per sampling request, the drafts it is scored on (its logits rows: one more than drafts)
-    drafts: list[list[int]]
-
-    @classmethod
-    def joined(cls, batches: list[StepBatch]) -> StepBatch:
-        """Micro-batches as one for sampling: their sampled requests (and logits rows) in order."""
-        first = batches[0]
-        return cls(first.input_ids, first.positions, first.meta, first.logits_indices,
-                   [r for b in batches for r in b.sampling_req_ids], [d for b in batches for d in b.drafts])
-
-    @property
-    def row_keys(self) -> list[tuple[str, int]]:
-        """Each logits row as (request, j): the request's j-th scored row (after j drafts)."""
-        return [(req_id, j) for req_id, d in zip(self.sampling_req_ids, self.drafts) for j in range(len(d) + 1)]
-
-
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], block_size: int,
-                 backend: AttentionBackend, device: torch.device, seed: int = 0,
-                 executor: MultiProcExecutor | None = None):
-        """`executor`: the model runs on t x p ranks (engine/executor/); `model` and
-        `kv_caches` are then rank 0's parts, and the executor runs every forward."""
+                 backend: AttentionBackend, device: torch.device, seed: int = 0, *, executor: Forwarder):
+        """`executor` runs every eager forward, on one rank or t x p (`model` and
+        `kv_caches` are then rank 0's parts); a captured decode graph runs `model` here."""
         self.model = model
         self.executor = executor
         if can_prepack(device, next(model.parameters()).dtype):
@@ -73,7 +58,7 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.default_generator = torch.Generator(device=device)
         self.default_generator.manual_seed(seed)
-        self.decode_graphs: DecodeGraphs | None = None  # eager only until capture_decode_graphs()
+        self.decode_graphs: DecodeGraphs | NoDecodeGraphs = NoDecodeGraphs()  # eager only until capture_decode_graphs()
 
     def capture_decode_graphs(self, batch_sizes: Sequence[int], max_model_len: int, max_num_seqs: int,
                               graph_type: type[Graph] = CudaGraph) -> None:
@@ -86,15 +71,10 @@ class ModelRunner:
         if sched.is_empty:
             return ModelRunnerOutput()
         batches = [self._prepare_inputs(sched, group) for group in self._microbatches(sched)]
-        if self.executor is not None:
-            logits = self.executor.forward([StepInputs(b.input_ids, b.positions, b.meta, b.logits_indices)
-                                            for b in batches])
-            batch = batches[0] if len(batches) == 1 else StepBatch.joined(batches)
-        else:
-            batch = batches[0]
-            logits = self.decode_graphs.run(batch) if self.decode_graphs is not None else None
-            if logits is None:
-                logits = self._forward(batch.input_ids, batch.positions, batch.meta, batch.logits_indices)
+        batch = batches[0] if len(batches) == 1 else StepBatch.joined(batches)
+        logits = self.decode_graphs.run(batch) if len(batches) == 1 else None
+        if logits is None:
+            logits = self.executor.forward([b.inputs for b in batches])
         states = [self.requests[r] for r in batch.sampling_req_ids]
         if sched.grammar_bitmask is not None:  # structured outputs: forbidden tokens to -inf
             apply_grammar_bitmask(logits, sched.grammar_bitmask, batch.row_keys)
@@ -122,15 +102,7 @@ class ModelRunner:
         return self.model(input_ids, positions, self.kv_caches, meta, self.backend, logits_indices)
 
     def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
-        if self.executor is not None:
-            return self.executor.export_blocks(block_ids)
-        return export_blocks(self.kv_caches, block_ids)
-
-    def _import_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
-        if self.executor is not None:
-            self.executor.import_blocks(block_ids, blocks)
-        else:
-            import_blocks(self.kv_caches, block_ids, blocks)
+        return self.executor.export_blocks(block_ids)
 
     def _microbatches(self, sched: SchedulerOutput) -> list[list[str]]:
         """The step's requests, decodes first (the attention backend batches them together),
@@ -138,7 +110,7 @@ class ModelRunner:
         without a pipeline)."""
         counts = sched.num_scheduled_tokens
         order = sorted(counts, key=lambda r: counts[r] != 1)
-        parts = 1 if self.executor is None else min(self.executor.num_microbatches, len(order))
+        parts = min(self.executor.num_microbatches, len(order))
         if parts <= 1:
             return [order]
         groups, current, done, total = [], [], 0, sum(counts.values())
@@ -158,7 +130,7 @@ class ModelRunner:
             self.requests[new.req_id] = CachedRequestState(
                 new.req_id, list(new.token_ids), list(new.block_ids), new.sampling_params, new.num_computed_tokens)
             if new.kv_load is not None:
-                self._import_blocks(new.kv_load.block_ids, new.kv_load.blocks)
+                self.executor.import_blocks(new.kv_load.block_ids, new.kv_load.blocks)
         for cached in sched.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
             if cached.num_kept_blocks is not None:  # blocks given back after rejected drafts

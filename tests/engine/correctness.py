@@ -5,6 +5,7 @@ import random
 
 from engine import LLM, SamplingParams
 from engine.engine_core import EngineCore
+from engine.engine_request import EngineRequest
 
 
 def varied_prompts(vocab_size: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
@@ -40,11 +41,11 @@ def run_added_mid_run(engine: EngineCore, prompts, max_tokens: int) -> list[list
     half = len(prompts) // 2
     results: dict[str, list[int]] = {}
     for i in range(half):
-        engine.add_request(f"r{i}", prompts[i], params)
+        engine.add_request(EngineRequest(f"r{i}", prompts[i], params))
     for _ in range(3):
         _collect(engine.step(), results)
     for i in range(half, len(prompts)):
-        engine.add_request(f"r{i}", prompts[i], params)
+        engine.add_request(EngineRequest(f"r{i}", prompts[i], params))
         _collect(engine.step(), results)
     while engine.has_unfinished_requests():
         _collect(engine.step(), results)
@@ -61,7 +62,7 @@ def run_to_completion(engine: EngineCore, requests) -> dict:
     """Adds each (req_id, prompt_token_ids, params[, add_request keywords]) and steps until
     nothing is left; the final outputs by request id."""
     for req_id, prompt, params, *extra in requests:
-        engine.add_request(req_id, prompt, params, **(extra[0] if extra else {}))
+        engine.add_request(EngineRequest(req_id, prompt, params, **(extra[0] if extra else {})))
     outs = {}
     while engine.has_unfinished_requests():
         for out in engine.step():

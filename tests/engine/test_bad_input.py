@@ -12,6 +12,7 @@ import torch
 from engine import LLM, InvalidRequestError, ModelLoadError, SamplingParams
 from engine.model.loader import load_model
 from engine.model.source import resolve_model
+from engine.engine_request import EngineRequest
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +56,12 @@ def test_bad_request_does_not_disturb_running_ones(llm):
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     expected = llm.generate("steady", params)[0].token_ids
-    engine.add_request("good", llm.tokenizer.encode("steady"), params)
+    engine.add_request(EngineRequest("good", llm.tokenizer.encode("steady"), params))
     engine.step()
     with pytest.raises(InvalidRequestError):
-        engine.add_request("bad", [], params)
+        engine.add_request(EngineRequest("bad", [], params))
     with pytest.raises(InvalidRequestError, match="req_id"):
-        engine.add_request("good", [1, 2], params)
+        engine.add_request(EngineRequest("good", [1, 2], params))
     outs = []
     while engine.has_unfinished_requests():
         outs += [o for o in engine.step() if o.finished]
@@ -71,7 +72,7 @@ def test_abort_mid_run_frees_every_block(llm):
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
     for i in range(3):
-        engine.add_request(f"a{i}", list(range(3, 40 + 10 * i)), params)
+        engine.add_request(EngineRequest(f"a{i}", list(range(3, 40 + 10 * i)), params))
     for _ in range(3):
         engine.step()
     engine.abort_request("a1")

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from engine import LLM, EngineConfig, SamplingParams
-from engine.attention.backend import AttentionMetadata, get_attention_backend
+from engine.attention.backend import AttentionMetadata
+from engine.attention.selector import get_attention_backend
 from engine.engine_core import EngineCore
 
 

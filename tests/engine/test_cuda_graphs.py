@@ -10,14 +10,17 @@ import pytest
 import torch
 
 from engine import EngineConfig, SamplingParams, SchedulerConfig
-from engine.attention.backend import AttentionMetadata, get_attention_backend
+from engine.attention.backend import AttentionMetadata
+from engine.attention.selector import get_attention_backend
 from engine.core.scheduler_output import NewRequestData, SchedulerOutput
 from engine.engine_core import EngineCore
 from engine.model.loader import load_model
 from engine.model.source import resolve_model
 from engine.worker.cuda_graphs import DecodeGraphs, EagerGraph, sizes_to_capture
 from engine.worker.kv_cache import allocate_kv_caches
+from engine.executor.local import LocalExecutor
 from engine.worker.model_runner import ModelRunner
+from engine.engine_request import EngineRequest
 
 SIZES = (1, 2, 4, 8)
 BLOCK_SIZE = 16
@@ -126,7 +129,9 @@ def assert_written_only(before: list[torch.Tensor], after: list[torch.Tensor], s
 
 
 def make_runner(loaded, kv_caches, graphs: bool, backend: str = "cpu") -> ModelRunner:
-    runner = ModelRunner(loaded.model, kv_caches, BLOCK_SIZE, get_attention_backend(backend), torch.device("cpu"))
+    executor = LocalExecutor(loaded)
+    executor.start_kv(kv_caches[0].shape[1], kv_caches, get_attention_backend(backend))
+    runner = ModelRunner(loaded.model, kv_caches, BLOCK_SIZE, executor.backend, torch.device("cpu"), executor=executor)
     if graphs:
         runner.capture_decode_graphs(SIZES, max_model_len=512, max_num_seqs=8, graph_type=EagerGraph)
     return runner
@@ -192,12 +197,12 @@ def run_engine(loaded, model_dir: str, graphs: bool, prompts: list[list[int]], m
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
     waiting, results = list(range(len(prompts))), {}
     for i in waiting[:len(prompts) // 2]:
-        engine.add_request(f"r{i}", prompts[i], params[i])
+        engine.add_request(EngineRequest(f"r{i}", prompts[i], params[i]))
     waiting, num_steps = waiting[len(prompts) // 2:], 0
     while waiting or engine.has_unfinished_requests():
         if waiting and (num_steps % 3 == 2 or not engine.has_unfinished_requests()):
             i = waiting.pop(0)
-            engine.add_request(f"r{i}", prompts[i], params[i])
+            engine.add_request(EngineRequest(f"r{i}", prompts[i], params[i]))
         results.update((out.req_id, out.token_ids) for out in engine.step() if out.finished)
         num_steps += 1
     return [results[f"r{i}"] for i in range(len(prompts))], steps

@@ -9,6 +9,7 @@ from engine.kv_transfer import KVPayload
 from engine.request import RequestMode
 from engine.model.loader import load_model
 from engine.model.source import resolve_model
+from engine.engine_request import EngineRequest
 
 PROMPTS = [list(range(200, 237)), list(range(900, 948)), [7, 8, 9], list(range(200, 230)) + [5] * 20]
 MAX_TOKENS = 10
@@ -36,7 +37,7 @@ def _run(engine, add) -> dict:
 
 def _prefill(engine) -> dict:
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
-    return _run(engine, lambda: [engine.add_request(f"p{i}", p, params, mode=RequestMode.PREFILL_ONLY)
+    return _run(engine, lambda: [engine.add_request(EngineRequest(f"p{i}", p, params, mode=RequestMode.PREFILL_ONLY))
                                  for i, p in enumerate(PROMPTS)])
 
 
@@ -46,8 +47,8 @@ def _decode(engine, prefilled: dict, trim=lambda payload: payload) -> dict:
     def add():
         for i, p in enumerate(PROMPTS):
             out = prefilled[f"p{i}"]
-            engine.add_request(f"d{i}", p, params, mode=RequestMode.DECODE_ONLY, output_token_ids=out.token_ids,
-                               kv_import=trim(out.kv_export))
+            engine.add_request(EngineRequest(f"d{i}", p, params, mode=RequestMode.DECODE_ONLY,
+                                             output_token_ids=out.token_ids, kv_import=trim(out.kv_export)))
     return _run(engine, add)
 
 
@@ -89,8 +90,8 @@ def test_text_continues_across_the_handoff(engines):
     full = offline.generate({"prompt_token_ids": PROMPTS[0]}, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))[0]
     prefilled = _prefill(make())
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
-    engine.add_request("d", PROMPTS[0], params, mode=RequestMode.DECODE_ONLY, output_token_ids=prefilled["p0"].token_ids,
-                       kv_import=prefilled["p0"].kv_export)
+    engine.add_request(EngineRequest("d", PROMPTS[0], params, mode=RequestMode.DECODE_ONLY,
+                                     output_token_ids=prefilled["p0"].token_ids, kv_import=prefilled["p0"].kv_export))
     deltas, final = [], None
     while engine.has_unfinished_requests():
         for o in engine.step():
@@ -106,12 +107,13 @@ def test_bad_imports_are_rejected(engines):
     good = _prefill(make())["p0"].kv_export
     params = SamplingParams(max_tokens=2)
     with pytest.raises(InvalidRequestError, match="kv_import"):
-        engine.add_request("x", PROMPTS[0], params, kv_import=good)  # covers every token: nothing to sample from
+        # covers every token: nothing to sample from
+        engine.add_request(EngineRequest("x", PROMPTS[0], params, kv_import=good))
     with pytest.raises(InvalidRequestError, match="kv_import"):
-        engine.add_request("y", PROMPTS[0], params, mode=RequestMode.DECODE_ONLY, output_token_ids=[5],
-                           kv_import=KVPayload(good.num_tokens, good.blocks[:, :1]))
+        engine.add_request(EngineRequest("y", PROMPTS[0], params, mode=RequestMode.DECODE_ONLY, output_token_ids=[5],
+                           kv_import=KVPayload(good.num_tokens, good.blocks[:, :1])))
     with pytest.raises(InvalidRequestError, match="output_token_ids"):
-        engine.add_request("z", PROMPTS[0], params, mode=RequestMode.DECODE_ONLY, output_token_ids=[-1])
+        engine.add_request(EngineRequest("z", PROMPTS[0], params, mode=RequestMode.DECODE_ONLY, output_token_ids=[-1]))
     assert not engine.has_unfinished_requests()
 
 
@@ -119,10 +121,11 @@ def test_a_prefill_whose_first_token_ends_the_request_finishes_without_handoff(e
     make, expected = engines
     engine = make()
     outs = _run(engine, lambda: [
-        engine.add_request("one", PROMPTS[0], SamplingParams(temperature=0, max_tokens=1), mode=RequestMode.PREFILL_ONLY),
-        engine.add_request("stop", PROMPTS[1], SamplingParams(temperature=0, max_tokens=5,
+        engine.add_request(EngineRequest("one", PROMPTS[0], SamplingParams(temperature=0, max_tokens=1),
+                                         mode=RequestMode.PREFILL_ONLY)),
+        engine.add_request(EngineRequest("stop", PROMPTS[1], SamplingParams(temperature=0, max_tokens=5,
                                                               stop_token_ids=[expected[1][0]]),
-                           mode=RequestMode.PREFILL_ONLY)])
+                           mode=RequestMode.PREFILL_ONLY))])
     assert (outs["one"].finish_reason, outs["stop"].finish_reason) == ("length", "stop")
     assert outs["one"].kv_export is None and outs["stop"].kv_export is None
     assert outs["one"].token_ids == expected[0][:1] and outs["stop"].token_ids == expected[1][:1]
@@ -133,11 +136,11 @@ def test_modes_are_checked_against_the_tokens_a_request_continues(engines):
     engine = make()
     params = SamplingParams(max_tokens=2)
     with pytest.raises(InvalidRequestError, match="output_token_ids"):
-        engine.add_request("a", PROMPTS[0], params, mode=RequestMode.DECODE_ONLY)
+        engine.add_request(EngineRequest("a", PROMPTS[0], params, mode=RequestMode.DECODE_ONLY))
     with pytest.raises(InvalidRequestError, match="output_token_ids"):
-        engine.add_request("b", PROMPTS[0], params, output_token_ids=[5])
+        engine.add_request(EngineRequest("b", PROMPTS[0], params, output_token_ids=[5]))
     with pytest.raises(InvalidRequestError, match="output_token_ids"):
-        engine.add_request("c", PROMPTS[0], params, mode=RequestMode.PREFILL_ONLY, output_token_ids=[5])
+        engine.add_request(EngineRequest("c", PROMPTS[0], params, mode=RequestMode.PREFILL_ONLY, output_token_ids=[5]))
     with pytest.raises(InvalidRequestError, match="mode"):
-        engine.add_request("d", PROMPTS[0], params, mode="prefill")
+        engine.add_request(EngineRequest("d", PROMPTS[0], params, mode="prefill"))
     assert not engine.has_unfinished_requests()

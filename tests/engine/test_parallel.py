@@ -18,6 +18,7 @@ from engine.executor.config import ParallelConfig
 from engine.kv_transfer import KVPayload
 from engine.request import RequestMode
 from tests.engine.correctness import varied_prompts
+from engine.engine_request import EngineRequest
 
 # chunked prefill (16-token chunks, 64-token steps) and prefix caching (the last prompt
 # shares most of the one before): the paths a parallel forward must not change
@@ -105,7 +106,8 @@ def test_kv_blocks_are_whole_across_tp_sizes(tiny, tiny_llama_dir, tiny_prompts)
 
 
 def _prefill_payload(engine, prompt) -> KVPayload:
-    engine.add_request("prefill", prompt, SamplingParams(temperature=0, max_tokens=8), mode=RequestMode.PREFILL_ONLY)
+    engine.add_request(EngineRequest("prefill", prompt, SamplingParams(temperature=0, max_tokens=8),
+                                     mode=RequestMode.PREFILL_ONLY))
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
@@ -114,8 +116,8 @@ def _prefill_payload(engine, prompt) -> KVPayload:
 
 
 def _decode_from(engine, prompt, first_token: int, payload: KVPayload) -> list[int]:
-    engine.add_request("decode", prompt, SamplingParams(temperature=0, max_tokens=8), mode=RequestMode.DECODE_ONLY,
-                       output_token_ids=[first_token], kv_import=payload)
+    engine.add_request(EngineRequest("decode", prompt, SamplingParams(temperature=0, max_tokens=8),
+                                     mode=RequestMode.DECODE_ONLY, output_token_ids=[first_token], kv_import=payload))
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
@@ -128,7 +130,7 @@ def test_killed_rank_stops_the_engine_with_an_error_naming_it(tiny_llama_dir, ti
     llm = LLM(tiny_llama_dir, tensor_parallel_size=2, **{**ENGINE_KW, "collective_timeout_s": 20})
     engine = llm.engine
     try:
-        engine.add_request("a", tiny_prompts[1], SamplingParams(temperature=0, max_tokens=50))
+        engine.add_request(EngineRequest("a", tiny_prompts[1], SamplingParams(temperature=0, max_tokens=50)))
         engine.step()
         pid = engine.executor.rank_pids[1]
         os.kill(pid, signal.SIGKILL)

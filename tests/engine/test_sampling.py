@@ -9,6 +9,7 @@ from engine.model.loader import load_model
 from engine.model.source import resolve_model
 from engine.request import RequestMode
 from engine.sample.sampler import sample, seeded_sample
+from engine.engine_request import EngineRequest
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def test_seed_is_per_request_not_per_batch(llm):
 
 
 def _run(engine, req_id, prompt, params, **kw):
-    engine.add_request(req_id, prompt, params, **kw)
+    engine.add_request(EngineRequest(req_id, prompt, params, **kw))
     final = None
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -121,8 +122,8 @@ def test_stop_string_truncates_text_and_stream_never_shows_it(llm):
     free = llm.generate(PROMPTS[2], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0]
     assert len(free.text) > 6
     stop = free.text[3:6]
-    engine.add_request("s", llm.tokenizer.encode(PROMPTS[2]),
-                       SamplingParams(temperature=0, max_tokens=16, stop=[stop], ignore_eos=True))
+    engine.add_request(EngineRequest("s", llm.tokenizer.encode(PROMPTS[2]),
+                       SamplingParams(temperature=0, max_tokens=16, stop=[stop], ignore_eos=True)))
     deltas, final = [], None
     while engine.has_unfinished_requests():
         for out in engine.step():

@@ -7,6 +7,7 @@ from engine import InvalidRequestError, SamplingParams
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.engine_core import EngineCore
 from engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
+from engine.engine_request import EngineRequest
 
 
 def test_pure_decode_steps_measure_the_decode_step():
@@ -43,7 +44,8 @@ def engine(tiny_llama_dir):
 
 def _run(engine: EngineCore, req_id: str, prompt: list[int], **kwargs) -> tuple[list[int], list[int]]:
     """The request's tokens, and the prompt tokens each step computed for it."""
-    engine.add_request(req_id, prompt, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), **kwargs)
+    engine.add_request(EngineRequest(req_id, prompt, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
+                                     **kwargs))
     chunks, tokens = [], []
     while engine.has_unfinished_requests():
         before = engine.scheduler.requests[req_id].num_computed_tokens if req_id in engine.scheduler.requests else None
@@ -69,4 +71,4 @@ def test_a_request_can_ask_for_smaller_prefill_chunks_with_the_same_tokens(engin
     assert whole_chunks == [100] and capped_chunks == [16] * 6 + [4]
     assert capped == whole
     with pytest.raises(InvalidRequestError, match="prefill_chunk_tokens"):
-        engine.add_request("bad", prompt, SamplingParams(max_tokens=1), prefill_chunk_tokens=-1)
+        engine.add_request(EngineRequest("bad", prompt, SamplingParams(max_tokens=1), prefill_chunk_tokens=-1))

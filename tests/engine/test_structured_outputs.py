@@ -19,6 +19,7 @@ from engine.request import RequestMode
 from engine.structured import StructuredOutputsParams
 from engine.structured.grammar import GrammarState
 from tests.engine.correctness import run_to_completion
+from engine.engine_request import EngineRequest
 
 SCHEMA = {"type": "object",
           "properties": {"name": {"type": "string", "maxLength": 12},
@@ -225,8 +226,8 @@ def test_a_slow_compile_does_not_stall_other_requests_and_a_hung_one_times_out(t
         threading.Thread(target=finish, daemon=True).start()
         return future
     monkeypatch.setattr(manager.compiler, "submit", slow_submit)
-    engine.add_request("guided", PROMPTS[2], _params("regex"))
-    engine.add_request("free", PROMPTS[0], SamplingParams(temperature=0, max_tokens=5))
+    engine.add_request(EngineRequest("guided", PROMPTS[2], _params("regex")))
+    engine.add_request(EngineRequest("free", PROMPTS[0], SamplingParams(temperature=0, max_tokens=5)))
     done = {}
     while "free" not in done:
         done.update({o.req_id: o for o in engine.step() if o.finished})
@@ -238,7 +239,7 @@ def test_a_slow_compile_does_not_stall_other_requests_and_a_hung_one_times_out(t
 
     monkeypatch.setattr(manager.compiler, "submit", lambda params: Future())  # never completes
     monkeypatch.setattr(manager.compiler, "compile_timeout_s", 0.2)
-    engine.add_request("hung", PROMPTS[2], _params("regex"))
+    engine.add_request(EngineRequest("hung", PROMPTS[2], _params("regex")))
     start = time.monotonic()
     outs = {}
     while engine.has_unfinished_requests():
@@ -251,7 +252,7 @@ def test_a_slow_compile_does_not_stall_other_requests_and_a_hung_one_times_out(t
 def test_abort_while_compiling(tiny_engines, monkeypatch):
     engine = tiny_engines()
     monkeypatch.setattr(engine.structured.compiler, "submit", lambda params: Future())
-    engine.add_request("x", PROMPTS[2], _params("regex"))
+    engine.add_request(EngineRequest("x", PROMPTS[2], _params("regex")))
     engine.abort_request("x")
     outs = engine.step()
     assert [o.finish_reason for o in outs] == ["abort"] and not engine.has_unfinished_requests()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.backend import AttentionMetadata, get_attention_backend
+from engine.attention.backend import AttentionMetadata
+from engine.attention.selector import get_attention_backend
 from engine.attention.torch_backend import length_groups
 from kernels.paged_attention import paged_decode_attention_ref
 

@@ -14,6 +14,7 @@ from engine.spec_decode import SpeculativeConfig
 from engine.structured import StructuredOutputsParams
 from tests.engine.correctness import run_to_completion
 from tests.models import build_tiny_llama
+from engine.engine_request import EngineRequest
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 BLOCK_BYTES = 2 * 2 * 16 * 2 * 16 * 4  # tiny Llama: layers, K and V, block size, KV heads, head dim, float32
@@ -130,14 +131,14 @@ def test_a_prefill_only_request_never_speculates_and_decode_continues(tiny, tiny
     expected = _run(_engine(tiny, tiny_llama_dir), _requests())
     params = SamplingParams(temperature=0, max_tokens=24)
     for i, p in enumerate(PROMPTS):
-        prefill.add_request(f"p{i}", p, params, mode=RequestMode.PREFILL_ONLY)
+        prefill.add_request(EngineRequest(f"p{i}", p, params, mode=RequestMode.PREFILL_ONLY))
     firsts = {}
     while prefill.has_unfinished_requests():
         firsts.update({o.req_id: o for o in prefill.step() if o.finished})
     assert prefill.stats().num_spec_proposed_tokens == 0
     for i, p in enumerate(PROMPTS):
-        decode.add_request(f"r{i}", p, params, mode=RequestMode.DECODE_ONLY,
-                           output_token_ids=firsts[f"p{i}"].token_ids, kv_import=firsts[f"p{i}"].kv_export)
+        decode.add_request(EngineRequest(f"r{i}", p, params, mode=RequestMode.DECODE_ONLY,
+                           output_token_ids=firsts[f"p{i}"].token_ids, kv_import=firsts[f"p{i}"].kv_export))
     outs = {}
     while decode.has_unfinished_requests():
         outs.update({o.req_id: o for o in decode.step() if o.finished})
@@ -147,7 +148,7 @@ def test_a_prefill_only_request_never_speculates_and_decode_continues(tiny, tiny
 
 def test_streamed_deltas_add_up_to_the_whole_output(tiny, tiny_llama_dir):
     engine = _engine(tiny, tiny_llama_dir, NGRAM)
-    engine.add_request("s", PROMPTS[1], SamplingParams(temperature=0, max_tokens=30))
+    engine.add_request(EngineRequest("s", PROMPTS[1], SamplingParams(temperature=0, max_tokens=30)))
     tokens, text = [], ""
     while engine.has_unfinished_requests():
         for out in engine.step():

@@ -1,0 +1,78 @@
+"""The choices an engine makes once, at start: its attention backend, its context length,
+its scheduler's token budget, and how it drafts tokens (speculative decoding)."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+
+from engine.attention.backend import AttentionBackend
+from engine.attention.selector import get_attention_backend
+from engine.config import EngineConfig, ModelArchConfig, SchedulerConfig
+from engine.dtypes import dtype_name
+from engine.info import EngineInfo
+from engine.kv_transfer import KVLayout
+from engine.model.loader import LoadedModel, load_model
+from engine.model.source import resolve_model
+from engine.spec_decode.drafting import Drafting, NoDrafting
+from engine.spec_decode.ngram import NgramProposer
+from engine.worker.kv_cache import bytes_per_block
+
+logger = logging.getLogger(__name__)
+
+
+def pick_attention_backend(config: EngineConfig) -> AttentionBackend:
+    if config.attention_backend == "cpu" and torch.device(config.device).type != "cpu":
+        raise ValueError(f"attention_backend 'cpu' runs on the CPU only; on device {config.device!r} "
+                         "use 'triton' (or 'torch', the pure torch reference)")
+    return get_attention_backend(config.attention_backend)
+
+
+def engine_info(config: EngineConfig, model_id: str, arch: ModelArchConfig, dtype: torch.dtype, max_model_len: int,
+                max_num_seqs: int, root_hash: bytes) -> EngineInfo:
+    bs = config.cache.block_size
+    block_shape = (arch.num_layers, 2, bs, arch.num_kv_heads, arch.head_dim)
+    return EngineInfo(bs, max_model_len, arch.vocab_size, max_num_seqs, root_hash, block_shape,
+                      KVLayout(model_id, dtype_name(dtype), block_shape, root_hash))
+
+
+def resolve_max_model_len(config: EngineConfig, loaded: LoadedModel, num_blocks: int) -> int:
+    wanted = config.scheduler.max_model_len or loaded.arch.max_position_embeddings
+    capacity = num_blocks * config.cache.block_size
+    if wanted > capacity:
+        logger.warning("max_model_len lowered from %d to %d tokens: the KV cache holds %d blocks",
+                       wanted, capacity, num_blocks)
+    return min(wanted, capacity)
+
+
+def resolve_scheduler_config(config: SchedulerConfig, max_model_len: int) -> SchedulerConfig:
+    budget = config.max_num_batched_tokens or max_model_len
+    # Unsplit, a prompt longer than the budget could never be scheduled (vLLM's rule).
+    if not config.enable_chunked_prefill and budget < max_model_len:
+        raise ValueError(f"max_num_batched_tokens: {budget} is smaller than max_model_len "
+                         f"({max_model_len}); with chunked prefill off it must be at least "
+                         "max_model_len, or lower max_model_len")
+    return dataclasses.replace(config, max_num_batched_tokens=budget, max_model_len=max_model_len)
+
+
+def make_drafting(config: EngineConfig, target_model_id: str, loaded: LoadedModel, reusable: bool,
+                  dtype: torch.dtype, num_blocks: int, max_model_len: int) -> Drafting:
+    """`reusable`: `loaded` is the whole target model, which a draft of the same model shares."""
+    spec = config.speculative_config
+    if spec is None:
+        return NoDrafting()
+    if spec.method == "ngram":
+        proposer = NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
+        return Drafting.of(spec, proposer, max_model_len)
+    from engine.spec_decode.draft_model import DraftModelProposer, check_same_tokenizer
+    source = resolve_model(spec.model)
+    draft = loaded if source.model_id == target_model_id and reusable else load_model(
+        source, dtype, config.device, max_model_len, progress=False)
+    check_same_tokenizer(loaded.tokenizer, draft.tokenizer)
+    bs = config.cache.block_size
+    # room for as many tokens as the target's cache holds
+    proposer = DraftModelProposer(draft, spec.num_speculative_tokens, config.device, dtype,
+                                  num_blocks * bytes_per_block(draft.arch, bs, dtype), bs, config.attention_backend,
+                                  vocab_limit=len(loaded.tokenizer), max_model_len=max_model_len)
+    return Drafting.of(spec, proposer, max_model_len)

@@ -1,0 +1,51 @@
+"""The executor contract: where an engine's model runs (one process, or t x p ranks).
+
+Every engine has one, so no caller asks whether there is an executor. The engine core
+starts it, sizes the KV cache from `kv_arch`, and stops it; the model runner gets it
+handed in and calls `forward` and the KV copies, knowing nothing of ranks:
+
+    EngineCore ──start_kv / check_health / shutdown──▶ Executor
+    ModelRunner ─forward / import_blocks / export_blocks─▶ Executor
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.attention.backend import AttentionBackend
+    from engine.config import ModelArchConfig
+    from engine.model.loader import LoadedModel
+    from engine.worker.step_batch import StepInputs
+
+
+class Executor(ABC):
+    # this process's part of the model (on one rank: all of it); arch and tokenizer are whole
+    loaded: LoadedModel
+    kv_arch: ModelArchConfig       # the layers and KV heads whose cache this process holds
+    num_microbatches: int = 1      # the pipeline's micro-batches per step (1: no pipeline)
+    holds_whole_model: bool = True  # False where `loaded` is one rank's shard
+
+    @abstractmethod
+    def start_kv(self, num_blocks: int, kv_caches: list[torch.Tensor], backend: AttentionBackend) -> None:
+        """Every rank allocates `num_blocks` KV blocks; this process's are `kv_caches`."""
+
+    @abstractmethod
+    def forward(self, batches: list[StepInputs]) -> torch.Tensor:
+        """The logits at each micro-batch's logits_indices, concatenated in order."""
+
+    @abstractmethod
+    def import_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
+        """Whole blocks (every layer and KV head) into the cache; each rank keeps its part."""
+
+    @abstractmethod
+    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        """Whole blocks out of the cache, gathered from the ranks that hold them."""
+
+    def check_health(self) -> None:
+        """Raises EngineDeadError once a rank has died; one process has none to lose."""
+
+    def shutdown(self) -> None:
+        """Stops the rank processes; one process has none to stop."""

@@ -1,0 +1,32 @@
+"""The single-rank executor: the whole model and its KV cache in this process."""
+from __future__ import annotations
+
+import torch
+
+from engine.attention.backend import AttentionBackend
+from engine.executor.base import Executor
+from engine.model.loader import LoadedModel
+from engine.worker.kv_cache import export_blocks, import_blocks
+from engine.worker.step_batch import StepInputs
+
+
+class LocalExecutor(Executor):
+    def __init__(self, loaded: LoadedModel):
+        self.loaded = loaded
+        self.kv_arch = loaded.arch
+        self.kv_caches: list[torch.Tensor] = []
+        self.backend: AttentionBackend | None = None  # both set by start_kv
+
+    def start_kv(self, num_blocks: int, kv_caches: list[torch.Tensor], backend: AttentionBackend) -> None:
+        self.kv_caches, self.backend = kv_caches, backend
+
+    def forward(self, batches: list[StepInputs]) -> torch.Tensor:
+        (batch,) = batches  # no pipeline: one micro-batch per step
+        return self.loaded.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.backend,
+                                 batch.logits_indices)
+
+    def import_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
+        import_blocks(self.kv_caches, block_ids, blocks)
+
+    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        return export_blocks(self.kv_caches, block_ids)
