@@ -1,11 +1,11 @@
-"""The router's decisions in the simulator, made by the router's own code: the path
-policy (services/router/server.py path_policy), each pool's placement policy
-(services/router/placement.py placement_policies) and the saturation rule
-(services/router/policy.py SaturationPolicy), over WorkerView snapshots as the router's
-registry keeps them: each worker's load as last polled (every poll_interval_s) plus this
-router's own in-flight counters, updated at once on reserve and release.
+"""The router's decisions in the simulator, made by the router's own code in
+services/router/decide/: the path policy (paths.py path_policy), each pool's placement
+policy (placement.py placement_policies) and the slot choice with its saturation rule
+(slots.py choose_slot), over WorkerView snapshots as the router's registry keeps them:
+each worker's load as last polled (every poll_interval_s) plus this router's own
+in-flight counters, updated at once on reserve and release.
 
-Not modelled: the KV index (an empty one: placement sees no worker's prefix, so "kv"
+Not modelled: the KV index (NoPrefixes: placement sees no worker's prefix, so "kv"
 placement decides by load alone), gRPC failures and retries, migrations.
 """
 from __future__ import annotations
@@ -14,16 +14,13 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from services.router.config import RouterConfig
-from services.router.discovery import DECODE, PREFILL
-from services.router.kv_index import KVIndex
-from services.router.paths import PathChoice, PoolsNow
-from services.router.placement import placement_policies
-from services.router.policy import SaturationPolicy
-from services.router.server import path_policy
-from services.router.workers import WorkerView
+from services.router.decide.config import RoutingConfig
+from services.router.decide.paths import PathChoice, PoolsNow, path_policy
+from services.router.decide.placement import placement_policies
+from services.router.decide.saturation import SaturationPolicy
+from services.router.decide.slots import choose_slot
+from services.router.decide.views import DECODE, PREFILL, NoPrefixes, WorkerView
 from sim.trace import TRACE_BLOCK_SIZE
-
 
 class PromptTokens(Sequence):
     """A prompt's token ids, made up on demand from its trace hash ids (the same ids give
@@ -47,11 +44,11 @@ class PromptTokens(Sequence):
 
 
 class SimRouter:
-    def __init__(self, cfg: RouterConfig, colocated: bool):
+    def __init__(self, cfg: RoutingConfig, colocated: bool):
         self.cfg = cfg
         self.paths = path_policy(cfg, colocated)
         self.reasons: Counter = Counter()
-        self.policies = placement_policies(cfg, KVIndex(), colocated,
+        self.policies = placement_policies(cfg, NoPrefixes(), colocated,
                                            count=lambda pool, reason: self.reasons.update([(pool, reason)]))
         self.saturation = SaturationPolicy(cfg.saturation)
         self.views: dict[str, dict[str, WorkerView]] = {PREFILL: {}, DECODE: {}}
@@ -77,14 +74,12 @@ class SimRouter:
 
     def place(self, pool: str, prompt: Sequence[int], num_prefill_tokens: int) -> tuple[str, int] | None:
         """(address, tokens reserved) of the worker the pool's policy chooses among the
-        unsaturated ones, reserved as Pool._pick does; None: all saturated (it waits)."""
-        candidates = [w for w in self._up(pool) if not self.saturation.is_saturated(w)]
-        chosen = self.policies[pool].place(candidates, prompt)
+        unsaturated ones, reserved as the live pool does; None: all saturated (it waits)."""
+        chosen = choose_slot(self._up(pool), self.saturation, self.policies[pool], prompt, num_prefill_tokens)
         if chosen is None:
             return None
-        tokens = max(0, num_prefill_tokens - chosen.num_cached_tokens)
-        self._add(pool, chosen.worker.address, 1, tokens)
-        return chosen.worker.address, tokens
+        self._add(pool, chosen.address, 1, chosen.num_reserved_tokens)
+        return chosen.address, chosen.num_reserved_tokens
 
     def release(self, pool: str, address: str, tokens: int) -> None:
         self._add(pool, address, -1, -tokens)

@@ -29,7 +29,7 @@ class KVEventsStub:
     """Which KV blocks a source holds: a prefill or decode worker's prefix cache, or the
     kvstore. A router subscribes to each source and keeps an index of block hashes, so it
     can send a request to the worker that already holds the longest run of its prompt's
-    blocks (services/router/kv_index.py). Hashes are the engine's chained block hashes
+    blocks (services/router/state/kv_index.py). Hashes are the engine's chained block hashes
     (engine/core/block_hash.py): one hash names a whole prefix.
 
     The first batch of a subscription is a snapshot (everything the source holds now);
@@ -55,7 +55,7 @@ class KVEventsServicer:
     """Which KV blocks a source holds: a prefill or decode worker's prefix cache, or the
     kvstore. A router subscribes to each source and keeps an index of block hashes, so it
     can send a request to the worker that already holds the longest run of its prompt's
-    blocks (services/router/kv_index.py). Hashes are the engine's chained block hashes
+    blocks (services/router/state/kv_index.py). Hashes are the engine's chained block hashes
     (engine/core/block_hash.py): one hash names a whole prefix.
 
     The first batch of a subscription is a snapshot (everything the source holds now);
@@ -90,7 +90,7 @@ class KVEvents:
     """Which KV blocks a source holds: a prefill or decode worker's prefix cache, or the
     kvstore. A router subscribes to each source and keeps an index of block hashes, so it
     can send a request to the worker that already holds the longest run of its prompt's
-    blocks (services/router/kv_index.py). Hashes are the engine's chained block hashes
+    blocks (services/router/state/kv_index.py). Hashes are the engine's chained block hashes
     (engine/core/block_hash.py): one hash names a whole prefix.
 
     The first batch of a subscription is a snapshot (everything the source holds now);

@@ -7,13 +7,13 @@ import logging
 from services.common.address import parse_addresses
 from services.common.defaults import DRAIN_TIMEOUT_S, KVSTORE_ADDRESS
 from services.common.process import configure_logging, wait_for_shutdown
-from services.router.config import (DEFAULT_SLO_CLASS, PLACEMENTS, PathConfig, RouterConfig, SaturationConfig,
-                                    default_slo_classes, load_slo_classes)
 from services.common.security import internal_client_security, server_tls_from_args
 from services.router import security
-from services.router.http.config import HttpConfig
-from services.router.k8s_discovery import add_discovery_arguments, discovery_from_args
-from services.router.paths import PATH_POLICIES
+from services.router.config import (DEFAULT_SLO_CLASS, PLACEMENTS, PathConfig, RouterConfig, SaturationConfig,
+                                    default_slo_classes, load_slo_classes)
+from services.router.decide.paths import PATH_POLICIES
+from services.router.fronts.http.config import HttpConfig
+from services.router.state.k8s_discovery import add_discovery_arguments, discovery_from_args
 
 logger = logging.getLogger(__name__)
 

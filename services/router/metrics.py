@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from services.common.metrics import Metrics
 from services.router.config import SLOClass
-from services.router.discovery import POOLS
-from services.router.kv_index import KVIndex
-from services.router.workers import WorkerRegistry
+from services.router.state.discovery import POOLS
+from services.router.state.kv_index import KVIndex
+from services.router.state.workers import WorkerRegistry
 
 NO_CLASS = "none"  # requests refused before their class was known (no unbounded label values)
 

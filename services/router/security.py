@@ -9,19 +9,8 @@ import os
 from services.common.auth import parse_tokens
 from services.common.security import (API_KEY, ServerSecurity, add_internal_client_arguments,
                                       add_internal_token_argument, add_server_tls_arguments, server_tls_from_args)
-from services.router.http.config import API_KEY_ENV
-
-
-# The public gRPC port's message bound, unless --max-request-bytes says otherwise: a larger
-# Generate request is refused (RESOURCE_EXHAUSTED) before it is parsed or tokenized.
-# Generous, since refusing a legitimate prompt is worse than reading a few MiB: a token id
-# is a varint of at most 5 bytes, and a token's text is rarely past 16 UTF-8 bytes.
-BYTES_PER_TOKEN = 64
-REQUEST_SLACK_BYTES = 1 << 20  # sampling params, stop strings, ids: everything but the prompt
-
-
-def max_request_bytes(configured: int | None, max_model_len: int) -> int:
-    return configured if configured is not None else BYTES_PER_TOKEN * max_model_len + REQUEST_SLACK_BYTES
+from services.router.config import BYTES_PER_TOKEN, REQUEST_SLACK_BYTES
+from services.router.fronts.http.config import API_KEY_ENV
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

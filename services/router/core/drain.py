@@ -6,22 +6,23 @@
            ─▶ cut(): those still running end with a final error that says why (never a
               silent end of stream), then the servers stop
 
-Both fronts (gRPC Router.Generate and the HTTP API) run every request through one
-`DrainingFront`, so they drain the same way and by the same clock.
+Both fronts (gRPC Router.Generate and the HTTP API) run every request through the one
+Front, which runs it inside the drain (`Drain.run`), so they drain the same way and by
+the same clock.
 """
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import TypeVar
 
 import grpc
 
-from services.pb import common_pb2
-from services.router.cancel import Cancellation
+from services.router.core.cancel import Cancellation
 from services.router.errors import RouterError
-from services.router.front import Front
-from services.router.readiness import Readiness
-from services.router.request import RoutedRequest
+from services.router.state.readiness import Readiness
+
+T = TypeVar("T")
 
 SHUTTING_DOWN = "the router is shutting down; send the request again (another replica, or this one once restarted)"
 
@@ -78,31 +79,22 @@ class Drain:
             cancel.cancel()
         return len(cancels)
 
+    def run(self, cancel: Cancellation, messages: Iterator[T]) -> Iterator[T]:
+        """`messages`, admitted on the first one asked for (refused once draining); a
+        request the drain cut then raises cut_error()."""
+        key = self.enter(cancel)
+        cut = False
+        try:
+            yield from messages
+        finally:
+            cut = self.leave(key)
+        if cut:  # the cut looked like a client's cancel to the flow: the client must learn otherwise
+            raise self.cut_error()
+
     def cut_error(self) -> RouterError:
         return RouterError(grpc.StatusCode.UNAVAILABLE,
                            f"the router shut down before this request finished (it was given its drain "
                            f"timeout of {self.cut_after_s:g} s); the answer is incomplete: send it again")
-
-
-class DrainingFront:
-    """A Front whose requests the drain can see, refuse and cut (same interface as Front)."""
-
-    def __init__(self, front: Front, drain: Drain):
-        self._front, self._drain = front, drain
-        self.metrics = front.metrics
-        self.validate = front.validate
-        self.count_invalid = front.count_invalid
-
-    def run(self, req: RoutedRequest, arrival: float, cancel: Cancellation,
-            time_left: Callable[[], float | None]) -> Iterator[common_pb2.GenerateResponse]:
-        key = self._drain.enter(cancel)
-        cut = False
-        try:
-            yield from self._front.run(req, arrival, cancel, time_left)
-        finally:
-            cut = self._drain.leave(key)
-        if cut:  # the cut looked like a client's cancel to the flow: the client must learn otherwise
-            raise self._drain.cut_error()
 
 
 class DrainingReadiness:

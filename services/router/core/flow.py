@@ -22,17 +22,17 @@ from dataclasses import replace
 import grpc
 
 from services.pb import common_pb2, decode_pb2, prefill_pb2
-from services.router.calls import RETRYABLE, WORKER_DOWN, WorkerCalls
-from services.router.cancel import Cancellation
-from services.router.discovery import DECODE, PREFILL
+from services.router.core.calls import RETRYABLE, WORKER_DOWN, WorkerCalls
+from services.router.core.cancel import Cancellation
+from services.router.core.migration import MAX_MIGRATIONS, IncompleteStream, migration_reason, resumed_request
+from services.router.core.pools import Need, Pool
+from services.router.core.request import RoutedRequest
+from services.router.core.stream import ResponseStream
+from services.router.decide.paths import NO_PREFILL_WORKER, PathPolicy, PoolsNow
+from services.router.decide.paths import DIRECT
 from services.router.errors import RouterError, retry_after_from
 from services.router.metrics import RouterMetrics
-from services.router.migration import MAX_MIGRATIONS, IncompleteStream, migration_reason, resumed_request
-from services.router.paths import NO_PREFILL_WORKER, PathPolicy, PoolsNow
-from services.router.policy import DIRECT
-from services.router.pools import Need, Pool
-from services.router.request import RoutedRequest
-from services.router.stream import ResponseStream
+from services.router.state.discovery import DECODE, PREFILL
 
 MAX_ATTEMPTS = 2  # the first call and one retry
 

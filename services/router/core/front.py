@@ -1,7 +1,8 @@
 """What both fronts, gRPC Router.Generate and the HTTP API, do with a request between
 parsing it and answering it: validate it, run it through the flow, and count how it ended
-(`router_requests_total` by SLO class and outcome). Each front only turns its own wire form
-into a `GenerateInput` and the results into its own replies."""
+(`router_requests_total` by SLO class and outcome), each run inside the drain (drain.py),
+which can refuse it and cut it. Each front only turns its own wire form into a
+`GenerateInput` and the results into its own replies."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -9,11 +10,12 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from services.pb import common_pb2
-from services.router.cancel import Cancellation, Cancelled
+from services.router.core.cancel import Cancellation, Cancelled
+from services.router.core.drain import Drain
+from services.router.core.flow import GenerateFlow
+from services.router.core.request import GenerateInput, RequestValidator, RoutedRequest
 from services.router.errors import RouterError
-from services.router.flow import GenerateFlow
 from services.router.metrics import NO_CLASS, RouterMetrics
-from services.router.request import GenerateInput, RequestValidator, RoutedRequest
 
 # how a request that failed with a RouterError is counted; any other code is an "error"
 OUTCOMES = {grpc.StatusCode.RESOURCE_EXHAUSTED: "rejected", grpc.StatusCode.UNAVAILABLE: "unavailable",
@@ -21,8 +23,11 @@ OUTCOMES = {grpc.StatusCode.RESOURCE_EXHAUSTED: "rejected", grpc.StatusCode.UNAV
 
 
 class Front:
-    def __init__(self, validator: RequestValidator, flow: GenerateFlow, metrics: RouterMetrics):
+    def __init__(self, validator: RequestValidator, flow: GenerateFlow, metrics: RouterMetrics,
+                 drain: Drain | None = None):
+        """`drain`: the router's (stop() drains it); by default one of its own that is never started."""
         self.validator, self.flow, self.metrics = validator, flow, metrics
+        self.drain = drain if drain is not None else Drain()
 
     def validate(self, inp: GenerateInput) -> RoutedRequest:
         """Raises InvalidRequestError naming the field; the front refusing it calls count_invalid."""
@@ -35,7 +40,12 @@ class Front:
 
     def run(self, req: RoutedRequest, arrival: float, cancel: Cancellation,
             time_left: Callable[[], float | None]) -> Iterator[common_pb2.GenerateResponse]:
-        """The request's messages; raises RouterError. A cancelled run just ends."""
+        """The request's messages; raises RouterError. A cancelled run just ends, unless
+        the drain cut it (then it raises the drain's error)."""
+        return self.drain.run(cancel, self._counted(req, arrival, cancel, time_left))
+
+    def _counted(self, req: RoutedRequest, arrival: float, cancel: Cancellation,
+                 time_left: Callable[[], float | None]) -> Iterator[common_pb2.GenerateResponse]:
         outcome = "cancelled"  # unless it ends otherwise: a closed generator means the client left
         messages = self.flow.run(req, arrival, cancel, time_left)
         try:

@@ -9,7 +9,7 @@ parse or a grammar that takes longer than `timeout_s` to compile is an INVALID_A
                   waits ≤ timeout_s      └ compiles on its own thread, cached by spec
 
 The wait happens on the caller's thread: a gRPC servicer thread or the HTTP API's thread
-pool (app.py runs validation there), never the asyncio event loop. A compile that runs
+pool (fronts/http/app.py runs validation there), never the asyncio event loop. A compile that runs
 past the timeout keeps going on the compiler's thread and its result is cached, so the
 same spec sent again is answered at once.
 """

@@ -11,11 +11,14 @@ from dataclasses import dataclass
 
 import grpc
 
-from services.router.admission import AdmissionGate, Ticket
-from services.router.cancel import Cancellation
+from services.router.core.admission import AdmissionGate, Ticket
+from services.router.core.cancel import Cancellation
+from services.router.decide.policy import WorkerPolicy
+from services.router.decide.saturation import SaturationPolicy
+from services.router.decide.slots import choose_slot
+from services.router.decide.views import WorkerView
 from services.router.errors import RouterError
-from services.router.policy import SaturationPolicy, WorkerPolicy
-from services.router.workers import WorkerRegistry, WorkerView
+from services.router.state.workers import WorkerRegistry
 
 
 @dataclass
@@ -72,11 +75,9 @@ class Pool:
         up = self.up_workers(need.exclude)
         if not up:  # they went down while this request waited
             raise RouterError(grpc.StatusCode.UNAVAILABLE, f"no {self.name} worker is reachable")
-        chosen = self.policy.place([w for w in up if not self.saturation.is_saturated(w)], need.prompt_token_ids)
+        chosen = choose_slot(up, self.saturation, self.policy, need.prompt_token_ids, need.num_prefill_tokens)
         if chosen is None:
             return None
-        # outstanding on the worker: the prompt tokens it will compute, not those it reuses
-        tokens = max(0, need.num_prefill_tokens - chosen.num_cached_tokens)
-        release = self.registry.reserve(self.name, chosen.worker.address, tokens)
-        return Slot(self.name, chosen.worker.address, release)
+        release = self.registry.reserve(self.name, chosen.address, chosen.num_reserved_tokens)
+        return Slot(self.name, chosen.address, release)
 

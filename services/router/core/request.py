@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 from engine import InvalidRequestError, SamplingParams
 from engine.core.block_hash import MAX_CACHE_SALT_CHARS
-from engine.structured.grammar import DEFAULT_COMPILE_TIMEOUT_S
+from engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S
 from engine.validation import MAX_LOGPROBS
 from services.common.convert import sampling_to_proto
 from services.pb import common_pb2
 from services.router.config import SLOClass
-from services.router.grammar_check import GrammarCheck
-from services.router.model_info import ModelInfo
+from services.router.core.grammar_check import GrammarCheck
+from services.router.core.model_info import ModelInfo
 
 _INT32_LIMIT = 1 << 31
 # the sampling fields the hop to the workers carries as int32 (common.proto)
@@ -63,7 +63,7 @@ class RoutedRequest:
     sampling: common_pb2.SamplingParams  # as the workers receive it, built once here
     slo_class: str
     slo: SLOClass
-    # chosen by the flow from the pools' state when the request starts (paths.py)
+    # chosen by the flow from the pools' state when the request starts (decide/paths.py)
     path: str = ""                 # policy.DIRECT or policy.DISAGGREGATED
     prefill_chunk_tokens: int = 0  # the direct path: chunk cap for the decode worker (0: its own)
     client_req_id: str = ""        # the client's id, if it sent one: its responses carry it

@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 
 from services.pb import common_pb2, prefill_pb2
+from services.router.core.request import RoutedRequest
 from services.router.metrics import RouterMetrics
-from services.router.request import RoutedRequest
 
 _TIMING_FIELDS = [f.name for f in common_pb2.Timings.DESCRIPTOR.fields]
 

@@ -15,11 +15,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.router.config import PathConfig, SLOClass
-from services.router.policy import DIRECT, DISAGGREGATED, MostRoomDecode, prefill_backlog
-from services.router.workers import WorkerView
-
-PATH_POLICIES = ("adaptive", "threshold", "colocated")
+# PATH_POLICIES: the flags' choices, found here beside the policies they name
+from services.router.decide.config import PATH_POLICIES, PathConfig, RoutingConfig, SLOClass  # noqa: F401
+from services.router.decide.policy import MostRoomDecode
+from services.router.decide.saturation import prefill_backlog
+from services.router.decide.views import WorkerView
+DIRECT = "direct"                  # a decode worker prefills the prompt itself
+DISAGGREGATED = "disaggregated"    # prefill pool -> kvstore -> decode pool
 # the pool the request would have used is down: a decode worker prefills it (counted as a fallback)
 NO_PREFILL_WORKER = "no_prefill_worker"
 # the kvstore is down: a prefill's KV could not reach the decode worker, which would
@@ -143,3 +145,12 @@ def _pool_unusable(pools: PoolsNow) -> PathChoice | None:
     if not pools.kvstore_up:
         return PathChoice(DIRECT, KVSTORE_DOWN)
     return None
+
+
+def path_policy(cfg: RoutingConfig, colocated: bool) -> PathPolicy:
+    """`colocated`: the router was given no prefill pool at all (not one that is down)."""
+    if colocated or cfg.paths.policy == "colocated":
+        return ColocatedPaths()
+    if cfg.paths.policy == "threshold":
+        return ThresholdPaths(cfg.short_prompt_tokens, cfg.slo_classes)
+    return AdaptivePaths(cfg.paths, cfg.slo_classes)

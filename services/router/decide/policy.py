@@ -1,6 +1,7 @@
-"""Routing policies: when a worker is saturated, and which prefill or decode worker gets
-a request (which path it takes: paths.py). Pure functions of `WorkerView` snapshots, so
-each is tested without gRPC; the router composes them (see pools.py).
+"""Placement strategies: which prefill or decode worker gets a request (when a worker takes
+none: saturation.py; which path a request takes: paths.py). Pure functions of
+`WorkerView` snapshots, so each is tested without gRPC; the router composes them
+(placement.py chooses one per pool, slots.py applies it).
 """
 from __future__ import annotations
 
@@ -10,33 +11,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.router.config import SaturationConfig
-from services.router.kv_index import PrefixMatch
-from services.router.workers import WorkerView
-
-DIRECT = "direct"                  # a decode worker prefills the prompt itself
-DISAGGREGATED = "disaggregated"    # prefill pool -> kvstore -> decode pool
-
-
-class SaturationPolicy:
-    """A saturated worker takes no new work from this router; when every reachable worker
-    of a pool is saturated, requests wait in the admission queue (or are refused)."""
-
-    def __init__(self, cfg: SaturationConfig):
-        self.cfg = cfg
-
-    def is_saturated(self, w: WorkerView) -> bool:
-        c = self.cfg
-        no_room = w.num_total_kv_blocks > 0 and w.num_free_kv_blocks < c.min_free_kv_blocks
-        return (w.draining or w.num_waiting >= c.max_waiting or w.in_flight >= c.max_in_flight_per_worker
-                or prefill_backlog(w) >= c.max_queued_prefill_tokens or no_room)
-
-
-def prefill_backlog(w: WorkerView) -> int:
-    """Prompt tokens waiting on a prefill worker. The worker's report is one poll old and
-    this router's own outstanding tokens are exact for its requests: take the larger."""
-    return max(w.num_queued_prefill_tokens, w.in_flight_tokens)
-
+from services.router.decide.saturation import prefill_backlog
+from services.router.decide.views import PrefixMatch, WorkerView
 
 # why a worker was chosen: the `reason` label of router_placement_total
 LEAST_LOADED = "least_loaded"        # load decided (nothing else told the candidates apart)
@@ -177,7 +153,7 @@ def room_terms(w: WorkerView) -> float:
 
 class KVAwarePlacement(WorkerPolicy):
     """The worker where the request's first token comes soonest, by what the router's
-    KV index (kv_index.py) says each candidate holds of the prompt's prefix:
+    KV index (state/kv_index.py) says each candidate holds of the prompt's prefix:
 
         score(w) = saved_tokens(w) - load_tokens(w)
         saved_tokens(w) = local(w) + store_weight * max(0, store - local(w))

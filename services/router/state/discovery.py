@@ -7,10 +7,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from services.common.address import parse_addresses  # noqa: F401  (the flags' parser, re-exported)
-
-PREFILL = "prefill"
-DECODE = "decode"
-POOLS = (PREFILL, DECODE)
+from services.router.decide.views import DECODE, POOLS, PREFILL  # noqa: F401  (the pools discovery names)
 
 
 class Discovery(ABC):

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from services.router.discovery import DECODE, PREFILL, Discovery
+from services.router.state.discovery import DECODE, PREFILL, Discovery
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +213,7 @@ def add_discovery_arguments(parser: argparse.ArgumentParser) -> None:
                              "another process rewrites (file: --discovery-file, `pdserve up --autoscale`)")
     parser.add_argument("--discovery-file", default="", metavar="PATH",
                         help='with --discovery file: {"prefill": ["host:port", ..], "decode": [..]}, '
-                             "read again whenever it changes (services/router/file_discovery.py)")
+                             "read again whenever it changes (services/router/state/file_discovery.py)")
     parser.add_argument("--namespace", default=None,
                         help="with --discovery kubernetes: the workers' namespace (default: the router pod's own)")
     parser.add_argument("--prefill-selector", default="", metavar="LABELS",
@@ -232,7 +232,7 @@ def discovery_from_args(args: argparse.Namespace) -> Discovery | None:
     if args.discovery == "file":
         if not args.discovery_file:
             raise ValueError("--discovery-file: a path is needed with --discovery file")
-        from services.router.file_discovery import FileDiscovery
+        from services.router.state.file_discovery import FileDiscovery
         return FileDiscovery(args.discovery_file)
     if args.discovery != "kubernetes":
         return None

@@ -20,9 +20,10 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.core.block_hash import hash_full_blocks
+from services.router.decide.views import PrefixIndex, PrefixMatch
 
 STORED, REMOVED = "stored", "removed"
 
@@ -39,20 +40,13 @@ class BlockNaming:
         return hash_full_blocks(self.root_hash, token_ids[:num_tokens], self.block_size)
 
 
-@dataclass(frozen=True)
-class PrefixMatch:
-    """What each candidate could reuse of one prompt, in tokens."""
-    local_tokens: dict[str, int] = field(default_factory=dict)  # by worker address: its own prefix cache
-    store_tokens: int = 0                                        # the kvstore: any worker can import these
-
-
 class _Source:
     def __init__(self, naming: BlockNaming | None):
         self.naming = naming
         self.hashes: dict[bytes, None] = {}  # an insertion-ordered set: the oldest go first past the bound
 
 
-class KVIndex:
+class KVIndex(PrefixIndex):
     """Thread-safe: subscriber threads write, request threads read."""
 
     def __init__(self, max_blocks_per_source: int = 1 << 18):

@@ -20,7 +20,10 @@ import grpc
 from services.common.grpc_server import channel
 from services.common.security import ClientSecurity
 from services.pb import kv_events_pb2, kv_events_pb2_grpc
-from services.router.kv_index import REMOVED, STORED, BlockNaming, KVIndex
+from services.router.config import RouterConfig
+from services.router.decide.views import POOLS
+from services.router.state.kv_index import REMOVED, STORED, BlockNaming, KVIndex
+from services.router.state.workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -113,3 +116,22 @@ class KVSubscribers:
 
     def close(self) -> None:
         self.sync(())
+
+
+class KVSources:
+    """The sources the KV index follows: every worker the registry knows, and the kvstore;
+    none unless placement is "kv" (nothing would read the index)."""
+
+    def __init__(self, cfg: RouterConfig, registry: WorkerRegistry, index: KVIndex):
+        self.enabled = cfg.placement == "kv"
+        self.kvstore_address = cfg.kvstore_address
+        self.registry = registry
+        self.subscribers = KVSubscribers(index, cfg.internal)
+
+    def sync(self) -> None:
+        if self.enabled:
+            workers = [v.address for pool in POOLS for v in self.registry.views(pool)]
+            self.subscribers.sync([*workers, self.kvstore_address])
+
+    def close(self) -> None:
+        self.subscribers.close()

@@ -9,7 +9,7 @@ repeated time-outs take it out of the pools. A worker that does not answer at al
 "lost": its open decode streams are moved to another worker (WorkerRegistry.on_lost).
 
 The kvstore's health is asked in the same round, under the same rules: while it is down
-the router sends no prompt through the prefill pool (paths.py).
+the router sends no prompt through the prefill pool (decide/paths.py).
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from services.pb import common_pb2
-from services.router.discovery import POOLS
-from services.router.workers import WorkerRegistry
+from services.router.state.discovery import POOLS
+from services.router.state.workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
 

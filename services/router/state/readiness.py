@@ -1,6 +1,6 @@
 """When the router is ready, by one rule everywhere: at least one decode worker is
 reachable, as the load poller last saw. A decode worker alone serves every request (with
-no prefill worker up it prefills the prompt itself, see flow.py), so prefill workers add
+no prefill worker up it prefills the prompt itself, see core/flow.py), so prefill workers add
 speed, not readiness. HTTP /health, the router's gRPC health service and `pdserve up` all
 read it from here."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import threading
 
 from services.common.grpc_server import RunningServer
-from services.router.discovery import DECODE, POOLS
-from services.router.workers import WorkerRegistry
+from services.router.state.discovery import DECODE, POOLS
+from services.router.state.workers import WorkerRegistry
 
 
 class Readiness:

@@ -1,8 +1,8 @@
 """The router's picture of its workers: for each pool, every worker's last reported load,
 whether it answered its last poll, and what this router itself has outstanding on it.
 
-The policies see immutable `WorkerView` snapshots; the registry owns the mutable records,
-the channels and the stubs. The router's own in-flight counters matter because a worker's
+The policies see immutable `WorkerView` snapshots (decide/views.py); the registry owns
+the mutable records, the channels and the stubs. The router's own in-flight counters matter because a worker's
 reported load is up to one poll interval old: a burst of requests between two polls
 would otherwise all go to the same "idle" worker.
 """
@@ -10,39 +10,21 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from grpc_health.v1 import health_pb2_grpc
 
 from services.common.grpc_server import channel
 from services.common.security import ClientSecurity
 from services.pb import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
-from services.router.discovery import DECODE, POOLS, PREFILL, Discovery
+from services.router.decide.views import DECODE, POOLS, PREFILL, WorkerView
+from services.router.state.discovery import Discovery
 
 _STUBS = {PREFILL: prefill_pb2_grpc.PrefillWorkerStub, DECODE: decode_pb2_grpc.DecodeWorkerStub}
 # A worker that restarts should be seen again within a poll or two, not after gRPC's
 # default reconnect backoff (up to two minutes).
 _RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
                       ("grpc.max_reconnect_backoff_ms", 1000)]
-
-
-@dataclass(frozen=True)
-class WorkerView:
-    address: str
-    up: bool = False
-    # as the worker last reported them (WorkerLoad, under the same names)
-    num_running: int = 0
-    num_waiting: int = 0
-    num_queued_prefill_tokens: int = 0
-    num_free_kv_blocks: int = 0
-    num_total_kv_blocks: int = 0
-    max_num_seqs: int = 0
-    draining: bool = False
-    prefill_tokens_per_s: float = 0.0  # measured by the worker; 0: not yet
-    decode_step_ms: float = 0.0
-    # what this router itself has outstanding on the worker
-    in_flight: int = 0
-    in_flight_tokens: int = 0   # their prompt tokens
 
 
 _LOAD_FIELDS = tuple(f.name for f in common_pb2.WorkerLoad.DESCRIPTOR.fields)

@@ -9,7 +9,7 @@ from engine import SamplingParams
 from services.pb import common_pb2
 from services.router.client import RouterClient
 from services.router.config import PathConfig
-from services.router.policy import DIRECT, DISAGGREGATED
+from services.router.decide.paths import DIRECT, DISAGGREGATED
 from tests.services.router.fakes import expected_tokens
 
 PROMPT = list(range(300, 400))  # 100 tokens: 0.1 s of prefill at the rates below, > one step's room

@@ -12,9 +12,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine import SamplingParams
 from services.common.grpc_server import channel
-from services.router.cancel import Cancellation
 from services.router.client import RouterClient
-from services.router.drain import SHUTTING_DOWN, Drain, DrainingFront
+from services.router.core.cancel import Cancellation
+from services.router.core.drain import SHUTTING_DOWN, Drain
 from services.router.errors import RouterError
 from tests.services.router.fakes import wait_until
 
@@ -81,31 +81,23 @@ def test_what_outlives_the_drain_timeout_ends_with_an_error_naming_it(make_clust
     wait_until(decode.saw_cancel.is_set, "the worker's call to be cancelled (it frees the request)")
 
 
-class _FrontStub:
-    """A Front whose run streams until its request is cancelled (as the flow does)."""
-    metrics = None
-
-    def validate(self, inp):
-        return inp
-
-    def count_invalid(self):
-        pass
-
-    def run(self, req, arrival, cancel, time_left):
-        yield "first"
-        while not cancel.cancelled:
-            time.sleep(0.005)
+def _until_cancelled(cancel):
+    """A request's messages as the flow streams them: until its request is cancelled."""
+    yield "first"
+    while not cancel.cancelled:
+        time.sleep(0.005)
 
 
 def test_draining_front_refuses_then_cuts_with_the_timeout_in_the_message():
     drain = Drain()
-    front = DrainingFront(_FrontStub(), drain)
-    running = front.run("req", 0.0, Cancellation(), lambda: None)
+    cancel = Cancellation()
+    running = drain.run(cancel, _until_cancelled(cancel))
     assert next(running) == "first"
     assert drain.num_active == 1 and not drain.wait_idle(0.01)
     drain.start()
     with pytest.raises(RouterError, match="shutting down") as refused:
-        next(front.run("late", 0.0, Cancellation(), lambda: None))
+        late = Cancellation()
+        next(drain.run(late, _until_cancelled(late)))
     assert refused.value.message == SHUTTING_DOWN
     assert drain.cut(after_s=7) == 1
     with pytest.raises(RouterError, match="drain timeout of 7 s") as cut:

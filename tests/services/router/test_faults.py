@@ -9,7 +9,7 @@ import pytest
 from engine import SamplingParams
 from services.router.client import RouterClient
 from services.router.config import SaturationConfig, SLOClass
-from services.router.discovery import DECODE, PREFILL
+from services.router.state.discovery import DECODE, PREFILL
 from tests.services.router.fakes import WORKER_RETRY_AFTER_MS, address_of, expected_tokens, wait_until
 
 SHORT = list(range(100, 110))

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from engine.core.block_hash import hash_full_blocks, model_fingerprint
 from services.pb import common_pb2
-from services.router.admission import AdmissionGate
-from services.router.cancel import Cancellation
 from services.router.config import SaturationConfig
-from services.router.discovery import PREFILL, StaticDiscovery
-from services.router.kv_index import REMOVED, STORED, BlockNaming, KVIndex, PrefixMatch
-from services.router.policy import (KV_HIT, KV_LOAD, LEAST_LOADED, CountedPolicy, KVAwarePlacement, MostRoomDecode,
-                                    SaturationPolicy, decode_load_tokens, kv_saved_tokens, prefill_load_tokens)
-from services.router.pools import Need, Pool
-from services.router.workers import WorkerRegistry, WorkerView
+from services.router.core.admission import AdmissionGate
+from services.router.core.cancel import Cancellation
+from services.router.core.pools import Need, Pool
+from services.router.decide.policy import (KV_HIT, KV_LOAD, LEAST_LOADED, CountedPolicy, KVAwarePlacement, MostRoomDecode,
+                                           decode_load_tokens, kv_saved_tokens, prefill_load_tokens)
+from services.router.decide.saturation import SaturationPolicy
+from services.router.decide.views import PrefixMatch
+from services.router.decide.views import WorkerView
+from services.router.state.discovery import PREFILL, StaticDiscovery
+from services.router.state.kv_index import REMOVED, STORED, BlockNaming, KVIndex
+from services.router.state.workers import WorkerRegistry
 
 ROOT = model_fingerprint("m", "float32", 2, 2, 16, 4)
 NAMING = BlockNaming(4, ROOT)

@@ -1,4 +1,4 @@
-"""One readiness rule (services/router/readiness.py): the router is ready when a decode
+"""One readiness rule (services/router/state/readiness.py): the router is ready when a decode
 worker is reachable. The gRPC health service and HTTP /health both follow it, round by
 round of the load poller."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.grpc_server import channel
 from services.router.config import RouterConfig
-from services.router.http.config import HttpConfig
+from services.router.fronts.http.config import HttpConfig
 from services.router.server import serve
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING

@@ -15,7 +15,7 @@ from services.common.grpc_server import channel, is_serving
 from services.router import main as router_main
 from services.router.client import RouterClient
 from services.router.config import RouterConfig, SLOClass, load_slo_classes
-from services.router.discovery import StaticDiscovery, parse_addresses
+from services.router.state.discovery import StaticDiscovery, parse_addresses
 from tests.services.router.fakes import address_of
 
 LONG = list(range(200, 260))

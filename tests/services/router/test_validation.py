@@ -8,8 +8,8 @@ from engine import InvalidRequestError, SamplingParams
 from services.common.grpc_server import channel
 from services.pb import common_pb2, router_pb2, router_pb2_grpc
 from services.router.config import default_slo_classes
-from services.router.model_info import ModelInfo
-from services.router.request import GenerateInput, RequestValidator
+from services.router.core.model_info import ModelInfo
+from services.router.core.request import GenerateInput, RequestValidator
 from tests.services.router.fakes import expected_tokens
 
 GOOD = [5, 6, 7]

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from services.pb import common_pb2
-from services.router import workers as workers_module
-from services.router.discovery import DECODE, PREFILL, Discovery
-from services.router.workers import WorkerRegistry
+from services.router.state import workers as workers_module
+from services.router.state.discovery import DECODE, PREFILL, Discovery
+from services.router.state.workers import WorkerRegistry
 
 
 class _Changing(Discovery):

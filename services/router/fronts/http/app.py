@@ -25,17 +25,17 @@ from starlette.concurrency import run_in_threadpool
 
 from engine import InvalidRequestError
 from services.router.errors import RouterError
-from services.router.http.auth import ApiKeyGuard
-from services.router.http.backend import Backend
-from services.router.http.config import HttpConfig
-from services.router.http.errors import (ApiError, from_invalid, from_router, install_handlers, model_not_found,
-                                         server_error)
-from services.router.http.limits import BodyLimit
-from services.router.http.logprobs import TokenText
-from services.router.http.replies import ChatReply, CompletionReply, Reply
-from services.router.http.runs import RunGroup
-from services.router.http.schemas import ChatCompletionRequest, CompletionRequest
-from services.router.http.translate import Job, chat_job, completion_job
+from services.router.fronts.http.auth import ApiKeyGuard
+from services.router.fronts.http.backend import Backend
+from services.router.fronts.http.config import HttpConfig
+from services.router.fronts.http.errors import (ApiError, from_invalid, from_router, install_handlers, model_not_found,
+                                                server_error)
+from services.router.fronts.http.limits import BodyLimit
+from services.router.fronts.http.logprobs import TokenText
+from services.router.fronts.http.replies import ChatReply, CompletionReply, Reply
+from services.router.fronts.http.runs import RunGroup
+from services.router.fronts.http.schemas import ChatCompletionRequest, CompletionRequest
+from services.router.fronts.http.translate import Job, chat_job, completion_job
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class _Api:
         return self._card()
 
     async def health(self) -> JSONResponse:
-        """200 when the router is ready (readiness.py: a decode worker is reachable), else 503."""
+        """200 when the router is ready (state/readiness.py: a decode worker is reachable), else 503."""
         up = self.backend.readiness.workers_up()
         ready = self.backend.readiness.ready(up)
         return JSONResponse({"status": "ok" if ready else "unavailable", "workers_up": up},

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from services.common.auth import bearer_problem, parse_tokens
 from services.common.security import API_KEY
-from services.router.http.errors import ApiError
+from services.router.fronts.http.errors import ApiError
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 

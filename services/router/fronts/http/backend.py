@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from services.pb import common_pb2
-from services.router.cancel import Cancellation
-from services.router.front import Front
-from services.router.model_info import ModelInfo
-from services.router.readiness import Readiness
-from services.router.request import RoutedRequest
+from services.router.core.cancel import Cancellation
+from services.router.core.front import Front
+from services.router.core.model_info import ModelInfo
+from services.router.core.request import RoutedRequest
+from services.router.state.readiness import Readiness
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from services.common.auth import parse_tokens
 from services.common.defaults import HOST, ROUTER_HTTP_PORT
 from services.common.tls import ServerTLS
+from services.router.config import max_request_bytes
 
 API_KEY_ENV = "PDSERVE_API_KEY"
 
@@ -38,5 +39,4 @@ class HttpConfig:
     def request_bytes_limit(self, max_model_len: int) -> int:
         """The body bound: the same as the router's gRPC port (--max-request-bytes, else
         generous bytes per token of the context plus slack)."""
-        from services.router.security import max_request_bytes  # here: that module imports this one
         return max_request_bytes(self.max_request_bytes, max_model_len)

@@ -25,8 +25,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine import InvalidRequestError
+from services.router.core.request import shown
 from services.router.errors import RouterError
-from services.router.request import shown
 
 INVALID = "invalid_request_error"
 _BY_GRPC_CODE = {  # status, type, code

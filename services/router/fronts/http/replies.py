@@ -16,9 +16,9 @@ import time
 from abc import ABC, abstractmethod
 
 from services.pb import common_pb2
-from services.router.http.logprobs import ChatLogprobs, LegacyLogprobs, TokenText
-from services.router.http.tool_calls import ToolCallReply, tool_call_reply
-from services.router.http.translate import Job
+from services.router.fronts.http.logprobs import ChatLogprobs, LegacyLogprobs, TokenText
+from services.router.fronts.http.tool_calls import ToolCallReply, tool_call_reply
+from services.router.fronts.http.translate import Job
 
 
 class _Choice:

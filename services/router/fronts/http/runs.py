@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 
 from services.pb import common_pb2
-from services.router.cancel import Cancellation
-from services.router.http.backend import Backend
-from services.router.request import RoutedRequest
+from services.router.core.cancel import Cancellation
+from services.router.core.request import RoutedRequest
+from services.router.fronts.http.backend import Backend
 
 logger = logging.getLogger(__name__)
 

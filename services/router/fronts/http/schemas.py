@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from services.router.request import has_lone_surrogate
+from services.router.core.request import has_lone_surrogate
 
 
 def _whole_text(value: str) -> str:

@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 import uvicorn
 
 from services.common.tls import ServerTLS
-from services.router.http.app import create_app
-from services.router.http.backend import Backend
-from services.router.http.config import HttpConfig
+from services.router.fronts.http.app import create_app
+from services.router.fronts.http.backend import Backend
+from services.router.fronts.http.config import HttpConfig
 
 logger = logging.getLogger(__name__)
 

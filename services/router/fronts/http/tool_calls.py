@@ -18,7 +18,7 @@ import json
 import uuid
 from abc import ABC, abstractmethod
 
-from services.router.http.structured import ToolChoice
+from services.router.fronts.http.structured import ToolChoice
 
 
 def call_id() -> str:

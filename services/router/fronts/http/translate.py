@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 from engine import InvalidRequestError, SamplingParams
 from engine.chat import encode_chat_prompt
-from services.router.http.errors import bad_request, from_invalid, model_not_found
-from services.router.http.schemas import ChatCompletionRequest, CompletionRequest, _GenerateRequest
-from services.router.http.structured import Guide, ToolChoice, guide
-from services.router.model_info import ModelInfo
-from services.router.request import GenerateInput
+from services.router.core.model_info import ModelInfo
+from services.router.core.request import GenerateInput
+from services.router.fronts.http.errors import bad_request, from_invalid, model_not_found
+from services.router.fronts.http.schemas import ChatCompletionRequest, CompletionRequest, _GenerateRequest
+from services.router.fronts.http.structured import Guide, ToolChoice, guide
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat's is the rest of the context
 MAX_LOGPROBS = 20           # the engine's limit

@@ -4,10 +4,9 @@ from __future__ import annotations
 import pytest
 
 from services.router.config import PathConfig, SLOClass
-from services.router.paths import (NO_PREFILL_WORKER, AdaptivePaths, ColocatedPaths, PathChoice, PoolsNow,
-                                   ThresholdPaths)
-from services.router.policy import DIRECT, DISAGGREGATED
-from services.router.workers import WorkerView
+from services.router.decide.paths import (DIRECT, DISAGGREGATED, NO_PREFILL_WORKER, AdaptivePaths, ColocatedPaths,
+                                          PathChoice, PoolsNow, ThresholdPaths)
+from services.router.decide.views import WorkerView
 
 CLASSES = {"interactive": SLOClass(ttft_ms=1000, itl_ms=100), "batch": SLOClass(ttft_ms=30000, itl_ms=1000, priority=1)}
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from services.router.config import SaturationConfig
-from services.router.policy import (LeastQueuedPrefill, MostRoomDecode, PrefixAffinityPrefill, SaturationPolicy,
-                                    prefix_key)
-from services.router.workers import WorkerView
+from services.router.decide.policy import LeastQueuedPrefill, MostRoomDecode, PrefixAffinityPrefill, prefix_key
+from services.router.decide.saturation import SaturationPolicy
+from services.router.decide.views import WorkerView
 
 PROMPT = list(range(40))
 

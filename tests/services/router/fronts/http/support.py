@@ -10,14 +10,14 @@ import time
 import openai
 
 from engine.config import CacheConfig, EngineConfig
-from services.worker.config import WorkerConfig
 from services.decode.server import serve as serve_decode
 from services.kvstore.server import KVStoreConfig
 from services.kvstore.server import serve as serve_kvstore
 from services.prefill.server import serve as serve_prefill
 from services.router.config import PathConfig, RouterConfig
-from services.router.http.config import HttpConfig
+from services.router.fronts.http.config import HttpConfig
 from services.router.server import serve as serve_router
+from services.worker.config import WorkerConfig
 from tests.services.cluster import Cluster
 
 SHORT_PROMPT_TOKENS = 32  # longer prompts go prefill -> kvstore -> decode

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from engine import SamplingParams
-from tests.services.router.http.support import async_client
+from tests.services.router.fronts.http.support import async_client
 
 MAX_TOKENS = 10
 SHORT = [{"role": "user", "content": "Hi!"}]  # with the template: <= 32 tokens, straight to decode

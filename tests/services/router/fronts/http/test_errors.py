@@ -8,8 +8,8 @@ import openai
 import pytest
 
 from services.router.config import SaturationConfig, SLOClass
-from services.router.http.config import HttpConfig
-from tests.services.router.http.support import async_client, free_port, raw_request, start_router, sync_client
+from services.router.fronts.http.config import HttpConfig
+from tests.services.router.fronts.http.support import async_client, free_port, raw_request, start_router, sync_client
 
 MSGS = [{"role": "user", "content": "Hi"}]
 

@@ -12,8 +12,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from services.router.http.config import HttpConfig
-from tests.services.router.http.support import start_router
+from services.router.fronts.http.config import HttpConfig
+from tests.services.router.fronts.http.support import start_router
 
 MAX_EXAMPLES = 12  # per operation and mode
 OPERATIONS = {"POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models",

@@ -16,8 +16,8 @@ import pytest
 
 from engine.chat import encode_chat_prompt
 from services.router.errors import RouterError
-from services.router.http.errors import from_router
-from tests.services.router.http.support import raw_request
+from services.router.fronts.http.errors import from_router
+from tests.services.router.fronts.http.support import raw_request
 
 MSGS = [{"role": "user", "content": "Hi"}]
 FIFTY_MB = 50 << 20

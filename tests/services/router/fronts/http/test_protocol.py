@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from services.router.http.config import HttpConfig
-from tests.services.router.http.support import raw_request, requests_total, start_router, wait_until
+from services.router.fronts.http.config import HttpConfig
+from tests.services.router.fronts.http.support import raw_request, requests_total, start_router, wait_until
 
 LONG = "Once upon a time, in a village by the sea, there lived an old fisherman who " * 3
 ENDLESS = dict(max_tokens=1900, temperature=0, extra_body={"ignore_eos": True})  # far longer than any test runs

@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.services.router.http.support import raw_request, requests_total
+from tests.services.router.fronts.http.support import raw_request, requests_total
 
 MSGS = [{"role": "user", "content": "What is the weather in Paris?"}]
 # a long conversation: past the router's direct-path limit, it goes prefill -> kvstore -> decode

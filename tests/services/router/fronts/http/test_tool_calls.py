@@ -6,10 +6,10 @@ import json
 
 from engine import SamplingParams
 from services.pb import common_pb2
-from services.router.http.replies import ChatReply
-from services.router.http.structured import ToolChoice
-from services.router.http.translate import Job
-from services.router.request import GenerateInput
+from services.router.core.request import GenerateInput
+from services.router.fronts.http.replies import ChatReply
+from services.router.fronts.http.structured import ToolChoice
+from services.router.fronts.http.translate import Job
 
 CALLS = [{"name": "search", "arguments": {"query": "x"}}, {"name": "get_weather", "arguments": {"days": 2}}]
 

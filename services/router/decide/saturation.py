@@ -1,0 +1,26 @@
+"""When a worker takes no more work from this router: past its queue, its prefill
+backlog, its KV room or this router's own bound on requests outstanding on it."""
+from __future__ import annotations
+
+from services.router.decide.config import SaturationConfig
+from services.router.decide.views import WorkerView
+
+
+class SaturationPolicy:
+    """A saturated worker takes no new work from this router; when every reachable worker
+    of a pool is saturated, requests wait in the admission queue (or are refused)."""
+
+    def __init__(self, cfg: SaturationConfig):
+        self.cfg = cfg
+
+    def is_saturated(self, w: WorkerView) -> bool:
+        c = self.cfg
+        no_room = w.num_total_kv_blocks > 0 and w.num_free_kv_blocks < c.min_free_kv_blocks
+        return (w.draining or w.num_waiting >= c.max_waiting or w.in_flight >= c.max_in_flight_per_worker
+                or prefill_backlog(w) >= c.max_queued_prefill_tokens or no_room)
+
+
+def prefill_backlog(w: WorkerView) -> int:
+    """Prompt tokens waiting on a prefill worker. The worker's report is one poll old and
+    this router's own outstanding tokens are exact for its requests: take the larger."""
+    return max(w.num_queued_prefill_tokens, w.in_flight_tokens)

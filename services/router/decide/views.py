@@ -1,0 +1,56 @@
+"""What the routing decisions read: immutable snapshots of each worker and of the prefix
+each could reuse. The router's state (state/) produces them from polls and KV events;
+the simulator makes them up; the decisions never ask where they came from.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+PREFILL = "prefill"
+DECODE = "decode"
+POOLS = (PREFILL, DECODE)
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    address: str
+    up: bool = False
+    # as the worker last reported them (WorkerLoad, under the same names)
+    num_running: int = 0
+    num_waiting: int = 0
+    num_queued_prefill_tokens: int = 0
+    num_free_kv_blocks: int = 0
+    num_total_kv_blocks: int = 0
+    max_num_seqs: int = 0
+    draining: bool = False
+    prefill_tokens_per_s: float = 0.0  # measured by the worker; 0: not yet
+    decode_step_ms: float = 0.0
+    # what this router itself has outstanding on the worker
+    in_flight: int = 0
+    in_flight_tokens: int = 0   # their prompt tokens
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """What each candidate could reuse of one prompt, in tokens."""
+    local_tokens: dict[str, int] = field(default_factory=dict)  # by worker address: its own prefix cache
+    store_tokens: int = 0                                        # the kvstore: any worker can import these
+
+
+class PrefixIndex(ABC):
+    """Which of a prompt's leading blocks each source holds (state/kv_index.py KVIndex,
+    fed by the workers' KV events)."""
+
+    @abstractmethod
+    def match(self, addresses: Sequence[str], token_ids: Sequence[int], store: str = "") -> PrefixMatch:
+        """The prompt's reusable prefix on each of `addresses`, and in the kvstore `store`."""
+
+
+class NoPrefixes(PrefixIndex):
+    """An index that knows of no block anywhere: placement then decides by load alone
+    (the simulator, which models no KV events)."""
+
+    def match(self, addresses, token_ids, store=""):
+        return PrefixMatch({a: 0 for a in addresses}, 0)
