@@ -2,7 +2,7 @@
 
 The targets, windows and policies come from the chart's values.yaml (merged with any
 `--autoscale-values` files, as `helm -f` merges them): the same definition the cluster's
-HPAs are rendered from. The controller (services/autoscale/controller.py) reads each
+HPAs are rendered from. The controller (autoscale/controller.py) reads each
 worker's /metrics and decides; `LocalPools` carries its decisions out:
 
     scale up:   start `pdserve <pool>` on fresh ports ─▶ SERVING ─▶ listed in the discovery
@@ -12,7 +12,7 @@ worker's /metrics and decides; `LocalPools` carries its decisions out:
                 is retried elsewhere), finishes its prefills / streams within its
                 --drain-timeout-s ─▶ exits ─▶ dropped from the discovery file and the platform
 
-The router watches the discovery file (services/router/file_discovery.py); a worker stays
+The router watches the discovery file (services/router/state/file_discovery.py); a worker stays
 listed while it drains, so the router's channel to it, and the streams on it, stay open.
 """
 from __future__ import annotations
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import yaml
 
-from services.autoscale.chart_values import CHART_VALUES
-from services.autoscale.controller import SYNC_PERIOD_S, Autoscaler, PoolScaler, pools_from_values
-from services.router.file_discovery import write_pools
+from autoscale.chart_values import CHART_VALUES
+from autoscale.controller import SYNC_PERIOD_S, Autoscaler, PoolScaler, pools_from_values
+from services.router.state.file_discovery import write_pools
 
 POOLS = ("prefill", "decode")
 

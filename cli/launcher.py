@@ -8,7 +8,7 @@ Ctrl-C (or SIGTERM) of `pdserve up` itself drains and stops them all.
 
 Startup waits on gRPC health only: kvstore and workers first, each until its own health
 service says SERVING; then the router, whose first load poll (made before it serves) so
-sees every worker, until its health says it is ready (services/router/readiness.py).
+sees every worker, until its health says it is ready (services/router/state/readiness.py).
 """
 from __future__ import annotations
 

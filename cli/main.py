@@ -31,7 +31,7 @@ COMMANDS = (
     Command("router", "run the router", "services.router.main"),
     Command("bench", "benchmarks", subcommands=(
         Command("serve", "benchmark a serving endpoint (router gRPC or OpenAI HTTP)", "cli.bench.main"),)),
-    Command("profile", "measure step and KV transfer costs for the simulator", "sim.measure"),
+    Command("profile", "measure step and KV transfer costs for the simulator", "profiler.measure"),
     Command("sim", "simulate a cluster on a Mooncake trace", "sim.main"),
     Command("plan", "recommend prefill:decode pool sizes from simulations", "sim.plan"),
 )

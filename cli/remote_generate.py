@@ -9,7 +9,7 @@ import grpc
 
 from services.common.tls import ClientTLS
 from services.router.client import RouterClient
-from services.router.http.config import API_KEY_ENV
+from services.router.fronts.http.config import API_KEY_ENV
 
 
 def generate_remote(args, params) -> int:

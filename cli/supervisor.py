@@ -12,14 +12,24 @@ taken by someone else). Only Ctrl-C/SIGTERM of `pdserve up` itself stops everyth
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TextIO
+from typing import Protocol, TextIO
 
-if TYPE_CHECKING:
-    from cli.launcher import Platform
+
+class Supervised(Protocol):
+    """What the supervisor needs of a platform (cli/launcher.py Platform, or a test's fake):
+    its processes by name, a way to start one again as planned, and whether one serves.
+    A protocol rather than Platform itself, so the launcher, which starts a supervisor,
+    stays the only one of the two that imports the other."""
+    procs: dict[str, subprocess.Popen]
+
+    def restart(self, name: str) -> subprocess.Popen: ...
+
+    def serving(self, name: str) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -51,7 +61,7 @@ class _State:
 
 
 class Supervisor:
-    def __init__(self, platform: Platform, policy: RestartPolicy = RestartPolicy(), out: TextIO = sys.stderr,
+    def __init__(self, platform: Supervised, policy: RestartPolicy = RestartPolicy(), out: TextIO = sys.stderr,
                  clock=time.monotonic):
         self.platform, self.policy, self.out, self._clock = platform, policy, out, clock
         now = clock()

@@ -7,8 +7,8 @@ import shlex
 
 from cli.autoscale import add_autoscale_arguments, autoscale_config_from_args
 from cli.launcher import PlatformConfig, run_platform
+from services.router.decide.paths import PATH_POLICIES
 from services.router.main import port_or_off
-from services.router.paths import PATH_POLICIES
 from services.worker.config import speculative_config_arg
 from services.worker.parallel_args import positive_int
 

@@ -8,7 +8,7 @@ put_blocks / get_blocks, as the prefill and decode workers move KV):
 
 Each point is a median: of `--repeats` rounds over the prefill grid, of 4 x `--repeats`
 decode steps, of `--repeats` transfers. The prefill and decode tables are then smoothed by a
-fit of each one's cost model (`fit_prefill`, `fit_decode`): this VM's speed drifts by tens
+fit of each one's cost model (profiler/fit.py): this VM's speed drifts by tens
 of percent within minutes, and a median of a few samples still lands up to 25% off the
 curve its neighbours draw. The grids are flags; the defaults take a couple of
 minutes for SmolLM2 on one CPU core (a `pdserve up` worker's share here).
@@ -16,11 +16,15 @@ minutes for SmolLM2 on one CPU core (a `pdserve up` worker's share here).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 import statistics
 import time
 
+from engine.engine_request import EngineRequest
+from profiler.fit import fit_decode, fit_prefill
+from profiler.kv_probe import kv_tables
 from sim.profile import Profile, SchedulerLimits, Table1D, save_profile
 
 
@@ -83,8 +87,8 @@ def measure(model: str, threads: int, prefill_tokens, batch_sizes, contexts, kv_
                                [[_decode_step(engine, ids, b, c, repeats) for c in contexts] for b in batch_sizes])
     block_shape = engine.info.kv_block_shape
     element = torch.empty((), dtype=engine.dtype).element_size()
-    put, get = _kv_tables(block_shape, engine.dtype, kv_blocks, repeats)
-    per_token = element * _prod(block_shape) // limits.block_size
+    put, get = kv_tables(block_shape, engine.dtype, kv_blocks, repeats)
+    per_token = element * math.prod(block_shape) // limits.block_size
     # on a CPU the transfer's gRPC and copies run on the worker's own cores; on a GPU the
     # steps run on the device and the host threads that move the bytes do not slow them
     kv_cpu_share = 1.0 if engine.config.device.startswith("cpu") else 0.0
@@ -94,45 +98,6 @@ def measure(model: str, threads: int, prefill_tokens, batch_sizes, contexts, kv_
                    model=model, prefill=prefill, decode_batch_sizes=tuple(batch_sizes),
                    decode_contexts=tuple(contexts), decode_s=decode, kv_put=put, kv_get=get,
                    kv_bytes_per_token=per_token, scheduler=limits, kv_cpu_share=kv_cpu_share)
-
-
-def fit_prefill(tokens, medians, threshold: int) -> tuple[tuple[float, ...], float]:
-    """The one-prompt prefill points (up to the chunk threshold) as the fit of
-    a + b*T + c*T^2 to their medians (the weights read once, the per-token layers, the
-    attention), least squares on relative error so the short prompts weigh as much as the
-    long ones; and the largest relative gap between a median and the fit. Points past the
-    threshold (several prompts a step) keep their medians, as do grids of fewer than four
-    one-prompt points or a fit that is not positive."""
-    import numpy as np
-    x, y = np.array(tokens, dtype=float), np.array(medians, dtype=float)
-    one = x <= threshold
-    if one.sum() >= 4:
-        design = np.stack([np.ones(one.sum()), x[one], x[one] ** 2], axis=1)
-        coef = np.linalg.lstsq(design / y[one, None], np.ones(one.sum()), rcond=None)[0]
-        fit = design @ coef
-        if (fit > 0).all():
-            out = y.copy()
-            out[one] = fit
-            return tuple(float(v) for v in out), float(np.max(np.abs(y[one] / fit - 1.0)))
-    return tuple(float(v) for v in y), 0.0
-
-
-def fit_decode(batch_sizes, contexts, medians) -> tuple[tuple[tuple[float, ...], ...], float]:
-    """The decode table as the least-squares fit of a + b*B + c*B*C to its medians (the
-    weights read once a step, each sequence's own layers, the attention over its context),
-    and the largest relative gap between a median and the fit. A decode point's repeats run
-    back to back, so a slow minute of this VM moves a whole point (by up to 24% here); the
-    fit takes its shape from all of them. Fewer than four points, or a fit that is not
-    positive everywhere, keep the medians."""
-    import numpy as np
-    x = np.array([[1.0, b, b * c] for b in batch_sizes for c in contexts])
-    y = np.array(medians, dtype=float).reshape(-1)
-    if len(y) >= 4:
-        fit = x @ np.linalg.lstsq(x, y, rcond=None)[0]
-        if (fit > 0).all():
-            worst = float(np.max(np.abs(y / fit - 1.0)))
-            return tuple(tuple(float(v) for v in row) for row in fit.reshape(len(batch_sizes), -1)), worst
-    return tuple(tuple(float(v) for v in row) for row in medians), 0.0
 
 
 class _Prompts:
@@ -157,7 +122,7 @@ def _prefill_step(engine, ids: _Prompts, num_tokens: int, limits: SchedulerLimit
     sizes = [num_tokens // n + (1 if i < num_tokens % n else 0) for i in range(n)]
     req_ids = [ids.req_id() for _ in sizes]
     for req_id, size in zip(req_ids, sizes):
-        engine.add_request(req_id, ids.take(size), SamplingParams(max_tokens=1, ignore_eos=True))
+        engine.add_request(EngineRequest(req_id, ids.take(size), SamplingParams(max_tokens=1, ignore_eos=True)))
     start = time.perf_counter()
     engine.step()
     seconds = time.perf_counter() - start
@@ -172,7 +137,8 @@ def _decode_step(engine, ids: _Prompts, batch: int, context: int, repeats: int) 
     num_steps = 4 * repeats
     req_ids = [ids.req_id() for _ in range(batch)]
     for req_id in req_ids:
-        engine.add_request(req_id, ids.take(context), SamplingParams(max_tokens=num_steps + 64, ignore_eos=True))
+        engine.add_request(EngineRequest(req_id, ids.take(context),
+                                         SamplingParams(max_tokens=num_steps + 64, ignore_eos=True)))
     while engine.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens
                                           for r in engine.scheduler.running):
         engine.step()
@@ -190,48 +156,3 @@ def _drain(engine, req_ids) -> None:
         engine.abort_request(req_id)
     while engine.has_unfinished_requests():
         engine.step()
-
-
-def _prod(shape) -> int:
-    out = 1
-    for s in shape:
-        out *= s
-    return out
-
-
-def _kv_tables(block_shape, dtype, kv_blocks, repeats: int) -> tuple[Table1D, Table1D]:
-    """put_blocks and get_blocks times by bytes, through a real in-process kvstore."""
-    import torch
-    from engine.dtypes import dtype_name
-    from engine.kv_transfer import KVLayout, KVPayload
-    from services.kvstore.client import KVStoreClient
-    from services.kvstore.server import KVStoreConfig, serve
-    from services.worker.kv_wire import payload_from_batches, payload_to_put
-    largest = max(kv_blocks) * _prod(block_shape) * torch.empty((), dtype=dtype).element_size()
-    store = serve(KVStoreConfig(port=0, capacity_bytes=4 * largest * (repeats + 2), metrics_port=None))
-    client = KVStoreClient(store.address)
-    layout = KVLayout.of("profile", dtype_name(dtype), tuple(block_shape))
-    xs, puts, gets = [], [], []
-    try:
-        for n in kv_blocks:
-            put_t, get_t = [], []
-            for r in range(repeats + 1):
-                payload = KVPayload(n * block_shape[2], torch.randn((n, *block_shape)).to(dtype),
-                                    [os.urandom(32) for _ in range(n)])
-                t = time.perf_counter()
-                headers, data = payload_to_put(payload, layout, tail_key="")
-                client.put_blocks(headers, data)
-                t1 = time.perf_counter()
-                got = payload_from_batches(client.get_blocks(payload.block_hashes), payload.block_hashes, layout)
-                t2 = time.perf_counter()
-                assert got.payload is not None and got.payload.num_blocks == n
-                if r:  # the first of each size warms the connection up
-                    put_t.append(t1 - t)
-                    get_t.append(t2 - t1)
-            xs.append(float(n * _prod(block_shape) * payload.blocks.element_size()))
-            puts.append(statistics.median(put_t))
-            gets.append(statistics.median(get_t))
-    finally:
-        client.close()
-        store.stop()
-    return Table1D(tuple(xs), tuple(puts)), Table1D(tuple(xs), tuple(gets))

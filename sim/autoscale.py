@@ -12,7 +12,7 @@ runs (sim/cluster.py, the router's own code), mean-field style:
 2. the day (simulated twice, the second counted: the first brings the replicas from
    minReplicas to the curve): every HPA sync (15 s) the rate is the diurnal curve's; each pool's per-pod
    metric is its calibrated value at the last 2 minutes' per-ready-pod rate; the HPA
-   (services/autoscale/hpa.py, the controller's own arithmetic, the chart's behavior)
+   (autoscale/hpa.py, the controller's own arithmetic, the chart's behavior)
    sets the replicas; a new pod serves after `startup_s`; SLO attainment is the product
    of the pools' shares; replica-hours count every pod, starting ones too.
 3. static: the fewest prefill + decode workers whose day attainment is at least the
@@ -33,9 +33,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import yaml
 
-from services.autoscale.chart_values import CHART_VALUES
-from services.autoscale.hpa import HPA, HPASpec, load_hpa_specs
-from services.router.config import PathConfig, RouterConfig, SaturationConfig
+from autoscale.chart_values import CHART_VALUES
+from autoscale.hpa import HPA, HPASpec, load_hpa_specs
+from services.router.decide.config import PathConfig, RoutingConfig, SaturationConfig
 from sim.cluster import ClusterConfig, simulate
 from sim.diurnal import DAY_S, DiurnalConfig, lengths, requests
 from sim.metrics import summarize
@@ -43,12 +43,12 @@ from sim.profile import Profile, load_profile
 
 
 
-def pooled_router(profile: Profile) -> RouterConfig:
+def pooled_router(profile: Profile) -> RoutingConfig:
     """Every prompt through the prefill pool, so the pools' loads are separable (step 1);
     the router lets a worker hold as many requests as its engine batches (its default of
     64 in flight would cap a GPU worker with max_num_seqs 256)."""
-    return RouterConfig(paths=PathConfig(policy="threshold"), short_prompt_tokens=0,
-                        saturation=SaturationConfig(max_in_flight_per_worker=profile.scheduler.max_num_seqs))
+    return RoutingConfig(paths=PathConfig(policy="threshold"), short_prompt_tokens=0,
+                         saturation=SaturationConfig(max_in_flight_per_worker=profile.scheduler.max_num_seqs))
 GRID = (0.1, 0.3, 0.5, 0.65, 0.8, 0.9, 1.0, 1.1, 1.25)
 
 

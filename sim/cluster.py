@@ -20,9 +20,9 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from services.router.config import RouterConfig
-from services.router.discovery import DECODE, PREFILL
-from services.router.policy import DISAGGREGATED
+from services.router.decide.config import RoutingConfig
+from services.router.decide.paths import DISAGGREGATED
+from services.router.decide.views import DECODE, PREFILL
 from sim.profile import Profile
 from sim.router import PromptTokens, SimRouter
 from sim.trace import TraceRequest
@@ -55,7 +55,7 @@ class SimRequest:
 class ClusterConfig:
     num_prefill: int
     num_decode: int
-    router: RouterConfig = RouterConfig()
+    router: RoutingConfig = RoutingConfig()
     slo_class: str = ""                 # "": the router's default class
     # workers per host, in order (prefill first): those on one host share its cores, cache
     # and memory bus (`pdserve up` on one machine: all of them); 1 where each has its own device

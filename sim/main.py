@@ -1,14 +1,14 @@
 """`pdserve sim --trace T --profile P --prefill N --decode M [--colocated]`: simulate the
 cluster on a Mooncake trace and print TTFT / ITL / TPOT percentiles, SLO attainment and
-goodput. The router's settings are its own defaults (RouterConfig), as `pdserve up` runs it."""
+goodput. The router's settings are its own defaults (RoutingConfig), as `pdserve up` runs it."""
 from __future__ import annotations
 
 import argparse
 import json
 from dataclasses import replace
 
-from services.router.config import PLACEMENTS, PathConfig, RouterConfig
-from services.router.paths import PATH_POLICIES
+from services.router.decide.config import PLACEMENTS, PathConfig, RoutingConfig
+from services.router.decide.paths import PATH_POLICIES
 from sim.cluster import ClusterConfig, simulate
 from sim.metrics import format_summary, summarize
 from sim.profile import load_profile
@@ -23,7 +23,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo-ttft-ms", type=float, default=1000.0)
     p.add_argument("--slo-tpot-ms", type=float, default=100.0)
     p.add_argument("--path-policy", choices=PATH_POLICIES, default=PathConfig.policy)
-    p.add_argument("--placement", choices=PLACEMENTS, default=RouterConfig.placement)
+    p.add_argument("--placement", choices=PLACEMENTS, default=RoutingConfig.placement)
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply the trace's arrival times")
 
 
@@ -38,8 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
-def router_config(args) -> RouterConfig:
-    return RouterConfig(paths=replace(PathConfig(), policy=args.path_policy), placement=args.placement)
+def router_config(args) -> RoutingConfig:
+    return RoutingConfig(paths=replace(PathConfig(), policy=args.path_policy), placement=args.placement)
 
 
 def load_inputs(args):

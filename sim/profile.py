@@ -18,7 +18,7 @@ the attention over a chunked prompt's earlier chunks is not counted.
 
 Workers that share a host (the cluster's `workers_per_host`) slow each other down: a step
 runs `neighbour_prefill_factor` (`neighbour_decode_factor`) times as long while another
-worker there steps too (sim/calibrate.py measures both on a running platform).
+worker there steps too (profiler/calibrate.py measures both on a running platform).
 
 `source` says where the numbers come from: "measured on <host> ..." (`pdserve profile`)
 or "hand-written from published numbers: <reference>".
@@ -29,6 +29,8 @@ import bisect
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+
+from engine.config import CacheConfig, SchedulerConfig
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,14 @@ class Table1D:
 
 @dataclass(frozen=True)
 class SchedulerLimits:
-    """The engine settings the profile was measured with (engine/config.py SchedulerConfig)."""
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    long_prefill_token_threshold: int = 512
-    block_size: int = 16
+    """The engine settings the profile was measured with. The defaults are the engine's own
+    (engine/config.py), so a profile that leaves them out describes a worker with default
+    flags, and a changed engine default cannot leave a stale copy here."""
+    max_num_seqs: int = SchedulerConfig.max_num_seqs
+    max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens
+    long_prefill_token_threshold: int = SchedulerConfig.long_prefill_token_threshold
+    block_size: int = CacheConfig.block_size
+    # the engine sizes its pool from the memory it finds; this one is the profile's own
     num_kv_blocks: int = 4096
 
 

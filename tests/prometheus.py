@@ -1,4 +1,6 @@
 """A real Prometheus for a local `pdserve up` platform: its scrape config, and the server.
+Test support: the chart's adapter rules and dashboard are checked against it
+(tests/services/test_prometheus.py); no command of the product runs a Prometheus.
 
 In a cluster the chart's ServiceMonitor has the Prometheus Operator scrape every `metrics`
 port, and the operator's relabelling gives each series the labels the adapter rules and

@@ -18,7 +18,7 @@ from cli.bench.metrics import SLO, RequestRecord, record_from, summarize
 from cli.bench.report import table, write_json
 from cli.bench.targets import BACKENDS, DEFAULT_URLS, Outcome, TargetConfig, make_target
 from cli.bench.worker_metrics import metrics_url, scrape_spec, spec_summary
-from services.router.http.config import API_KEY_ENV
+from services.router.fronts.http.config import API_KEY_ENV
 
 MAX_IN_FLIGHT = 1024  # threads: the cap on requests in flight without --max-concurrency
 SPEC_SETTLE_S = 0.25  # before reading the workers' counters after a run (_spec_after)

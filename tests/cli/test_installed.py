@@ -46,14 +46,14 @@ def test_the_wheel_holds_every_runtime_file_of_the_repository(installed):
     assert {"engine", "kernels", "services", "cli", "sim"} <= packages
     expected = set(repository_files(*sorted(packages)))
     assert {"kernels/cpu/paged_attention.cpp", "sim/profiles/h100_llama8b.json",
-            "services/autoscale/chart_values.yaml"} <= expected
+            "autoscale/chart_values.yaml"} <= expected
     missing = sorted(expected - wheel_files(installed.wheel))
     assert missing == [], f"files the product needs that the wheel lacks: {missing}"
 
 
 def test_the_wheel_carries_the_charts_values_themselves_not_a_link(installed):
     with zipfile.ZipFile(installed.wheel) as z:
-        carried = z.read("services/autoscale/chart_values.yaml")
+        carried = z.read("autoscale/chart_values.yaml")
     assert carried == (REPO / "deploy" / "helm" / "pdserve" / "values.yaml").read_bytes()
 
 
@@ -96,7 +96,7 @@ def test_a_command_whose_module_cannot_import_fails_alone_naming_it(installed):
     assert (lines[0], lines[1].startswith("usage: pdserve up "), lines[-1]) == ("2", True, "up 0"), out.stdout
     (error,) = out.stderr.strip().splitlines()
     assert error == ("pdserve: error: 'pdserve profile' is unavailable: module 'sim' could not be imported "
-                     "while loading sim.measure (No module named 'sim')")
+                     "while loading profiler.measure (No module named 'sim')")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The Prometheus scrape config for a `pdserve up` plan (cli/prometheus.py): one target per
+"""The Prometheus scrape config for a `pdserve up` plan (tests/prometheus.py): one target per
 process, with the labels the chart's ServiceMonitor gives a cluster's pods, accepted by
 the real `promtool`. tests/services/test_prometheus.py runs it on a real Prometheus."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ import subprocess
 import pytest
 import yaml
 
+from autoscale.adapter_query import parse_rules
 from cli.launcher import PlatformConfig, plan
-from cli.prometheus import LOCAL_NAMESPACE, scrape_config, targets, write_scrape_config
-from services.autoscale.adapter_query import parse_rules
 from tests.deploy.chart import FULLNAME, render
+from tests.prometheus import LOCAL_NAMESPACE, scrape_config, targets, write_scrape_config
 
 SPECS = plan(PlatformConfig(model="m", num_prefill=2, num_decode=1, metrics_base_port=7300), [0, 1])
 

@@ -4,10 +4,10 @@ The services of a `pdserve up --prefill 1 --decode 1` on the tiny model (in this
 so the module starts in seconds; tests/cli/test_prometheus_config.py checks the config
 for a real `pdserve up` plan) and one Debian `prometheus` (`make prometheus`) scraping
 their /metrics every second, with the labels the chart's ServiceMonitor gives a cluster's
-pods (cli/prometheus.py), on loopback, stopped by PID at the end. The benchmark client
+pods (tests/prometheus.py), on loopback, stopped by PID at the end. The benchmark client
 sends load and records every request's TTFT and token gaps; then Prometheus is asked the
 exact queries prometheus-adapter renders from the chart's rules (helm template, then
-services/autoscale/adapter_query.py), with the chart's own quantile and window.
+autoscale/adapter_query.py), with the chart's own quantile and window.
 
 - Exact: each pool's answer equals histogram_quantile over the worker's own bucket
   counts (read from its /metrics). Prometheus scraped every worker before the first
@@ -31,14 +31,14 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from autoscale.adapter_query import parse_rules
 from cli.bench.arrivals import ArrivalConfig
 from cli.bench.datasets import DatasetConfig, LengthDist
 from cli.bench.main import BenchConfig, run_bench
 from cli.bench.targets import TargetConfig
-from cli.prometheus import LOCAL_NAMESPACE, PrometheusServer, ScrapeTarget, scrape_config, write_scrape_config
-from services.autoscale.adapter_query import parse_rules
 from services.common.metrics import LATENCY_BUCKETS
 from tests.deploy.chart import CHART, FULLNAME, render, values
+from tests.prometheus import LOCAL_NAMESPACE, PrometheusServer, ScrapeTarget, scrape_config, write_scrape_config
 from tests.services.cluster import start_cluster
 
 NUM_REQUESTS, PROMPT_TOKENS, OUTPUT_TOKENS = 16, 96, 12

@@ -3,8 +3,8 @@ from dataclasses import replace
 
 import pytest
 
-import services.router.policy as router_policy
 from services.router.config import PathConfig, RouterConfig
+import services.router.decide.policy as router_policy
 from sim.cluster import ClusterConfig, simulate
 from sim.metrics import summarize
 from sim.profile import Table1D

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from cli.main import main
-from sim.profile import Table1D, load_profile, profile_from_json
+from sim.profile import SchedulerLimits, Table1D, load_profile, profile_from_json
 from sim.trace import TraceRequest, parse_trace, trace_lines
 from tests.sim.helpers import flat_profile
 
@@ -53,6 +53,15 @@ def test_profile_round_trip_and_errors():
         profile_from_json(raw)
     with pytest.raises(ValueError, match="field 'source'"):
         profile_from_json({**flat_profile().to_json(), "source": "made up"})
+
+
+def test_a_profiles_scheduler_limits_default_to_the_engines_own():
+    from engine.config import CacheConfig, SchedulerConfig
+    limits = SchedulerLimits()
+    engine = SchedulerConfig()
+    assert (limits.max_num_seqs, limits.max_num_batched_tokens, limits.long_prefill_token_threshold,
+            limits.block_size) == (engine.max_num_seqs, engine.max_num_batched_tokens,
+                                   engine.long_prefill_token_threshold, CacheConfig().block_size)
 
 
 def test_shipped_gpu_profile_is_labelled_hand_written():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.services.router.http.support import start_http_cluster
+from tests.services.router.fronts.http.support import start_http_cluster
 
 
 @pytest.fixture(scope="package")

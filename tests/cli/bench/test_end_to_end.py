@@ -12,7 +12,7 @@ from cli.bench.datasets import DatasetConfig, LengthDist
 from cli.bench.main import BenchConfig, add_arguments, config_from_args, run_bench
 from cli.bench.metrics import SLO
 from cli.bench.targets import TargetConfig
-from tests.services.router.http.support import base_url
+from tests.services.router.fronts.http.support import base_url
 from tests.services.test_disaggregated import assert_nothing_leaked
 
 NUM = 6

@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 
 def run_script(name: str, *args: str) -> dict:
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", name), *args], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", f"bench.{name.removesuffix('.py')}", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

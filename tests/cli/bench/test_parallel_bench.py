@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 
 def _run(name: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, os.path.join(ROOT, "bench", name), *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", f"bench.{name.removesuffix('.py')}", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env=env)
 
 
