@@ -1,11 +1,11 @@
-"""prometheus-adapter's metricsQuery templating (services/autoscale/adapter_query.py), as
+"""prometheus-adapter's metricsQuery templating (autoscale/adapter_query.py), as
 its Build does it: namespace matcher first, `pod="a"` for one pod, `pod=~"a|b"` for more,
 GroupBy the pod label. tests/services/test_prometheus.py runs the results on Prometheus."""
 from __future__ import annotations
 
 import pytest
 
-from services.autoscale.adapter_query import label_matchers, parse_rules, render
+from autoscale.adapter_query import label_matchers, parse_rules, render
 from tests.deploy.chart import FULLNAME, render as render_chart
 
 RULE = """

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.autoscale.hpa import HPA, HPASpec, ScalingPolicy, ScalingRules, load_hpa_specs
+from autoscale.hpa import HPA, HPASpec, ScalingPolicy, ScalingRules, load_hpa_specs
 
-VALUES = Path(__file__).resolve().parents[3] / "deploy" / "helm" / "pdserve" / "values.yaml"
+VALUES = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "pdserve" / "values.yaml"
 FREE = ScalingRules(0.0, "Max", (ScalingPolicy("Pods", 100, 15.0),))  # no window, no practical limit
 
 

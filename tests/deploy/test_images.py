@@ -133,7 +133,7 @@ def test_the_build_copies_every_package_and_every_file_a_package_links_to(varian
               for src in shlex.split(a)[:-1]}
     assert packaged_top_levels() - copied == set()
     links = [p for top in packaged_top_levels() for p in (REPO / top).rglob("*") if p.is_symlink()]
-    assert links, "services/autoscale/chart_values.yaml links to the chart's values"
+    assert links, "autoscale/chart_values.yaml links to the chart's values"
     for link in links:
         target = link.resolve().relative_to(REPO)
         assert str(target) in copied or any(str(target).startswith(c + "/") for c in copied), \

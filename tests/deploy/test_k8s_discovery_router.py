@@ -11,9 +11,9 @@ from services.common.grpc_server import RunningServer, ServiceSpec, start_server
 from services.pb import decode_pb2_grpc, kvstore_pb2_grpc, prefill_pb2_grpc
 from services.router.client import RouterClient
 from services.router.config import PathConfig, RouterConfig
-from services.router.discovery import DECODE, PREFILL
-from services.router.k8s_discovery import KubernetesDiscovery
 from services.router.server import serve
+from services.router.state.discovery import DECODE, PREFILL
+from services.router.state.k8s_discovery import KubernetesDiscovery
 from tests.deploy.fake_apiserver import FakeApiServer, endpoint_slice
 from tests.services.router.fakes import FakeDecode, FakeKVStore, FakePrefill, expected_tokens, wait_until
 
