@@ -10,37 +10,26 @@ prefilled here: a colocated request.
 from __future__ import annotations
 
 import logging
-import threading
 
 import grpc
 
 from engine import InvalidRequestError, RequestOutput
+from engine.engine_request import EngineRequest
 from engine.errors import EngineDeadError
 from engine.kv_transfer import KVPayload
-from engine.request import RequestMode, RequestStatus
+from engine.request import RequestMode
 from services.common.convert import logprob_to_proto
-from services.kvstore.client import KVStoreClient
+from services.decode.read_plan import ReadPlan, ReadRefusal, plan_read
 from services.pb import common_pb2, decode_pb2_grpc
 from services.worker.config import WorkerConfig
-from services.worker.engine_loop import EngineLoop
-from services.worker.kv_integrity import KVSTORE_ADDRESS
 from services.worker.kv_wire import payload_from_batches
-from services.worker.metrics import WorkerMetrics
-from services.worker.runtime import KVSTORE_CHANNEL_OPTIONS, RunningWorker, serve_worker
+from services.worker.runtime import RunningWorker, serve_worker
 from services.worker.servicer import AdmittedRequest, WorkerServicer, now
 
 logger = logging.getLogger(__name__)
-# How long a read waits for the prefill's write of the blocks to end. A write takes well
-# under a second; one that takes longer is stuck, and recomputing beats waiting on.
-KV_WRITE_WAIT_MS = 10_000
 
 
 class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
-    def __init__(self, cfg: WorkerConfig, loop: EngineLoop, metrics: WorkerMetrics):
-        super().__init__(cfg, loop, metrics)
-        self._kvstores: dict[str, KVStoreClient] = {}
-        self._kvstores_lock = threading.Lock()
-
     def Decode(self, request, context):
         with self.in_flight:  # until the stream ends: a draining worker waits for it
             yield from self._decode(request, context)
@@ -52,9 +41,9 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
         kv_import, kv_read_s = self._pull_kv(request, req, first) if continuation else (None, 0.0)
         mode = RequestMode.DECODE_ONLY if continuation else RequestMode.COLOCATED
         try:
-            stream = self.loop.submit(req.req_id, req.prompt_token_ids, req.params, mode=mode,
-                                      output_token_ids=first, kv_import=kv_import, priority=req.priority,
-                                      prefill_chunk_tokens=request.prefill_chunk_tokens, cache_salt=req.cache_salt)
+            stream = self.loop.submit(EngineRequest(
+                req.req_id, req.prompt_token_ids, req.params, mode=mode, output_token_ids=first, kv_import=kv_import,
+                priority=req.priority, prefill_chunk_tokens=request.prefill_chunk_tokens, cache_salt=req.cache_salt))
         except InvalidRequestError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except EngineDeadError:
@@ -64,71 +53,49 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
 
     # ---- KV from the kvstore ---------------------------------------------------------
     def _pull_kv(self, request, req: AdmittedRequest, given: list[int]) -> tuple[KVPayload | None, float]:
-        """The longest usable prefix of the handle's blocks (see payload_from_batches),
-        once the prefill's write under the lease has ended (the store waits, up to
-        KV_WRITE_WAIT_MS). Then the lease is released: the decode holds its own copy now.
-
-        Only this worker's own kvstore (--kvstore) is read: a handle naming another address
-        is not followed (a forged handle would otherwise point the worker at any server),
-        and the prompt is recomputed: slower, never lost. The blocks asked for are named by
-        this worker's own hashes of the tokens (the prompt and the `given` ones) and salt,
-        not the handle's, so only KV of exactly these tokens can enter its cache."""
-        handle = request.kv_handle
-        if not handle.kvstore_address:
-            return None, 0.0
+        """The longest usable prefix of the handle's blocks (see read_plan and
+        payload_from_batches), once the prefill's write under the lease has ended. Then the
+        lease is released: the decode holds its own copy now. Whatever is not read is
+        recomputed: slower, never lost."""
         tokens = req.prompt_token_ids + given
-        hashes = self.loop.info.prompt_block_hashes(tokens, req.cache_salt)[:handle.num_tokens // self.block_size]
-        tail_tokens = handle.num_tokens - len(hashes) * self.block_size if handle.tail_key else 0
-        fits = len(hashes) * self.block_size + tail_tokens < len(tokens)  # the last token's KV is computed here
-        tail_tokens = tail_tokens if 0 < tail_tokens < self.block_size and fits else 0
-        num_asked = len(hashes) + bool(tail_tokens)
-        if handle.kvstore_address != self.cfg.kvstore_address:
+        plan = plan_read(request.kv_handle, self.loop.info.prompt_block_hashes(tokens, req.cache_salt),
+                         len(tokens), self.block_size, self.cfg.kvstore_address)
+        if isinstance(plan, ReadRefusal):
             logger.warning("request %s: its KV handle names kvstore %r, this worker reads only %r; recomputing "
-                           "its prompt", req.req_id, handle.kvstore_address, self.cfg.kvstore_address)
-            self.metrics.kv_blocks_rejected.labels(KVSTORE_ADDRESS).inc(num_asked)
-            self.metrics.recompute.inc(num_asked)
+                           "its prompt", req.req_id, request.kv_handle.kvstore_address, self.cfg.kvstore_address)
+            self.metrics.kv_blocks_rejected.labels(plan.reason).inc(plan.num_asked)
+            self.metrics.recompute.inc(plan.num_asked)
             return None, 0.0
-        if list(handle.block_hashes) != hashes:
+        if plan is None:
+            return None, 0.0
+        if plan.names_other_blocks:
             logger.warning("request %s: its KV handle names other blocks than its prompt's; reading the prompt's",
                            req.req_id)
+        return self._fetch(plan, req.req_id)
+
+    def _fetch(self, plan: ReadPlan, req_id: str) -> tuple[KVPayload | None, float]:
         t = now()
-        client = self._kvstore(self.cfg.kvstore_address)
         try:
-            tail_key = handle.tail_key if tail_tokens else ""
-            batches = client.get_blocks(hashes, [tail_key] if tail_key else [], lease_id=handle.lease_id,
-                                        wait_ms=KV_WRITE_WAIT_MS if handle.lease_id else 0)
-            read = payload_from_batches(batches, hashes, self.loop.info.kv_layout, tail_key, tail_tokens)
+            batches = self.kvstore.get_blocks(plan.block_hashes, plan.tail_keys, lease_id=plan.lease_id,
+                                              wait_ms=plan.wait_ms)
+            read = payload_from_batches(batches, plan.block_hashes, self.loop.info.kv_layout, plan.tail_key,
+                                        plan.num_tail_tokens)
         except grpc.RpcError as e:
-            logger.warning("kvstore read for %s failed (%s); recomputing its prompt", request.req_id, e)
-            self.metrics.recompute.inc(num_asked)
+            logger.warning("kvstore read for %s failed (%s); recomputing its prompt", req_id, e)
+            self.metrics.recompute.inc(plan.num_asked)
             return None, now() - t
         finally:
-            client.release_lease_quietly(handle.lease_id)
+            self.kvstore.release_lease_quietly(plan.lease_id)
         if read.refused is not None:  # it and the blocks after it are recomputed
-            logger.warning("request %s: a kvstore block was refused (%s); recomputing from there",
-                           req.req_id, read.refused)
+            logger.warning("request %s: a kvstore block was refused (%s); recomputing from there", req_id, read.refused)
             self.metrics.kv_blocks_rejected.labels(read.refused).inc()
         payload = read.payload
-        num_read = payload.num_blocks if payload is not None else 0
-        self.metrics.recompute.inc(num_asked - num_read)
+        self.metrics.recompute.inc(plan.num_asked - (payload.num_blocks if payload is not None else 0))
         seconds = now() - t
         self.metrics.kv_transfer.labels("read").observe(seconds)
         if payload is not None:
             self.metrics.kvstore_imported.inc(payload.num_tokens)
         return payload, seconds
-
-    def _kvstore(self, address: str) -> KVStoreClient:
-        with self._kvstores_lock:
-            if address not in self._kvstores:
-                self._kvstores[address] = KVStoreClient(address, transport=self.cfg.kvstore_transport,
-                                                        security=self.cfg.internal,
-                                                        channel_options=KVSTORE_CHANNEL_OPTIONS)
-            return self._kvstores[address]
-
-    def close(self) -> None:
-        with self._kvstores_lock:
-            for client in self._kvstores.values():
-                client.close()
 
     # ---- streaming -------------------------------------------------------------------
     def _stream(self, stream, req: AdmittedRequest, num_given: int, kv_read_s: float, context):
@@ -150,14 +117,7 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
         finally:
             if final is None or not final.finished:  # closed early: the caller went away
                 self.loop.abort(req.req_id)
-        if final is None or final.finish_reason == RequestStatus.FINISHED_ABORTED.value:
-            self.metrics.requests.labels("aborted").inc()
-            self.abort_if_engine_dead(context)
-            if context.is_active():
-                if final is not None and final.error:  # the engine refused it (a spec that does not compile)
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, final.error)
-                context.abort(grpc.StatusCode.CANCELLED, f"request {req.req_id} was aborted")
-            return
+        self.end_if_aborted(final, req.req_id, context)
         self.metrics.requests.labels("ok").inc()
         if num_given == 0:  # the direct path: this worker prefilled the prompt itself
             self.metrics.prompt_tokens.inc(len(final.prompt_token_ids))
@@ -192,4 +152,4 @@ def _tokens_given(request, context) -> list[int]:
 def serve(cfg: WorkerConfig, loaded=None) -> RunningWorker:
     return serve_worker(cfg, loaded, "decode", "pdserve.v1.DecodeWorker",
                         decode_pb2_grpc.add_DecodeWorkerServicer_to_server,
-                        lambda loop, metrics: DecodeServicer(cfg, loop, metrics))
+                        lambda loop, metrics, kvstore: DecodeServicer(cfg, loop, metrics, kvstore))

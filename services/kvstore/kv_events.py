@@ -1,6 +1,6 @@
 """The kvstore's full blocks as KVEvents (proto/pdserve/v1/kv_events.proto): routers
 learn which prompt prefixes any worker could import from here instead of computing
-(services/router/kv_index.py). Tails are request-scoped and never published.
+(services/router/state/kv_index.py). Tails are request-scoped and never published.
 
 Only the in-process memory backend reports its changes; with Redis the stream stays
 empty (a router then counts on no kvstore hits, as before it had an index).

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from engine.engine_request import EngineRequest
 from engine.errors import EngineDeadError
 from engine import RequestOutput
 from engine.kv_transfer import KVPayload
@@ -37,7 +38,7 @@ from services.worker.config import WorkerConfig
 from services.worker.engine_loop import EngineLoop
 from services.worker.kv_wire import payload_from_batches, payload_to_put
 from services.worker.metrics import WorkerMetrics
-from services.worker.runtime import KVSTORE_CHANNEL_OPTIONS, RunningWorker, serve_worker
+from services.worker.runtime import RunningWorker, serve_worker
 from services.worker.servicer import AdmittedRequest, WorkerServicer, now
 
 logger = logging.getLogger(__name__)
@@ -51,9 +52,8 @@ HANDLER_EXIT_S = 10.0
 
 
 class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
-    def __init__(self, cfg: WorkerConfig, loop: EngineLoop, kvstore: KVStoreClient, metrics: WorkerMetrics):
-        super().__init__(cfg, loop, metrics)
-        self.kvstore = kvstore
+    def __init__(self, cfg: WorkerConfig, loop: EngineLoop, metrics: WorkerMetrics, kvstore: KVStoreClient):
+        super().__init__(cfg, loop, metrics, kvstore)
         self._writes = ThreadPoolExecutor(NUM_KV_WRITERS, thread_name_prefix="kv-write")
 
     def Prefill(self, request: prefill_pb2.PrefillRequest, context) -> prefill_pb2.PrefillResponse:
@@ -128,8 +128,9 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
 
     def _run(self, req: AdmittedRequest, imported: KVPayload | None, context) -> RequestOutput:
         try:
-            stream = self.loop.submit(req.req_id, req.prompt_token_ids, req.params, mode=RequestMode.PREFILL_ONLY,
-                                      kv_import=imported, priority=req.priority, cache_salt=req.cache_salt)
+            stream = self.loop.submit(EngineRequest(
+                req.req_id, req.prompt_token_ids, req.params, mode=RequestMode.PREFILL_ONLY, kv_import=imported,
+                priority=req.priority, cache_salt=req.cache_salt))
         except EngineDeadError:
             self.abort_if_engine_dead(context)
             raise
@@ -137,12 +138,7 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         final = None
         while (out := stream.get()) is not None:
             final = out
-        if final is None or final.finish_reason == RequestStatus.FINISHED_ABORTED.value:
-            self.metrics.requests.labels("aborted").inc()
-            self.abort_if_engine_dead(context)
-            if final is not None and final.error:  # the engine refused it (a spec that does not compile)
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, final.error)
-            context.abort(grpc.StatusCode.CANCELLED, f"request {req.req_id} was aborted")
+        self.end_if_aborted(final, req.req_id, context)
         return final
 
     def _response(self, req_id: str, final: RequestOutput) -> prefill_pb2.PrefillResponse:
@@ -200,7 +196,7 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         if not self.in_flight.wait_idle(HANDLER_EXIT_S):
             logger.warning("%d prefill handlers still running at shutdown", self.in_flight.count)
         self._writes.shutdown(wait=True)
-        self.kvstore.close()
+        super().close()
 
     def _observe(self, final: RequestOutput, start: float, response: prefill_pb2.PrefillResponse) -> None:
         m = self.metrics
@@ -215,9 +211,6 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
 
 
 def serve(cfg: WorkerConfig, loaded=None) -> RunningWorker:
-    def make(loop: EngineLoop, metrics: WorkerMetrics) -> PrefillServicer:
-        kvstore = KVStoreClient(cfg.kvstore_address, transport=cfg.kvstore_transport, security=cfg.internal,
-                                channel_options=KVSTORE_CHANNEL_OPTIONS)
-        return PrefillServicer(cfg, loop, kvstore, metrics)
     return serve_worker(cfg, loaded, "prefill", "pdserve.v1.PrefillWorker",
-                        prefill_pb2_grpc.add_PrefillWorkerServicer_to_server, make)
+                        prefill_pb2_grpc.add_PrefillWorkerServicer_to_server,
+                        lambda loop, metrics, kvstore: PrefillServicer(cfg, loop, metrics, kvstore))

@@ -20,6 +20,7 @@ from concurrent.futures import Future
 
 from engine import EngineCore, RequestOutput
 from engine.core.kv_events import KVEvents
+from engine.engine_request import EngineRequest
 from engine.errors import EngineDeadError
 from engine.info import EngineInfo
 from engine.stats import EngineStats
@@ -77,14 +78,14 @@ class EngineLoop:
         one whole extra step."""
         return self._engine.num_local_prefix_blocks(block_hashes)
 
-    def submit(self, req_id: str, prompt_token_ids: list[int], params, **kwargs) -> queue.SimpleQueue:
-        """Queue a request (`kwargs` as EngineCore.add_request takes them); returns the queue
-        its outputs arrive on (ends with None). Raises the engine's InvalidRequestError."""
+    def submit(self, request: EngineRequest) -> queue.SimpleQueue:
+        """Queue a request; returns the queue its outputs arrive on (ends with None).
+        Raises the engine's InvalidRequestError."""
         stream: queue.SimpleQueue = queue.SimpleQueue()
 
         def add(engine: EngineCore) -> None:
-            engine.add_request(req_id, prompt_token_ids, params, **kwargs)
-            self._streams[req_id] = stream
+            engine.add_request(request)
+            self._streams[request.req_id] = stream
         self.call(add).result()
         return stream
 

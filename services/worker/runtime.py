@@ -13,6 +13,7 @@ from engine import EngineCore
 from services.common.grpc_server import RunningServer, ServiceSpec, start_server
 from services.common.kv_events import kv_events_service
 from services.common.process import configure_logging, set_cpu_threads, wait_for_shutdown
+from services.kvstore.client import KVStoreClient
 from services.worker.config import WorkerConfig, add_worker_arguments, worker_config_from_args
 from services.worker.engine_loop import EngineLoop
 from services.worker.kv_events import WorkerKVEvents
@@ -67,8 +68,16 @@ def build_engine(cfg: WorkerConfig, loaded=None) -> EngineCore:
     return EngineCore(cfg.engine, progress=False, loaded=loaded)
 
 
+def kvstore_client(cfg: WorkerConfig) -> KVStoreClient:
+    """The worker's one connection to its own kvstore (--kvstore): a handle naming another
+    address is never followed, so no other client is ever needed."""
+    return KVStoreClient(cfg.kvstore_address, transport=cfg.kvstore_transport, security=cfg.internal,
+                         channel_options=KVSTORE_CHANNEL_OPTIONS)
+
+
 def serve_worker(cfg: WorkerConfig, loaded, role: str, service_name: str, register,
-                 make_servicer: Callable[[EngineLoop, WorkerMetrics], WorkerServicer]) -> RunningWorker:
+                 make_servicer: Callable[[EngineLoop, WorkerMetrics, KVStoreClient], WorkerServicer]
+                 ) -> RunningWorker:
     """`loaded`: weights already in memory (several workers over one model, as in tests)."""
     cfg = _without_prefill_speculation(cfg, role)
     metrics = WorkerMetrics(role)
@@ -76,7 +85,7 @@ def serve_worker(cfg: WorkerConfig, loaded, role: str, service_name: str, regist
     kv_events = WorkerKVEvents(engine.info)
     loop = EngineLoop(engine, on_step=metrics.update, on_kv_events=kv_events.on_events)
     loop.start()
-    servicer = make_servicer(loop, metrics)
+    servicer = make_servicer(loop, metrics, kvstore_client(cfg))
     server = start_server([ServiceSpec(service_name, register, servicer), kv_events_service(kv_events.publisher)],
                           cfg.host, cfg.port, security=cfg.security)
     metrics_port = metrics.metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None

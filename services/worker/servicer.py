@@ -1,5 +1,6 @@
 """What the prefill and decode servicers share: admission, the parse-and-validate prelude
-of every request, the load report and leaving when the caller leaves."""
+of every request, the load report, leaving when the caller leaves, the epilogue of an
+aborted request and the worker's one kvstore client."""
 from __future__ import annotations
 
 import time
@@ -8,10 +9,12 @@ from dataclasses import dataclass
 
 import grpc
 
-from engine import InvalidRequestError, SamplingParams
+from engine import InvalidRequestError, RequestOutput, SamplingParams
 from engine.core.block_hash import check_cache_salt
+from engine.request import RequestStatus
 from engine.stats import EngineStats
 from services.common.convert import sampling_from_proto
+from services.kvstore.client import KVStoreClient
 from services.pb import common_pb2
 from services.worker.config import WorkerConfig
 from services.worker.engine_loop import EngineLoop
@@ -45,8 +48,9 @@ class WorkerServicer:
     """The base of both servicers. RPC threads read the loop's `info` and `stats` only;
     everything that touches the engine goes through the loop."""
 
-    def __init__(self, cfg: WorkerConfig, loop: EngineLoop, metrics: WorkerMetrics):
+    def __init__(self, cfg: WorkerConfig, loop: EngineLoop, metrics: WorkerMetrics, kvstore: KVStoreClient):
         self.cfg, self.loop, self.metrics = cfg, loop, metrics
+        self.kvstore = kvstore  # this worker's own (--kvstore): the only one it reads or writes
         self.block_size = loop.info.block_size
         self.draining = False
         # request handlers still running (a decode's until its stream ends): a draining
@@ -76,8 +80,22 @@ class WorkerServicer:
         if not context.add_callback(lambda: self.loop.abort(req_id)):  # (a no-op once the request is done)
             self.loop.abort(req_id)  # the caller already left
 
+    def end_if_aborted(self, final: RequestOutput | None, req_id: str, context: grpc.ServicerContext) -> None:
+        """Ends the RPC (context.abort raises) when the request ended aborted or without a
+        single output: UNAVAILABLE for a dead engine, INVALID_ARGUMENT for a request the
+        engine refused (a spec that does not compile), else CANCELLED. A caller already
+        gone gets the same abort: it only ends the handler."""
+        if final is not None and final.finish_reason != RequestStatus.FINISHED_ABORTED.value:
+            return
+        self.metrics.requests.labels("aborted").inc()
+        self.abort_if_engine_dead(context)
+        if final is not None and final.error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, final.error)
+        context.abort(grpc.StatusCode.CANCELLED, f"request {req_id} was aborted")
+
     def close(self) -> None:
-        """Release the servicer's own clients (kvstore connections)."""
+        """Disconnects from the kvstore; a servicer with work of its own drains it first."""
+        self.kvstore.close()
 
     def abort_if_engine_dead(self, context: grpc.ServicerContext) -> None:
         """UNAVAILABLE once the engine cannot step (a tensor/pipeline rank died): the router

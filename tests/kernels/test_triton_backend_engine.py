@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.attention.backend import AttentionMetadata, get_attention_backend
+from engine.attention.backend import AttentionMetadata
+from engine.attention.selector import get_attention_backend
 
 
 def make_step(seq_lens: list[int], query_lens: list[int], block_size: int = 16) -> AttentionMetadata:

@@ -26,8 +26,8 @@ from services.kvstore.server import serve as serve_kvstore
 from services.prefill.server import serve as serve_prefill
 from services.router.client import RouterClient
 from services.router.config import PathConfig, RouterConfig
-from services.router.discovery import DECODE
 from services.router.server import serve as serve_router
+from services.router.state.discovery import DECODE
 from services.worker.config import WorkerConfig
 
 SHORT = [list(range(300, 312)), list(range(400, 420)), [11, 12, 13]]     # direct: <= 32 tokens

@@ -14,6 +14,7 @@ from engine import SamplingParams
 from engine.request import RequestMode
 from tests.services.cluster import start_cluster
 from tests.services.test_disaggregated import _prefill_direct
+from engine.engine_request import EngineRequest
 
 STEP_S = 0.25  # each engine step of the prefill worker is slowed to at least this
 
@@ -37,14 +38,14 @@ def test_a_prefill_arriving_mid_step_is_admitted_at_the_next_boundary(cluster):
         time.sleep(STEP_S)
         return step()
 
-    def recording_add(req_id, *args, **kwargs):
-        added[req_id] = time.monotonic()
-        return add_request(req_id, *args, **kwargs)
+    def recording_add(request):
+        added[request.req_id] = time.monotonic()
+        return add_request(request)
 
     engine.step, engine.add_request = slow_step, recording_add
     # work that keeps the loop stepping: a request decoding on the prefill worker's engine
-    busy = loop.submit("busy", list(range(3000, 3040)), SamplingParams(max_tokens=40, ignore_eos=True),
-                       mode=RequestMode.COLOCATED)
+    busy = loop.submit(EngineRequest("busy", list(range(3000, 3040)), SamplingParams(max_tokens=40, ignore_eos=True),
+                                     mode=RequestMode.COLOCATED))
     try:
         for i in range(3):
             seen = len(step_starts)

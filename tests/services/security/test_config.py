@@ -13,8 +13,8 @@ from services.common.auth import INTERNAL_TOKEN_ENV, bearer_problem, internal_to
 from services.common.grpc_server import start_server
 from services.common.security import ServerSecurity, add_server_tls_arguments, server_tls_from_args
 from services.kvstore import ucx_frames as frames
-from services.router.http.config import HttpConfig
-from services.router.security import max_request_bytes
+from services.router.config import max_request_bytes
+from services.router.fronts.http.config import HttpConfig
 
 
 def test_a_token_list_is_comma_separated_and_has_no_empty_item():

@@ -6,6 +6,7 @@ import time
 
 from engine import EngineCore, SamplingParams
 from engine.config import CacheConfig, EngineConfig
+from engine.engine_request import EngineRequest
 from services.worker.engine_loop import EngineLoop
 
 PROMPT = list(range(100, 120))
@@ -18,7 +19,7 @@ def test_a_reader_lagging_behind_the_loop_reads_each_step_once(tiny, tiny_llama_
     loop = EngineLoop(engine)
     loop.start()
     try:
-        stream = loop.submit("lagging", PROMPT, PARAMS)
+        stream = loop.submit(EngineRequest("lagging", PROMPT, PARAMS))
         deadline = time.monotonic() + 30
         while stream.qsize() < PARAMS.max_tokens + 1:  # every step's output and the end, unread
             assert time.monotonic() < deadline, "the request did not finish"

@@ -9,6 +9,8 @@ import time
 import urllib.request
 
 import pytest
+
+from engine.spec_decode.proposer import NoProposer
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.config import EngineConfig
@@ -80,7 +82,7 @@ def test_a_prefill_worker_drops_it_and_says_so(tiny_llama_dir, tiny, caplog):
         worker = serve_prefill(WorkerConfig(engine=_engine(tiny_llama_dir, NGRAM), kvstore_address="127.0.0.1:1"),
                                tiny)
     try:
-        assert worker.loop._engine.proposer is None  # no proposer, no draft model in memory
+        assert isinstance(worker.loop._engine.proposer, NoProposer)  # no proposer, no draft model in memory
         assert "--speculative-config ignored: prefill workers do not speculate" in caplog.text
     finally:
         worker.stop()
