@@ -9,7 +9,7 @@ workers it started, served with and drained, and each request's TTFT; writes the
 (cli/bench/autoscale_plot.py), the records as JSON and the decision log, and prints one
 JSON summary line. Exits non-zero if a request failed or the pool did not grow and shrink.
 
-    .venv/bin/python bench/autoscale_run.py [--model PATH --burst-rate 10 --burst-s 100
+    .venv/bin/python -m bench.autoscale_run [--model PATH --burst-rate 10 --burst-s 100
         --plot docs/img/autoscale_run.png --result-dir /tmp/pdserve-bench/autoscale]
 """
 from __future__ import annotations
@@ -26,15 +26,15 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.report import emit_result
+from cli.bench.arrivals import ArrivalConfig
+from cli.bench.autoscale_plot import PoolSample, autoscale_timeline
+from cli.bench.datasets import DatasetConfig, LengthDist
+from cli.bench.local_platform import free_port_range
+from cli.bench.main import BenchConfig, run_bench
+from cli.bench.targets import TargetConfig
 
-from cli.bench.arrivals import ArrivalConfig  # noqa: E402
-from cli.bench.autoscale_plot import PoolSample, autoscale_timeline  # noqa: E402
-from cli.bench.datasets import DatasetConfig, LengthDist  # noqa: E402
-from cli.bench.local_platform import free_port_range  # noqa: E402
-from cli.bench.main import BenchConfig, run_bench  # noqa: E402
-from cli.bench.targets import TargetConfig  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DECISION = re.compile(r"autoscale t=[\d.]+s pool=(\w+) current=(\d+) metric=(\S+) target=(\S+) raw=\d+ "
                       r"desired=(\d+) reason=")
@@ -149,7 +149,7 @@ def main() -> int:
                "final_prefill_replicas": prefill[-1].desired, "plot": args.plot,
                "ttft_p50_s": (result.summary.get("ttft_s") or {}).get("p50"),
                "ttft_p90_s": (result.summary.get("ttft_s") or {}).get("p90"), "result_dir": args.result_dir}
-    print(json.dumps(summary))
+    emit_result(summary)
     ok = summary["failed"] == 0 and summary["max_prefill_replicas"] > 1 and summary["final_prefill_replicas"] == 1
     return 0 if ok else 1
 

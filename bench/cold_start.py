@@ -7,7 +7,7 @@ builds nothing at run time (its C++ kernels are built by `make setup`), so this 
 where a user sees whether any request pays for compilation: the first request's own time
 is reported apart from the start-up before it.
 
-    .venv/bin/python bench/cold_start.py [--vllm-python $TMPDIR/vllm-peer/bin/python]
+    .venv/bin/python -m bench.cold_start [--vllm-python $TMPDIR/vllm-peer/bin/python]
 """
 from __future__ import annotations
 
@@ -19,10 +19,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from engine.config import DEFAULT_MODEL  # noqa: E402
+from bench.report import emit_result
+from engine.config import DEFAULT_MODEL
 
 _PDSERVE = """
 import time, json
@@ -81,10 +79,10 @@ def main() -> None:
     if args.vllm_python:
         if not os.path.isfile(os.path.join(args.hf_dir, "config.json")):
             from engine.model.source import resolve_model
-            from offline_throughput import save_hf_folder
+            from bench.offline_throughput import save_hf_folder
             save_hf_folder(resolve_model(DEFAULT_MODEL).path, args.hf_dir)
         result["vllm"] = run(args.vllm_python, _VLLM, args.hf_dir)
-    print(json.dumps(result))
+    emit_result(result)
 
 
 if __name__ == "__main__":

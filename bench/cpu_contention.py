@@ -13,12 +13,11 @@ workers on separate cores still share the last-level cache and the memory bus; w
 memory case is well above 1, no placement of processes on this machine can bring a decode
 stream's ITL under bursts to its calm value.
 
-    .venv/bin/python bench/cpu_contention.py [--decode-cpu 0 --other-cpu 1 --tokens 96]
+    .venv/bin/python -m bench.cpu_contention [--decode-cpu 0 --other-cpu 1 --tokens 96]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -27,15 +26,14 @@ import time
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from bench.report import emit_row
+from engine import LLM, SamplingParams
+from engine.config import DEFAULT_MODEL
 
-from engine import LLM, SamplingParams  # noqa: E402
-from engine.config import DEFAULT_MODEL  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _PREFILL_LOOP = f"""
-import random, sys, torch
-sys.path.insert(0, {ROOT!r})
+import random, torch
 torch.set_num_threads(1)
 from engine import LLM, SamplingParams
 llm = LLM(model={DEFAULT_MODEL!r}, enable_prefix_caching=False, progress=False)
@@ -78,8 +76,9 @@ def main() -> None:
     for name, code in NEIGHBOURS.items():
         neighbour = None
         if code is not None:
+            # `python -c` imports from its working directory: the repository's engine
             neighbour = subprocess.Popen(["taskset", "-c", str(args.other_cpu), sys.executable, "-c", code],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
             time.sleep(25 if "prefill" in name else 2)  # the prefill engine loads its model first
         try:
             step = statistics.median(decode_step_ms(llm, args.tokens) for _ in range(args.repeats))
@@ -88,8 +87,8 @@ def main() -> None:
                 neighbour.kill()
                 neighbour.wait()
         idle = idle or step
-        print(json.dumps({"other core": name, "decode step ms (batch 2)": round(step, 1),
-                          "ratio to idle": round(step / idle, 2)}), flush=True)
+        emit_row({"other core": name, "decode step ms (batch 2)": round(step, 1),
+                  "ratio to idle": round(step / idle, 2)})
 
 
 if __name__ == "__main__":

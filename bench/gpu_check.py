@@ -20,10 +20,10 @@ exit status 0 only when every check passed (1 otherwise; 2: this machine cannot 
     offline_tokens_per_s         offline output tokens/s on bench/offline_throughput.py's workload
                                  (32 requests, bfloat16, eager and graphs)
 
-    python bench/gpu_check.py --out DIR      # DIR/gpu_check.json and DIR/gpu_check_logs/*.log
-    python bench/gpu_check.py --list
-    python bench/gpu_check.py --dry-run      # on CPU: the kernels in Triton's interpreter, the rest SKIP
-    python bench/gpu_check.py --only triton_kernels,pd_up_one_gpu
+    python -m bench.gpu_check --out DIR      # DIR/gpu_check.json and DIR/gpu_check_logs/*.log
+    python -m bench.gpu_check --list
+    python -m bench.gpu_check --dry-run      # on CPU: the kernels in Triton's interpreter, the rest SKIP
+    python -m bench.gpu_check --only triton_kernels,pd_up_one_gpu
 
 Each check runs in its own process with its own time budget (--list shows them), the whole
 run within --time-limit-s (450 s: under 8 minutes on an H200, with the pip install before it).
@@ -51,9 +51,9 @@ bench/gpu_check_wheels.sh downloads them into .whl/ (31 wheels, 21 MB), and
     carry [".whl"], command:
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && \
-        python3 bench/gpu_check.py --out $OUT
+        python3 -m bench.gpu_check --out $OUT
 
-pdserve itself need not be installed: the repository root is put on sys.path and on the
+pdserve itself need not be installed: run from the repository root, which is put on the
 PYTHONPATH of every process it starts (`pdserve up` runs as `python -m cli.main up`).
 """
 from __future__ import annotations
@@ -74,7 +74,6 @@ import traceback
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 @dataclass(frozen=True)
@@ -132,7 +131,7 @@ PROJECT_MODULES = ("engine", "kernels.paged_attention", "services.pb.router_pb2_
                    "cli.up")
 DEVICE_COMMAND = ("python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "
                   "--target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && "
-                  "python3 bench/gpu_check.py --out $OUT")
+                  "python3 -m bench.gpu_check --out $OUT")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -283,7 +282,7 @@ def run_check(check: Check, args, model: str, work: str, log_dir: str, timeout_s
     result_path = os.path.join(work, f"{check.name}.json")
     log_path = os.path.join(log_dir, f"{check.name}.log")
     device = "cpu" if args.cpu_logic or args.dry_run else "cuda"
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", check.name, "--model", model, "--device", device,
+    cmd = [sys.executable, "-m", "bench.gpu_check", "--child", check.name, "--model", model, "--device", device,
            "--result", result_path, "--work", work]
     env = child_env({"TRITON_INTERPRET": "1"} if device == "cpu" else None)
     start = time.monotonic()

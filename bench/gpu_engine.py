@@ -10,8 +10,8 @@
                 so a late divergence on a few requests is rounding; a graph bug shows as early
                 divergence on most of them.
 
-    python bench/gpu_engine.py                          # float32 and bfloat16, graphs off and on
-    python bench/gpu_engine.py --dtypes bfloat16 --graph-sizes 1,2,4,8,16,32,64
+    python -m bench.gpu_engine                          # float32 and bfloat16, graphs off and on
+    python -m bench.gpu_engine --dtypes bfloat16 --graph-sizes 1,2,4,8,16,32,64
 
 Needs CUDA (triton attention backend). Prints one JSON line per (dtype, graphs) run, then one
 summary line per dtype.
@@ -20,20 +20,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.offline_throughput import make_workload, run_engine  # noqa: E402
-from bench.profile_step import start_decode_batch  # noqa: E402
-from engine import LLM  # noqa: E402
-from engine.config import DEFAULT_MODEL  # noqa: E402
-from engine.model.loader import load_model, parse_dtype  # noqa: E402
-from engine.model.source import resolve_model  # noqa: E402
+from bench.report import emit_row
+from bench.offline_throughput import make_workload, run_engine
+from bench.profile_step import start_decode_batch
+from engine import LLM
+from engine.config import DEFAULT_MODEL
+from engine.model.loader import load_model, parse_dtype
+from engine.model.source import resolve_model
 
 
 def parse_args() -> argparse.Namespace:
@@ -59,7 +57,7 @@ def count_graph_steps(llm: LLM) -> dict:
     """Counts the runner's steps that replayed a graph (the rest ran eagerly)."""
     counts = {"graph": 0, "eager": 0}
     graphs = llm.engine.runner.decode_graphs
-    if graphs is None:
+    if not graphs.graphs:  # none captured
         return counts
     run = graphs.run
 
@@ -130,9 +128,9 @@ def main() -> int:
         loaded = load_model(source, parse_dtype(dtype), "cuda", progress=False)
         workload = make_workload(loaded.arch.vocab_size, args.num_prompts, args.seed)
         eager, eager_ids = run_config(loaded, args, dtype, [], workload)
-        print(json.dumps(eager), flush=True)
+        emit_row(eager)
         graphs, graph_ids = run_config(loaded, args, dtype, int_list(args.graph_sizes), workload)
-        print(json.dumps(graphs), flush=True)
+        emit_row(graphs)
         speedup = {str(e["batch"]): round(e["step_ms"] / g["step_ms"], 2)
                    for e, g in zip(eager["decode"], graphs["decode"])}
         print(json.dumps({"dtype": dtype, "summary": True,

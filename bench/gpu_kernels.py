@@ -1,9 +1,9 @@
 """Check the Triton attention/KV-cache kernels against their torch references at realistic
 shapes, then time them against torch SDPA over a contiguous (pre-gathered) cache.
 
-    python bench/gpu_kernels.py                    # on a CUDA machine
-    python bench/gpu_kernels.py --peak-gbps 3350   # a device missing from PEAK_GBPS
-    python bench/gpu_kernels.py --device cpu       # interpreter smoke run, tiny shapes, no timing
+    python -m bench.gpu_kernels                    # on a CUDA machine
+    python -m bench.gpu_kernels --peak-gbps 3350   # a device missing from PEAK_GBPS
+    python -m bench.gpu_kernels --device cpu       # interpreter smoke run, tiny shapes, no timing
 
 Exit status: 0 when every check passes and (on a known H100/H200) the decode bandwidth target
 is met, 1 otherwise. See docs/kernels.md.

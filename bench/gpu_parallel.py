@@ -4,20 +4,17 @@ engine's backend on CUDA), bfloat16, rank r on cuda:r. The same workloads and ta
 a prefill step (--prefill-tokens, 2048 here), all-decode steps at batch 1/8/32, and the
 p=2 micro-batch overlap.
 
-    python bench/gpu_parallel.py                           # every (t, p) of 1x1,3x1,1x2,3x2 that fits
-    python bench/gpu_parallel.py --configs 1x1,2x1,1x2 --model /models/llama-8b   # t must divide the KV heads
+    python -m bench.gpu_parallel                           # every (t, p) of 1x1,3x1,1x2,3x2 that fits
+    python -m bench.gpu_parallel --configs 1x1,2x1,1x2 --model /models/llama-8b   # t must divide the KV heads
 
 A configuration needs t x p visible GPUs; those that do not fit are named and skipped, and
 with no GPU (or too few for any of them) it says so and exits 0, measuring nothing.
 """
 from __future__ import annotations
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.parallel_step import child_main, parse_args, parse_configs, run_all  # noqa: E402
+from bench.parallel_step import child_main, parse_args, parse_configs, run_all
 
 
 def visible_gpus() -> int:
@@ -40,7 +37,7 @@ def main() -> int:
         print(f"bench/gpu_parallel.py: nothing to measure: {gpus} GPU(s) visible, fewer than any configuration "
               f"of --configs {args.configs} needs (bench/parallel_step.py measures the CPU engine)", flush=True)
         return 0
-    return run_all(args, os.path.abspath(__file__), argv, fits)
+    return run_all(args, "bench.gpu_parallel", argv, fits)
 
 
 if __name__ == "__main__":

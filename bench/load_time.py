@@ -4,7 +4,7 @@ Both sides load weights (dequantized to float32) and the tokenizer; each is time
 fresh subprocess so neither profits from the other's file cache warm-up more than once
 (one untimed warm-up read of the file comes first).
 
-    .venv/bin/python bench/load_time.py [--model smollm2] [--repeats 2]
+    .venv/bin/python -m bench.load_time [--model smollm2] [--repeats 2]
 """
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ count as useful output. vLLM runs in its own environment (../shared/peers.md) th
 bench/peers/vllm_offline.py, on an HF folder of the same model (saved by this script).
 Prints one JSON line with every rate, `ratio_vs_vllm` and `ratio_vs_hf`.
 
-    .venv/bin/python bench/offline_throughput.py --num-prompts 32 --vllm-python $TMPDIR/vllm-peer/bin/python
-    .venv/bin/python bench/offline_throughput.py                 # 64 prompts, pdserve vs transformers
-    .venv/bin/python bench/offline_throughput.py --num-prompts 16 --skip-hf --tensor-parallel-size 3 \
+    .venv/bin/python -m bench.offline_throughput --num-prompts 32 --vllm-python $TMPDIR/vllm-peer/bin/python
+    .venv/bin/python -m bench.offline_throughput                 # 64 prompts, pdserve vs transformers
+    .venv/bin/python -m bench.offline_throughput --num-prompts 16 --skip-hf --tensor-parallel-size 3 \
         --vllm-python $TMPDIR/vllm-peer/bin/python               # both engines at t = 3 (3 ranks each)
 """
 from __future__ import annotations
@@ -21,17 +21,15 @@ import json
 import os
 import random
 import subprocess
-import sys
 import tempfile
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from engine.config import DEFAULT_MODEL  # noqa: E402
-from engine import LLM, SamplingParams  # noqa: E402
-from engine.model.source import resolve_model  # noqa: E402
+from bench.report import emit_result
+from engine.config import DEFAULT_MODEL
+from engine import LLM, SamplingParams
+from engine.model.source import resolve_model
 
 
 def make_workload(vocab_size: int, num_prompts: int, seed: int):
@@ -133,7 +131,7 @@ def main() -> None:
         hf_s, _ = run_hf(resolve_model(DEFAULT_MODEL).path, prompts, outputs, args.concurrency, pad_id=2)
         result.update(hf_s=round(hf_s, 2), hf_output_tok_s=round(tokens / hf_s, 2),
                       ratio_vs_hf=round(hf_s / engine_s, 2))
-    print(json.dumps(result))
+    emit_result(result)
 
 
 if __name__ == "__main__":

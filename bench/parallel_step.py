@@ -14,8 +14,8 @@ Each (t, p) runs in a fresh process (its ranks and its torch.distributed group w
 engine shares this process's cores out between its ranks (engine/executor/launch.py), so
 every configuration uses the same cores.
 
-    .venv/bin/python bench/parallel_step.py                       # (1,1) (3,1) (1,2) (3,2), --repeats 3
-    .venv/bin/python bench/parallel_step.py --configs 1x1,3x1 --repeats 1
+    .venv/bin/python -m bench.parallel_step                       # (1,1) (3,1) (1,2) (3,2), --repeats 3
+    .venv/bin/python -m bench.parallel_step --configs 1x1,3x1 --repeats 1
 
 SmolLM2-135M has 3 KV heads: t must divide 3. Prints one JSON line per run, then Markdown
 tables: step ms, the ratios to t=p=1, and the micro-batch overlap. bench/gpu_parallel.py is
@@ -32,9 +32,9 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from engine.config import DEFAULT_MODEL  # noqa: E402
+from bench.report import emit_row, markdown_table
+from engine.config import DEFAULT_MODEL
+from engine.engine_request import EngineRequest
 
 CONFIGS = "1x1,3x1,1x2,3x2"
 
@@ -95,8 +95,8 @@ def prefill_step_ms(engine, prompt_lens: list[int], steps: int, rng: random.Rand
     total = 0.0
     for i in range(steps):
         for j, n in enumerate(prompt_lens):
-            engine.add_request(f"p{rng.random()}-{i}-{j}", [rng.randrange(100, engine.info.vocab_size)
-                                                           for _ in range(n)], params)
+            engine.add_request(EngineRequest(f"p{rng.random()}-{i}-{j}", [rng.randrange(100, engine.info.vocab_size)
+                                                           for _ in range(n)], params))
         total += timed_steps(engine, 1, device)
         while engine.has_unfinished_requests():  # nothing should be left: each prompt fits one step
             engine.step()
@@ -146,18 +146,19 @@ def measure(args, t: int, p: int, microbatches: int | None) -> dict:
 
 # ---- the parent: one child per configuration, then the tables --------------------------
 
-def run_child(script: str, argv: list[str], t: int, p: int, microbatches: int | None) -> dict | None:
+def run_child(module: str, argv: list[str], t: int, p: int, microbatches: int | None) -> dict | None:
     one = f"{t},{p},{microbatches or 0}"
-    # the ranks are `python -m engine.executor.rank_main` processes: they find the repo from anywhere
+    # the child and its ranks (`python -m engine.executor.rank_main`) find the repo from anywhere
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, script, *argv, "--one", one], stdout=subprocess.PIPE, text=True, env=env)
+    done = subprocess.run([sys.executable, "-m", module, *argv, "--one", one], stdout=subprocess.PIPE, text=True,
+                          env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         print(f"(t={t}, p={p}, microbatches={microbatches}): failed, exit {done.returncode}", file=sys.stderr)
         return None
     row = json.loads(lines[-1])
-    print(json.dumps(row), flush=True)
+    emit_row(row)
     return row
 
 
@@ -166,34 +167,30 @@ def print_tables(args, rows: list[dict], overlap: tuple[dict, dict] | None) -> N
     cols = ["prefill"] + [f"decode_{b}" for b in batches]
     heads = [f"prefill {args.prefill_tokens} tok"] + [f"decode b={b}" for b in batches]
     print(f"\nstep ms ({rows[0]['device']}, {rows[0]['cores']} cores, {args.model}, median of {args.repeats})\n")
-    print("| t | p | ranks | " + " | ".join(heads) + " |")
-    print("|---" * (len(heads) + 3) + "|")
-    for r in rows:
-        print(f"| {r['t']} | {r['p']} | {r['ranks']} | " + " | ".join(f"{r[c]:.1f}" for c in cols) + " |")
+    print(markdown_table(["t", "p", "ranks", *heads],
+                         [[r["t"], r["p"], r["ranks"], *(f"{r[c]:.1f}" for c in cols)] for r in rows]))
     base = next((r for r in rows if r["ranks"] == 1), None)
     if base is not None:
         print("\nstep time / t=p=1's (below 1: faster)\n")
-        print("| t | p | " + " | ".join(heads) + " |")
-        print("|---" * (len(heads) + 2) + "|")
-        for r in rows:
-            print(f"| {r['t']} | {r['p']} | " + " | ".join(f"{r[c] / base[c]:.2f}" for c in cols) + " |")
+        print(markdown_table(["t", "p", *heads],
+                             [[r["t"], r["p"], *(f"{r[c] / base[c]:.2f}" for c in cols)] for r in rows]))
     if overlap:
         off, on = overlap
         b = batches[-1]
         print(f"\npipeline micro-batch overlap, p={on['p']} t={on['t']}: step ms\n")
-        print(f"| step | 1 micro-batch | {on['microbatches']} micro-batches | speedup |")
-        print("|---|---|---|---|")
         steps = ((f"prefill 2 x {args.prefill_tokens // 2} tok", "prefill_2x"), (f"decode b={b}", f"decode_{b}"))
-        for name, col in steps:
-            print(f"| {name} | {off[col]:.1f} | {on[col]:.1f} | {off[col] / on[col]:.2f} |")
+        print(markdown_table(["step", "1 micro-batch", f"{on['microbatches']} micro-batches", "speedup"],
+                             [[name, f"{off[col]:.1f}", f"{on[col]:.1f}", f"{off[col] / on[col]:.2f}"]
+                              for name, col in steps]))
 
 
-def run_all(args, script: str, argv: list[str], configs: list[tuple[int, int]]) -> int:
-    rows = [row for t, p in configs if (row := run_child(script, argv, t, p, None)) is not None]
+def run_all(args, module: str, argv: list[str], configs: list[tuple[int, int]]) -> int:
+    """`module`: the script the children run (`python -m module ... --one t,p,mb`)."""
+    rows = [row for t, p in configs if (row := run_child(module, argv, t, p, None)) is not None]
     overlap = None
     on = next((r for r in rows if r["t"] == 1 and r["p"] == 2), None)
     if not args.no_overlap and on is not None:
-        off = run_child(script, argv, 1, 2, 1)
+        off = run_child(module, argv, 1, 2, 1)
         overlap = None if off is None else (off, on)
     if rows:
         print_tables(args, rows, overlap)
@@ -202,7 +199,7 @@ def run_all(args, script: str, argv: list[str], configs: list[tuple[int, int]]) 
 
 def child_main(args) -> int:
     t, p, mb = (int(n) for n in args.one.split(","))
-    print(json.dumps(measure(args, t, p, mb or None)), flush=True)
+    emit_row(measure(args, t, p, mb or None))
     return 0
 
 
@@ -211,7 +208,7 @@ def main() -> int:
     args = parse_args(argv)
     if args.one:
         return child_main(args)
-    return run_all(args, os.path.abspath(__file__), argv, parse_configs(args.configs))
+    return run_all(args, "bench.parallel_step", argv, parse_configs(args.configs))
 
 
 if __name__ == "__main__":

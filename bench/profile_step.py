@@ -14,26 +14,23 @@ by wrapping the engine's own functions for the run (nothing in the engine change
     output     detokenization, stop checks, outputs
     other      the rest of EngineCore.step
 
-    .venv/bin/python bench/profile_step.py [--batch-sizes 1,4,16,64 --threads 1] [--plain-weights]
+    .venv/bin/python -m bench.profile_step [--batch-sizes 1,4,16,64 --threads 1] [--plain-weights]
 Prints one JSON line per batch size (milliseconds per step) and a Markdown table.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
-import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from engine import LLM, SamplingParams  # noqa: E402
-from engine.config import DEFAULT_MODEL  # noqa: E402
+from bench.report import emit_row
+from engine import LLM, SamplingParams
+from engine.config import DEFAULT_MODEL
+from engine.engine_request import EngineRequest
 
 PARTS = ("gemm", "attention", "norm_rope", "model_rest", "prepare", "sample", "schedule", "output", "other")
 
@@ -119,7 +116,8 @@ def start_decode_batch(engine, batch: int, prompt_len: int, steps: int, seed: in
     vocab = engine.info.vocab_size
     params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
     for i in range(batch):
-        engine.add_request(f"b{batch}-{i}", [rng.randrange(100, vocab) for _ in range(prompt_len)], params)
+        engine.add_request(EngineRequest(f"b{batch}-{i}", [rng.randrange(100, vocab) for _ in range(prompt_len)],
+                                         params))
     while engine.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running):
         engine.step()  # prefills, not measured
     for _ in range(2):
@@ -168,7 +166,7 @@ def main() -> None:
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         row = profile_batch(llm, batch, args.prompt_len, args.steps, args.seed)
         row["threads"] = args.threads
-        print(json.dumps(row), flush=True)
+        emit_row(row)
         rows.append(row)
     print("\n| batch | step ms | " + " | ".join(PARTS) + " |")
     print("|---" * (len(PARTS) + 2) + "|")

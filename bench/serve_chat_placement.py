@@ -24,13 +24,12 @@ from the kvstore, the reuse rate (prompt tokens not computed, locally cached or 
 the requests' usage.cached_prompt_tokens), TTFT mean/p50/p90 (client side), requests per
 worker, and the router's placement decisions by reason.
 
-    .venv/bin/python bench/serve_chat_placement.py [--topology disagg --placements kv,affinity,least_loaded
+    .venv/bin/python -m bench.serve_chat_placement [--topology disagg --placements kv,affinity,least_loaded
         --conversations 8 --turns 4 --system-len 512 --user-len 64 --output-len 32]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -40,16 +39,15 @@ import urllib.request
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from prometheus_client.parser import text_string_to_metric_families
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-from cli.bench.datasets import ChatConfig, LengthDist, chat_conversations, chat_history  # noqa: E402
-from cli.bench.local_platform import local_platform  # noqa: E402
-from cli.launcher import PlatformConfig  # noqa: E402
-from engine import SamplingParams  # noqa: E402
-from engine.config import DEFAULT_MODEL  # noqa: E402
-from services.router.client import RouterClient  # noqa: E402
+from bench.report import emit_row, emit_result
+from cli.bench.datasets import ChatConfig, LengthDist, chat_conversations, chat_history
+from cli.bench.local_platform import local_platform
+from cli.launcher import PlatformConfig
+from engine import SamplingParams
+from engine.config import DEFAULT_MODEL
+from services.router.client import RouterClient
 
 TOPOLOGIES = {"disagg": (2, 1), "colocated": (0, 2)}
 
@@ -169,8 +167,8 @@ def main() -> int:
            "output_len": args.output_len, "router_args": args.router_args, "worker_args": args.worker_args, "cpus": len(os.sched_getaffinity(0))}
     for placement in args.placements.split(","):
         out[placement] = run_placement(placement, args, conversations)
-        print(json.dumps({placement: out[placement]}), file=sys.stderr, flush=True)
-    print(json.dumps(out))
+        emit_row({placement: out[placement]}, sys.stderr)
+    emit_result(out)
     return 0
 
 

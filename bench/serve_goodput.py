@@ -15,7 +15,7 @@ where fewer than half the requests meet the SLO. Prints one JSON line: per mode 
 the goodput share and rate, TTFT/TPOT p50/p99, then each mode's highest rate up to which
 every tested rate had >= 90% goodput, its ratio to colocated, and the requests by path.
 
-    .venv/bin/python bench/serve_goodput.py [--model smollm2 --rates 0.25,0.5,0.75,1.0,1.5
+    .venv/bin/python -m bench.serve_goodput [--model smollm2 --rates 0.25,0.5,0.75,1.0,1.5
         --duration-s 60 --slo-ttft-ms 5000 --slo-tpot-ms 150 --result-dir /tmp/pdserve-bench/goodput]
 """
 from __future__ import annotations
@@ -28,16 +28,15 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from engine.config import DEFAULT_MODEL  # noqa: E402
-from cli.bench.arrivals import ArrivalConfig  # noqa: E402
-from cli.bench.datasets import DatasetConfig  # noqa: E402
-from cli.bench.local_platform import local_platform  # noqa: E402
-from cli.bench.main import BenchConfig, run_bench  # noqa: E402
-from cli.bench.metrics import SLO, RequestRecord, meets_slo  # noqa: E402
-from cli.bench.targets import TargetConfig  # noqa: E402
-from cli.launcher import PlatformConfig  # noqa: E402
+from bench.report import emit_result, emit_row, ratios
+from engine.config import DEFAULT_MODEL
+from cli.bench.arrivals import ArrivalConfig
+from cli.bench.datasets import DatasetConfig
+from cli.bench.local_platform import local_platform
+from cli.bench.main import BenchConfig, run_bench
+from cli.bench.metrics import SLO, RequestRecord, meets_slo
+from cli.bench.targets import TargetConfig
+from cli.launcher import PlatformConfig
 
 MODES = {"adaptive": (1, 1), "threshold": (1, 1), "colocated": (0, 2)}  # (prefill workers, decode workers)
 TARGET_SHARE = 0.9
@@ -87,7 +86,7 @@ def sweep(mode: str, args, traces: dict[float, tuple[str, int]]) -> dict:
                            "ttft_ms": {k: round(1000 * s["ttft_s"][k]) for k in ("p50", "p99")},
                            "tpot_ms": {k: round(1000 * s["tpot_s"][k], 1) for k in ("p50", "p99")},
                            "itl_p99_ms": round(1000 * s["itl_s"]["p99"], 1), "paths": s["paths"]}
-            print(json.dumps({mode: rows[label]}), file=sys.stderr, flush=True)
+            emit_row({mode: rows[label]}, sys.stderr)
             if s["goodput"]["share"] < 0.5:
                 break
     return {"rates": rows, "max_rate_90pct": sustained_rate(rows.values())}
@@ -148,7 +147,7 @@ def main() -> int:
                    help="send nothing: score the per-request files already in --result-dir against this SLO")
     args = p.parse_args()
     if args.rescore:
-        print(json.dumps(rescore(args)))
+        emit_result(rescore(args))
         return 0
     modes = args.modes.split(",")
     if any(m not in MODES for m in modes):
@@ -163,11 +162,10 @@ def main() -> int:
     for mode in modes:
         out[mode] = sweep(mode, args, traces)
     if "colocated" in out and out["colocated"]["max_rate_90pct"] > 0:
-        for mode in ("adaptive", "threshold"):
-            if mode in out:
-                out[f"max_rate_ratio_{mode}_vs_colocated"] = round(
-                    out[mode]["max_rate_90pct"] / out["colocated"]["max_rate_90pct"], 2)
-    print(json.dumps(out))
+        max_rates = {mode: out[mode]["max_rate_90pct"] for mode in modes}
+        out.update(ratios(max_rates, [("adaptive", "colocated"), ("threshold", "colocated")],
+                          "max_rate_ratio_{a}_vs_{b}", digits=2))
+    emit_result(out)
     return 0
 
 

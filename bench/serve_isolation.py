@@ -26,29 +26,27 @@ modes to the default one. The ITL maximum, TPOT p99 and the streams' TTFT p99 ar
 printed too: a stall that hits few tokens (a whole prefill in one step) hides below the
 ITL p99 but not there.
 
-    .venv/bin/python bench/serve_isolation.py [--model smollm2 --modes disaggregated,colocated,
+    .venv/bin/python -m bench.serve_isolation [--model smollm2 --modes disaggregated,colocated,
         colocated-no-chunking --interactive-rate 0.5 --interactive-requests 30 --long-len 2048
         --result-dir /tmp/pdserve-bench/isolation]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from engine.config import DEFAULT_MODEL  # noqa: E402
-from cli.bench.arrivals import ArrivalConfig  # noqa: E402
-from cli.bench.datasets import DatasetConfig, LengthDist  # noqa: E402
-from cli.bench.local_platform import local_platform  # noqa: E402
-from cli.bench.main import BenchConfig, run_bench  # noqa: E402
-from cli.bench.report import table  # noqa: E402
-from cli.bench.targets import TargetConfig  # noqa: E402
-from cli.launcher import PlatformConfig  # noqa: E402
+from bench.report import emit_result, emit_row, ratios
+from engine.config import DEFAULT_MODEL
+from cli.bench.arrivals import ArrivalConfig
+from cli.bench.datasets import DatasetConfig, LengthDist
+from cli.bench.local_platform import local_platform
+from cli.bench.main import BenchConfig, run_bench
+from cli.bench.report import table
+from cli.bench.targets import TargetConfig
+from cli.launcher import PlatformConfig
 
 MODES = {
     "disaggregated": {"num_prefill": 1, "num_decode": 1, "worker_args": ()},
@@ -154,15 +152,12 @@ def main() -> int:
                                                                          if k not in ("model", "modes")}}
     for mode in modes:
         out[mode] = measure_mode(mode, args)
-        print(json.dumps({mode: out[mode]}), file=sys.stderr, flush=True)
+        emit_row({mode: out[mode]}, sys.stderr)
     p99 = {m: out[m]["with_bursts"]["itl_ms"]["p99"] for m in modes}
-    for m in modes:
-        if m != "disaggregated" and "disaggregated" in p99:
-            out[f"itl_p99_with_bursts_ratio_{m}_vs_disaggregated"] = p99[m] / p99["disaggregated"]
-    for m in ("colocated-no-chunking", "colocated-small-chunks"):
-        if "colocated" in p99 and m in p99:
-            out[f"itl_p99_with_bursts_ratio_{m}_vs_colocated"] = p99[m] / p99["colocated"]
-    print(json.dumps(out))
+    pairs = [(m, "disaggregated") for m in modes if m != "disaggregated"]
+    pairs += [(m, "colocated") for m in ("colocated-no-chunking", "colocated-small-chunks")]
+    out.update(ratios(p99, pairs, "itl_p99_with_bursts_ratio_{a}_vs_{b}"))
+    emit_result(out)
     return 0
 
 

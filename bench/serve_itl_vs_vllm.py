@@ -11,7 +11,7 @@ tokens, 16 output tokens each) arrive back to back from another client, one afte
 other; the line adds each platform's ITL p90 ratio bursts / calm (issue 13's isolation as a
 client nobody here wrote measures it).
 
-    .venv/bin/python bench/serve_itl_vs_vllm.py --guidellm $TMPDIR/guidellm/bin/guidellm \\
+    .venv/bin/python -m bench.serve_itl_vs_vllm --guidellm $TMPDIR/guidellm/bin/guidellm \\
         --vllm-python $TMPDIR/vllm-peer/bin/python [--requests 12] [--bursts]
 """
 from __future__ import annotations
@@ -29,12 +29,10 @@ import time
 import urllib.request
 from contextlib import contextmanager
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from cli.bench.local_platform import local_platform  # noqa: E402
-from cli.launcher import PlatformConfig  # noqa: E402
-from engine.config import DEFAULT_MODEL  # noqa: E402
+from bench.report import emit_result
+from cli.bench.local_platform import local_platform
+from cli.launcher import PlatformConfig
+from engine.config import DEFAULT_MODEL
 
 
 # each pdserve platform on the same 2 cores as vLLM
@@ -147,7 +145,7 @@ def main() -> None:
     os.makedirs(args.out_dir, exist_ok=True)
     if not os.path.isfile(os.path.join(args.hf_dir, "config.json")):
         from engine.model.source import resolve_model
-        from offline_throughput import save_hf_folder
+        from bench.offline_throughput import save_hf_folder
         save_hf_folder(resolve_model(DEFAULT_MODEL).path, args.hf_dir)
     result = {}
     names = args.platforms.split(",")
@@ -163,7 +161,7 @@ def main() -> None:
             proc.wait(timeout=60)
         for name in names:
             result[f"{name}_itl_p90_vs_vllm"] = round(result[name]["itl_p90_ms"] / result["vllm"]["itl_p90_ms"], 2)
-    print(json.dumps(result))
+    emit_result(result)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ The paths the workers take: put_blocks from one contiguous payload tensor (as th
 exports it), get_blocks into a KVPayload tensor (as the decode imports it). The old
 one-block-per-message Put/Get is measured once more for comparison.
 
-    .venv/bin/python bench/serve_kv_transfer.py [--num-blocks 64] [--repeats 3]
+    .venv/bin/python -m bench.serve_kv_transfer [--num-blocks 64] [--repeats 3]
 
 Prints one JSON line per path with MB/s and `ratio_vs_raw_socket`.
 """
@@ -18,19 +18,16 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from engine.dtypes import dtype_name  # noqa: E402
-from engine.kv_transfer import KVLayout, KVPayload  # noqa: E402
-from services.worker.kv_wire import block_from_proto, block_to_proto, payload_from_batches, payload_to_put  # noqa: E402
-from services.kvstore.client import KVStoreClient  # noqa: E402
-from services.kvstore.server import KVStoreConfig, serve  # noqa: E402
+from engine.dtypes import dtype_name
+from engine.kv_transfer import KVLayout, KVPayload
+from services.worker.kv_wire import block_from_proto, block_to_proto, payload_from_batches, payload_to_put
+from services.kvstore.client import KVStoreClient
+from services.kvstore.server import KVStoreConfig, serve
 
 # SmolLM2-135M: 30 layers, K and V, block of 16 tokens, 3 KV heads of 64, float32
 BLOCK_SHAPE = (30, 2, 16, 3, 64)

@@ -14,7 +14,7 @@ and joins its batch. Prints one JSON line per length and a summary: KV write as 
 of TTFT, and KV write + read as a share of the time until the decode worker holds the
 prompt's KV (TTFT + KV read).
 
-    .venv/bin/python bench/serve_kv_ttft_share.py [--model smollm2 --prompt-lens 512,1024,2048
+    .venv/bin/python -m bench.serve_kv_ttft_share [--model smollm2 --prompt-lens 512,1024,2048
         --num-requests 3 --kv-transport ucx]
 """
 from __future__ import annotations
@@ -25,15 +25,14 @@ import os
 import sys
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from engine.config import DEFAULT_MODEL  # noqa: E402
-from cli.bench.arrivals import ArrivalConfig  # noqa: E402
-from cli.bench.datasets import DatasetConfig, LengthDist  # noqa: E402
-from cli.bench.local_platform import local_platform  # noqa: E402
-from cli.bench.main import BenchConfig, run_bench  # noqa: E402
-from cli.bench.targets import TargetConfig  # noqa: E402
-from cli.launcher import PlatformConfig  # noqa: E402
+from bench.report import emit_row
+from engine.config import DEFAULT_MODEL
+from cli.bench.arrivals import ArrivalConfig
+from cli.bench.datasets import DatasetConfig, LengthDist
+from cli.bench.local_platform import local_platform
+from cli.bench.main import BenchConfig, run_bench
+from cli.bench.targets import TargetConfig
+from cli.launcher import PlatformConfig
 
 
 def write_seconds(metrics_port: int) -> tuple[float, float]:
@@ -95,7 +94,7 @@ def main() -> int:
         prefill_metrics_port = next(spec.metrics_port for spec in platform.platform.specs if spec.name == "prefill-0")
         for n in lens:
             rows.append(measure(platform.router_address, n, args, args.result_dir, prefill_metrics_port))
-            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            emit_row(rows[-1], sys.stderr)
     print(json.dumps({"model": args.model, "kv_transport": args.kv_transport, "worker_args": args.worker_args,
                       "rows": rows}))
     return 0

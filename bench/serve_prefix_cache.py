@@ -17,36 +17,33 @@ Every run has the same prompt lengths (prefix + suffix) and output lengths. Prin
 JSON line: TTFT mean/p50 per condition, the prefill/KV split, cached tokens, and the
 ratios off/local and off/kvstore.
 
-    .venv/bin/python bench/serve_prefix_cache.py [--model smollm2 --prefix-len 1024
+    .venv/bin/python -m bench.serve_prefix_cache [--model smollm2 --prefix-len 1024
         --suffix-len 32 --output-len 8 --num-requests 8 --result-dir /tmp/pdserve-bench]
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from dataclasses import dataclass, field
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from engine.config import DEFAULT_MODEL  # noqa: E402
-from engine.model.loader import load_model  # noqa: E402
-from engine.model.source import resolve_model  # noqa: E402
-from cli.bench.arrivals import ArrivalConfig  # noqa: E402
-from cli.bench.datasets import DatasetConfig, LengthDist  # noqa: E402
-from cli.bench.main import BenchConfig, run_bench  # noqa: E402
-from cli.bench.targets import TargetConfig  # noqa: E402
-from engine.config import CacheConfig, EngineConfig  # noqa: E402
-from services.worker.config import WorkerConfig  # noqa: E402
-from services.decode.server import serve as serve_decode  # noqa: E402
-from services.kvstore.server import KVStoreConfig  # noqa: E402
-from services.kvstore.server import serve as serve_kvstore  # noqa: E402
-from services.prefill.server import serve as serve_prefill  # noqa: E402
-from services.router.config import RouterConfig  # noqa: E402
-from services.router.server import serve as serve_router  # noqa: E402
+from bench.report import emit_result, ratios
+from engine.config import DEFAULT_MODEL
+from engine.model.loader import load_model
+from engine.model.source import resolve_model
+from cli.bench.arrivals import ArrivalConfig
+from cli.bench.datasets import DatasetConfig, LengthDist
+from cli.bench.main import BenchConfig, run_bench
+from cli.bench.targets import TargetConfig
+from engine.config import CacheConfig, EngineConfig
+from services.worker.config import WorkerConfig
+from services.decode.server import serve as serve_decode
+from services.kvstore.server import KVStoreConfig
+from services.kvstore.server import serve as serve_kvstore
+from services.prefill.server import serve as serve_prefill
+from services.router.config import RouterConfig
+from services.router.server import serve as serve_router
 
 
 @dataclass
@@ -138,11 +135,9 @@ def main() -> int:
                      "kv_write_mean_ms": 1000 * b["kv_write_s"]["mean"],
                      "other_mean_ms": 1000 * b["other_s"]["mean"], "kv_read_mean_ms": 1000 * b["kv_read_s"]["mean"],
                      "cached_tokens_per_request": s["cached_tokens"] / max(s["completed"], 1)}
-    if "off" in out:
-        for name in ("local", "kvstore"):
-            if name in out:
-                out[f"ttft_ratio_off_vs_{name}"] = out["off"]["ttft_mean_ms"] / out[name]["ttft_mean_ms"]
-    print(json.dumps(out))
+    ttft = {name: out[name]["ttft_mean_ms"] for name in args.conditions.split(",")}
+    out.update(ratios(ttft, [("off", "local"), ("off", "kvstore")], "ttft_ratio_{a}_vs_{b}"))
+    emit_result(out)
     return 0
 
 

@@ -4,7 +4,7 @@ on two Mooncake-format workloads with the bench client (`pdserve bench serve`, a
 from the trace), simulate the same traces with the fresh profile, and print measured vs
 predicted TTFT and ITL p50/p90 with the error.
 
-    .venv/bin/python bench/sim_validate.py [--out-dir /tmp/sim_validate] [--runs 3] [--scale 1.0]
+    .venv/bin/python -m bench.sim_validate [--out-dir /tmp/sim_validate] [--runs 3] [--scale 1.0]
 
 Each workload is run `--runs` times, each time a new trace (another seed), one after the
 other on the same platform; the percentiles are over the requests of all runs together,
@@ -19,7 +19,7 @@ Calibration, measured here and not fitted to the workloads:
   streaming 24 tokens, three 512-token prompts streaming 2), one before each trace and
   one after the last, pooled: they bring the profile to the machine's speed through the
   runs and measure the request and hand-off overheads and the platform's KV transfer
-  speed (sim/calibrate.py). This VM's speed drifts by tens of percent between the
+  speed (profiler/calibrate.py). This VM's speed drifts by tens of percent between the
   profile and the runs, and within them;
 - on 1P+1D, with each of those probes, a neighbour probe: two streams decode while two
   512-token prompts prefill one after another on the other worker. How much slower the
@@ -40,26 +40,23 @@ import json
 import os
 import random
 import statistics
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from cli.bench.arrivals import ArrivalConfig  # noqa: E402
-from cli.bench.datasets import BenchRequest, DatasetConfig  # noqa: E402
-from cli.bench.local_platform import local_platform  # noqa: E402
-from cli.bench.main import BenchConfig, run_bench  # noqa: E402
-from cli.bench.targets import GrpcTarget, TargetConfig  # noqa: E402
-from cli.launcher import PlatformConfig  # noqa: E402
-from sim.calibrate import Calibration, NeighbourProbe, ProbeResult, calibrate  # noqa: E402
-from sim.cluster import ClusterConfig, simulate  # noqa: E402
-from sim.measure import measure  # noqa: E402
-from sim.profile import Profile, load_profile, save_profile  # noqa: E402
-from sim.trace import TraceRequest, write_trace  # noqa: E402
+from cli.bench.arrivals import ArrivalConfig
+from cli.bench.datasets import BenchRequest, DatasetConfig
+from cli.bench.local_platform import local_platform
+from cli.bench.main import BenchConfig, run_bench
+from cli.bench.targets import GrpcTarget, TargetConfig
+from cli.launcher import PlatformConfig
+from profiler.calibrate import Calibration, NeighbourProbe, ProbeResult, calibrate
+from profiler.measure import measure
+from sim.cluster import ClusterConfig, simulate
+from sim.profile import Profile, load_profile, save_profile
+from sim.trace import TraceRequest, write_trace
 
 # name: (requests, input range, output range, mean gap between arrivals in s)
 WORKLOADS = {"chat": (16, (32, 128), (16, 32), 2.0),
@@ -110,7 +107,7 @@ class ProbeSamples:
 
 
 def probe(router: str, samples: ProbeSamples) -> None:
-    """Lone requests on the idle platform (sim/calibrate.py): short prompts streaming a
+    """Lone requests on the idle platform (profiler/calibrate.py): short prompts streaming a
     few tokens, then longer prompts for the prefill's slope."""
     # a new seed each probe: a prompt seen before would hit the prefix cache
     target, rng = GrpcTarget(TargetConfig("grpc", router, timeout_s=120)), random.Random(7 + len(samples.first_gaps))
@@ -132,7 +129,7 @@ def probe(router: str, samples: ProbeSamples) -> None:
 
 
 def probe_neighbours(router: str, samples: ProbeSamples) -> None:
-    """Both workers busy at once (sim/calibrate.py NeighbourProbe): streams of 64-token
+    """Both workers busy at once (profiler/calibrate.py NeighbourProbe): streams of 64-token
     prompts decode alone for a while, then long prompts (one token each: no hand-off
     onto the decode worker) prefill one after another beside them. A gap counts as beside
     a prefill when it lies wholly between a prompt's send and its token; a prompt counts

@@ -20,26 +20,23 @@ drafts), from the engine's counters over the timed runs.
 Prints one JSON line per (workload, batch size, proposer). The issue's targets: ratio >= 2
 at batch 1 on the repetitive workload with n-gram, >= 0.95 on the random one.
 
-    .venv/bin/python bench/spec_decode.py                         # batch 1 and 16, both workloads
-    .venv/bin/python bench/spec_decode.py --batch-sizes 1,2 --max-tokens 24 --repeats 1 \\
+    .venv/bin/python -m bench.spec_decode                         # batch 1 and 16, both workloads
+    .venv/bin/python -m bench.spec_decode --batch-sizes 1,2 --max-tokens 24 --repeats 1 \\
         --proposers ngram           # a smoke run
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from engine import LLM, SamplingParams  # noqa: E402
-from engine.chat import encode_chat_prompt  # noqa: E402
-from engine.config import DEFAULT_MODEL, EngineConfig  # noqa: E402
+from bench.report import emit_row
+from engine import LLM, SamplingParams
+from engine.chat import encode_chat_prompt
+from engine.config import DEFAULT_MODEL, EngineConfig
 
 PROPOSERS = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
@@ -161,7 +158,7 @@ def main() -> None:
                        "speculative_config": PROPOSERS[name], "repeats": args.repeats}
                 row.update(compare(base, llm, prompts, args.max_tokens, args.repeats))
                 row["torch_threads"] = torch.get_num_threads()
-                print(json.dumps(row), flush=True)
+                emit_row(row)
 
 
 if __name__ == "__main__":

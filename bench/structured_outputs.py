@@ -15,27 +15,24 @@ reported on its own line: cold (a fresh GrammarCompiler: the tokenizer table, th
 first compile of the schema) and cached (the same schema again).
 Prints one JSON line per batch size and one for compile times.
 
-    .venv/bin/python bench/structured_outputs.py                                  # batch 1 and 32
-    .venv/bin/python bench/structured_outputs.py --batch-sizes 1,4 --max-tokens 16 --repeats 1   # a smoke run
+    .venv/bin/python -m bench.structured_outputs                                  # batch 1 and 32
+    .venv/bin/python -m bench.structured_outputs --batch-sizes 1,4 --max-tokens 16 --repeats 1   # a smoke run
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from engine import LLM, SamplingParams  # noqa: E402
-from engine.config import DEFAULT_MODEL, EngineConfig  # noqa: E402
-from engine.chat import encode_chat_prompt  # noqa: E402
-from engine.structured import StructuredOutputsParams  # noqa: E402
-from engine.structured.grammar import GrammarCompiler  # noqa: E402
+from bench.report import emit_row
+from engine import LLM, SamplingParams
+from engine.config import DEFAULT_MODEL, EngineConfig
+from engine.chat import encode_chat_prompt
+from engine.structured import StructuredOutputsParams
+from engine.structured.grammar import GrammarCompiler
 
 # bounded strings and arrays: every reply closes well within the default max_tokens
 SCHEMA = {
@@ -144,14 +141,14 @@ def main() -> None:
     torch.manual_seed(0)
     llm = LLM(DEFAULT_MODEL, device=args.device, attention_backend=args.attention_backend,
               max_num_seqs=max(batch_sizes), enable_prefix_caching=False, progress=False)
-    print(json.dumps(compile_times(llm)), flush=True)  # before the engine's compiler touches xgrammar
+    emit_row(compile_times(llm))  # before the engine's compiler touches xgrammar
     # warm-up: the engine's grammar (compiled and cached by spec) and both paths' first calls
     warm = make_prompts(llm.tokenizer, 1)
     llm.generate({"prompt_token_ids": warm[0]}, SamplingParams(temperature=0, max_tokens=8,
                                                                structured_outputs=StructuredOutputsParams(json=SCHEMA)))
     llm.generate({"prompt_token_ids": warm[0]}, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     for batch_size in batch_sizes:
-        print(json.dumps(run_batch(llm, batch_size, args.max_tokens, args.repeats)), flush=True)
+        emit_row(run_batch(llm, batch_size, args.max_tokens, args.repeats))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ GPU_ONLY = CHECKS[1:]
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "bench.gpu_check", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ))
 
 

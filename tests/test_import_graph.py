@@ -1,0 +1,193 @@
+"""The import graph of the project's own modules, read from the source (nothing is imported):
+no import circle, and the top-level rooms only import downwards.
+
+Imports under `if TYPE_CHECKING:` are annotations and do not count. An import inside a function
+counts: it runs later, but the two modules still depend on each other.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ROOMS = ("kernels", "engine", "services", "autoscale", "sim", "profiler", "cli", "bench")
+# a room may import the rooms listed for it (and itself); everything else is an arrow up
+ALLOWED = {
+    "kernels": set(),
+    "engine": {"kernels"},
+    "services": {"engine", "kernels"},
+    "autoscale": set(),
+    "sim": {"services", "autoscale", "engine"},
+    "profiler": {"engine", "services", "kernels", "sim"},
+    "cli": {"engine", "services", "kernels", "autoscale", "sim", "profiler"},
+    "bench": {"engine", "services", "kernels", "autoscale", "sim", "profiler", "cli"},
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # importing module, dotted
+    target: str  # imported module, dotted (the longest prefix that is a project module)
+    at_module_level: bool
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    modules = {}
+    for room in ROOMS:
+        for path in sorted((ROOT / room).rglob("*.py")):
+            if "pb" in path.relative_to(ROOT).parts[:2] and path.parent.name == "pb":
+                continue  # generated stubs
+            modules[module_name(path)] = path
+    return modules
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imported_names(node: ast.AST, package: str) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:  # relative: from . import x / from .a import b
+        base = package.split(".")[: len(package.split(".")) - node.level + 1]
+        stem = ".".join(base + ([node.module] if node.module else []))
+    else:
+        stem = node.module or ""
+    return [stem] + [f"{stem}.{alias.name}" for alias in node.names]
+
+
+def _walk(node: ast.AST, in_function: bool):
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _is_type_checking(child):
+            for sub in child.orelse:
+                yield from _walk_one(sub, in_function)
+            continue
+        yield from _walk_one(child, in_function)
+
+
+def _walk_one(node: ast.AST, in_function: bool):
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        yield node, in_function
+        return
+    nested = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+    yield from _walk(node, nested)
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> list[Import]:
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node, in_function in _walk(ast.parse(path.read_text(), str(path)), False):
+        for dotted in _imported_names(node, package):
+            target = _longest_module(dotted, modules)
+            if target and target != name:
+                found.append(Import(name, target, not in_function))
+    return found
+
+
+def _longest_module(dotted: str, modules: dict[str, Path]) -> str | None:
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in modules:
+            return candidate
+    return None
+
+
+def all_imports() -> list[Import]:
+    modules = project_modules()
+    return [imp for name, path in modules.items() for imp in imports_of(name, path, modules)]
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    counter = 0
+    for start in edges:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges.get(start, ()))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = counter
+                counter += 1
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(edges.get(child, ())))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def test_circles_finds_a_circle_and_not_a_chain():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_the_reader_sees_relative_type_checking_and_function_imports(tmp_path):
+    modules = {"engine": ROOT / "engine/__init__.py", "engine.a": tmp_path / "a.py", "engine.b": tmp_path / "b.py",
+               "engine.c": tmp_path / "c.py"}
+    (tmp_path / "a.py").write_text("from typing import TYPE_CHECKING\nfrom .b import x\n"
+                                   "if TYPE_CHECKING:\n    from engine.c import y\n"
+                                   "def f():\n    import engine.c\n")
+    found = imports_of("engine.a", tmp_path / "a.py", modules)
+    assert Import("engine.a", "engine.b", True) in found
+    assert Import("engine.a", "engine.c", False) in found
+    assert Import("engine.a", "engine.c", True) not in found
+
+
+def test_no_import_circle():
+    edges: dict[str, set[str]] = {}
+    for imp in all_imports():
+        edges.setdefault(imp.source, set()).add(imp.target)
+    # a package's __init__ importing its own submodules is how a package re-exports, not a circle
+    for source, targets in edges.items():
+        targets.difference_update({t for t in targets if source != t and t.startswith(source + ".")
+                                   and (ROOT / source.replace(".", "/") / "__init__.py").exists()})
+    assert circles(edges) == []
+
+
+def test_rooms_import_only_downwards():
+    upward = sorted({f"{imp.source} -> {imp.target}" for imp in all_imports()
+                     if (src := imp.source.split(".")[0]) != (dst := imp.target.split(".")[0])
+                     and dst not in ALLOWED[src]})
+    assert upward == []
+
+
+def _reached_by_sim(room: str) -> list[str]:
+    return sorted({imp.target for imp in all_imports()
+                   if imp.source.split(".")[0] == "sim" and imp.target.split(".")[0] == room})
+
+
+def test_the_simulator_takes_only_the_routers_decisions_and_two_pure_engine_modules():
+    services = _reached_by_sim("services")
+    assert services and all(t.startswith("services.router.decide") for t in services), services
+    # the engine's defaults and its step-cost estimate, both pure: the simulator models the same
+    assert _reached_by_sim("engine") == ["engine.config", "engine.step_rates"]
