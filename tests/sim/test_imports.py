@@ -1,14 +1,12 @@
 """The simulator is pure Python over a profile's tables: importing it starts no torch, no
-web framework and never the profiler that runs the real engine (profiler/)."""
+gRPC, no web framework and never the profiler that runs the real engine (profiler/)."""
 import subprocess
 import sys
 
 import pytest
 
-# the modules of the simulator that do not reach the router's package; they load no gRPC
-# either (the router's settings, services/router/config.py, still pull it in)
-ROUTER_FREE = ("sim.profile", "sim.worker", "sim.trace", "sim.diurnal")
-SIMULATOR = ROUTER_FREE + ("sim.cluster", "sim.metrics", "sim.main", "sim.plan", "sim.autoscale")
+SIMULATOR = ("sim.profile", "sim.worker", "sim.trace", "sim.diurnal", "sim.router", "sim.cluster", "sim.metrics",
+             "sim.main", "sim.plan", "sim.autoscale")
 
 
 def loaded_after_import(module: str, candidates: tuple[str, ...]) -> list[str]:
@@ -18,10 +16,5 @@ def loaded_after_import(module: str, candidates: tuple[str, ...]) -> list[str]:
 
 
 @pytest.mark.parametrize("module", SIMULATOR)
-def test_the_simulator_loads_no_torch_web_framework_or_profiler(module):
-    assert loaded_after_import(module, ("torch", "fastapi", "profiler")) == []
-
-
-@pytest.mark.parametrize("module", ROUTER_FREE)
-def test_the_router_free_simulator_modules_load_no_grpc(module):
-    assert loaded_after_import(module, ("grpc",)) == []
+def test_the_simulator_loads_no_torch_grpc_web_framework_or_profiler(module):
+    assert loaded_after_import(module, ("torch", "grpc", "fastapi", "profiler")) == []
