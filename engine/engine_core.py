@@ -11,7 +11,7 @@ import time
 import torch
 
 from engine.config import EngineConfig
-from engine.core.block_hash import check_cache_salt, model_fingerprint
+from engine.core.block_hash import check_cache_salt
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.kv_events import KVEvents
 from engine.core.scheduler import Scheduler
@@ -27,8 +27,8 @@ from engine.sampling_params import SamplingParams
 from engine.kv_transfer import KVPayload
 from engine.stats import EngineStats
 from engine.structured.manager import NoStructuredOutputs, StructuredOutputManager
-from engine.engine_setup import (engine_info, make_drafting, pick_attention_backend, resolve_max_model_len,
-                                 resolve_scheduler_config)
+from engine.engine_setup import (engine_info, make_drafting, model_naming, pick_attention_backend,
+                                 resolve_max_model_len, resolve_scheduler_config)
 from engine.step_rates import StepRates
 from engine.validation import validate_mode, validate_request, validate_transfer
 from engine.worker.kv_cache import allocate_kv_caches, num_kv_blocks
@@ -52,8 +52,7 @@ class EngineCore:
         kv_arch = self.executor.kv_arch  # a rank's layers and KV heads only: the budget is per rank
         num_blocks = num_kv_blocks(cache, kv_arch, self.dtype, device, config.parallel.world_size)
         self.max_model_len = resolve_max_model_len(config, self.loaded, num_blocks)
-        self.root_hash = model_fingerprint(self.source.model_id, str(self.dtype), arch.num_layers,
-                                           arch.num_kv_heads, arch.head_dim, cache.block_size)
+        self.model_key, self.root_hash = model_naming(self.source, self.dtype, arch, cache.block_size)
         self.kv_manager = KVCacheManager(num_blocks, cache.block_size, self.root_hash,
                                          cache.enable_prefix_caching)
         self.scheduler = Scheduler(resolve_scheduler_config(config.scheduler, self.max_model_len), self.kv_manager)
@@ -64,7 +63,7 @@ class EngineCore:
         if config.cuda_graph_batch_sizes:
             self.runner.capture_decode_graphs(config.cuda_graph_batch_sizes, self.max_model_len,
                                               self.scheduler.config.max_num_seqs)
-        self.info = engine_info(config, self.source.model_id, arch, self.dtype, self.max_model_len,
+        self.info = engine_info(config, self.model_key, arch, self.dtype, self.max_model_len,
                                 self.scheduler.config.max_num_seqs, self.root_hash)
         self.outputs = OutputProcessor(self.tokenizer)
         self._aborted: list[RequestOutput] = []

@@ -1,5 +1,6 @@
-"""The choices an engine makes once, at start: its attention backend, its context length,
-its scheduler's token budget, and how it drafts tokens (speculative decoding)."""
+"""The choices an engine makes once, at start: its attention backend, its model's identity
+in block hashes, its context length, its scheduler's token budget, and how it drafts tokens
+(speculative decoding)."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,11 +11,13 @@ import torch
 from engine.attention.backend import AttentionBackend
 from engine.attention.selector import get_attention_backend
 from engine.config import EngineConfig, ModelArchConfig, SchedulerConfig
+from engine.core.block_hash import BlockHash, model_fingerprint
 from engine.dtypes import dtype_name
 from engine.info import EngineInfo
 from engine.kv_transfer import KVLayout
+from engine.model.identity import checkpoint_identity
 from engine.model.loader import LoadedModel, load_model
-from engine.model.source import resolve_model
+from engine.model.source import ModelSource, resolve_model
 from engine.spec_decode.drafting import Drafting, NoDrafting
 from engine.spec_decode.ngram import NgramProposer
 from engine.worker.kv_cache import bytes_per_block
@@ -27,6 +30,14 @@ def pick_attention_backend(config: EngineConfig) -> AttentionBackend:
         raise ValueError(f"attention_backend 'cpu' runs on the CPU only; on device {config.device!r} "
                          "use 'triton' (or 'torch', the pure torch reference)")
     return get_attention_backend(config.attention_backend)
+
+
+def model_naming(source: ModelSource, dtype: torch.dtype, arch: ModelArchConfig,
+                 block_size: int) -> tuple[str, BlockHash]:
+    """The model's key (its files' digest, never its path: two folders of one name but other
+    weights must not share KV) and the root of its block hashes, built on that key."""
+    key = checkpoint_identity(source)
+    return key, model_fingerprint(key, str(dtype), arch.num_layers, arch.num_kv_heads, arch.head_dim, block_size)
 
 
 def engine_info(config: EngineConfig, model_id: str, arch: ModelArchConfig, dtype: torch.dtype, max_model_len: int,
