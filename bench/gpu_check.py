@@ -221,16 +221,12 @@ def build_random_llama(out_dir: str, shape: dict, seed: int = 0) -> str:
     tokens (context decides most of them) with bf16 logprobs within ~0.1 of fp32; measured on
     CPU at SmolLM2's shape."""
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from bench.tiny_checkpoints import word_level_tokenizer
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     vocab_size = shape["vocab_size"]
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, vocab_size)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", pad_token="<unk>")
+    fast = word_level_tokenizer(vocab_size)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=shape["hidden_size"], intermediate_size=shape["intermediate_size"],
         num_hidden_layers=shape["num_layers"], num_attention_heads=shape["num_heads"],

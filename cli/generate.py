@@ -12,9 +12,16 @@ from services.worker.parallel_args import add_parallel_arguments, parallel_confi
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"HF folder, .gguf file or alias (default: {DEFAULT_MODEL})")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"HF folder, .gguf file, alias, or org/name from the local Hugging Face cache "
+                        f"(default: {DEFAULT_MODEL})")
+    p.add_argument("--revision", default=EngineConfig.revision,
+                   help="with --model org/name: the branch, tag or commit in the cache (default: main)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="with --chat: a Jinja chat template file (or the template itself) in place of the "
+                        "tokenizer's")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -45,7 +52,8 @@ def run(args) -> int:
         from cli.remote_generate import generate_remote
         return generate_remote(args, params)
     parallel = parallel_config_from_args(args)
-    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
+    llm = LLM(model=args.model, revision=args.revision, chat_template=args.chat_template, dtype=args.dtype,
+              device=args.device, attention_backend=args.attention_backend,
               tensor_parallel_size=parallel.tensor_parallel_size,
               pipeline_parallel_size=parallel.pipeline_parallel_size,
               pipeline_layer_split=parallel.pipeline_layer_split, collective_timeout_s=parallel.collective_timeout_s)

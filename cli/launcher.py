@@ -26,6 +26,7 @@ from services.common.defaults import (DEFAULT_MODEL, DRAIN_TIMEOUT_S, HOST, KVST
                                       ROUTER_HTTP_PORT, ROUTER_PORT)
 from services.common.auth import INTERNAL_TOKEN_ENV
 from services.common.grpc_server import is_serving
+from engine.config import CacheConfig
 from services.router.config import PathConfig, RouterConfig
 from services.worker.parallel_args import PIPELINE_PARALLEL_FLAGS, TENSOR_PARALLEL_FLAGS
 from cli.supervisor import Supervisor
@@ -40,6 +41,10 @@ STOP_GRACE_S = DRAIN_TIMEOUT_S + 5.0
 @dataclass(frozen=True)
 class PlatformConfig:
     model: str = DEFAULT_MODEL
+    revision: str | None = None               # of a model named org/name in the Hugging Face cache
+    gpu_memory_utilization: float = CacheConfig.gpu_memory_utilization  # both pools' workers (CUDA only)
+    served_model_names: tuple[str, ...] = ()  # the router's --served-model-name; empty: --model
+    chat_template: str | None = None          # the router's --chat-template (a file, absolute, or the template)
     num_prefill: int = 1
     num_decode: int = 1
     host: str = HOST
@@ -117,6 +122,7 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     cpu_sets = split_cpus(available_cpus, len(roles), cfg.cpus_per_worker,
                           [worker_ranks(pool_args[role]) for role in roles])
     addresses: dict[str, list[str]] = {"prefill": [], "decode": []}
+    revision = ["--revision", cfg.revision] if cfg.revision is not None else []
     for i, (role, cpus) in enumerate(zip(roles, cpu_sets)):
         port, metrics_port = cfg.worker_base_port + i, cfg.metrics_base_port + 1 + i
         name = f"{role}-{len(addresses[role])}"
@@ -124,7 +130,9 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
         specs.append(ProcessSpec(name, [*cli, role, "--model", cfg.model, "--host", cfg.host, "--port", str(port),
                                         "--metrics-port", str(metrics_port), "--kvstore", kvstore,
                                         "--kvstore-transport", cfg.kv_transport,
-                                        "--threads", str(len(cpus)), *cfg.worker_args,
+                                        "--threads", str(len(cpus)), *revision,
+                                        "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
+                                        *cfg.worker_args,
                                         *(cfg.prefill_args if role == "prefill" else cfg.decode_args)],
                                  f"{cfg.host}:{port}", metrics_port, cpus))
     router_metrics = cfg.metrics_base_port + 1 + len(roles)
@@ -134,7 +142,12 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
               "--decode", ",".join(addresses["decode"])]
     if addresses["prefill"]:  # none: colocated, the decode workers prefill every prompt
         router += ["--prefill", ",".join(addresses["prefill"])]
-    router += ["--http-port", "off" if cfg.http_port is None else str(cfg.http_port), *cfg.router_args]
+    router += ["--http-port", "off" if cfg.http_port is None else str(cfg.http_port), *revision]
+    if cfg.served_model_names:
+        router += ["--served-model-name", *cfg.served_model_names]
+    if cfg.chat_template is not None:
+        router += ["--chat-template", cfg.chat_template]
+    router += cfg.router_args
     router += router_discovery_args(cfg.autoscale)
     specs.append(ProcessSpec(ROUTER, router, f"{cfg.host}:{cfg.router_port}", router_metrics))
     for spec in specs:

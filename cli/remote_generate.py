@@ -20,8 +20,10 @@ def generate_remote(args, params) -> int:
     prompt = args.prompt
     if args.chat:
         from engine import load_tokenizer
-        from engine.chat import encode_chat_prompt
-        _, prompt = encode_chat_prompt(load_tokenizer(args.model), [{"role": "user", "content": args.prompt}])
+        from engine.chat import encode_chat_prompt, load_chat_template, with_chat_template
+        template = load_chat_template(args.chat_template) if args.chat_template is not None else None
+        tokenizer = with_chat_template(load_tokenizer(args.model, args.revision), template)
+        _, prompt = encode_chat_prompt(tokenizer, [{"role": "user", "content": args.prompt}])
     text, token_ids, record = [], [], {}
     try:
         for msg in client.generate(prompt, params, slo_class=args.slo_class):

@@ -3,19 +3,34 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
 
 from cli.autoscale import add_autoscale_arguments, autoscale_config_from_args
 from cli.launcher import PlatformConfig, run_platform
+from engine.chat import load_chat_template
 from services.router.decide.paths import PATH_POLICIES
 from services.router.main import port_or_off
-from services.worker.config import speculative_config_arg
+from services.worker.config import gpu_memory_utilization_arg, speculative_config_arg
 from services.worker.parallel_args import positive_int
 
 
 def add_arguments(p) -> None:
     # PlatformConfig's defaults are the flags' defaults: one place per setting
-    p.add_argument("--model", default=PlatformConfig.model)
+    p.add_argument("--model", default=PlatformConfig.model,
+                   help="HF folder, .gguf file, alias, or org/name from the local Hugging Face cache")
+    p.add_argument("--revision", default=PlatformConfig.revision,
+                   help="with --model org/name: the branch, tag or commit in the cache (default: main)")
+    p.add_argument("--gpu-memory-utilization", type=gpu_memory_utilization_arg,
+                   default=PlatformConfig.gpu_memory_utilization, metavar="FRACTION",
+                   help="every worker's share of its GPU's whole memory, weights and activations included "
+                        "(ignored on the CPU; see `pdserve decode --help`)")
+    p.add_argument("--served-model-name", nargs="+", default=list(PlatformConfig.served_model_names),
+                   metavar="NAME", help="the router's: the name(s) clients use, the first reported "
+                                        "(default: --model)")
+    p.add_argument("--chat-template", default=PlatformConfig.chat_template, metavar="FILE",
+                   help="the router's: a Jinja chat template file (or the template itself) in place of the "
+                        "tokenizer's")
     p.add_argument("--prefill", type=int, default=PlatformConfig.num_prefill,
                    help="number of prefill workers (0: colocated, each decode worker prefills its own prompts)")
     p.add_argument("--decode", type=int, default=PlatformConfig.num_decode, help="number of decode workers")
@@ -57,7 +72,9 @@ def run(args) -> int:
     if args.decode < 1:
         raise ValueError("--decode: needs at least one worker")
     return run_platform(PlatformConfig(
-        model=args.model, num_prefill=args.prefill, num_decode=args.decode, host=args.host, router_port=args.port,
+        model=args.model, revision=args.revision, gpu_memory_utilization=args.gpu_memory_utilization,
+        served_model_names=tuple(args.served_model_name), chat_template=_chat_template(args.chat_template),
+        num_prefill=args.prefill, num_decode=args.decode, host=args.host, router_port=args.port,
         http_port=args.http_port,
         kvstore_port=args.kvstore_port, worker_base_port=args.worker_base_port,
         metrics_base_port=args.metrics_base_port, cpus_per_worker=args.cpus_per_worker,
@@ -67,6 +84,15 @@ def run(args) -> int:
         prefill_args=_parallel_args(args, "prefill"),
         decode_args=_speculative_args(args.speculative_config) + _parallel_args(args, "decode"),
         autoscale=autoscale_config_from_args(args)))
+
+
+def _chat_template(value: str | None) -> str | None:
+    """Checked here (a bad one stops `pdserve up` before any process starts); a file is passed
+    to the router by its absolute path."""
+    if value is None:
+        return None
+    load_chat_template(value)
+    return os.path.abspath(value) if os.path.isfile(value) else value
 
 
 def _parallel_args(args, pool: str) -> tuple[str, ...]:

@@ -24,11 +24,11 @@ __all__ = ["LLM", "SamplingParams", "RequestOutput", "TokenLogprob", "EngineCore
            "describe_model", "ModelDescription", "RequestMode", "EngineStats", "EngineInfo", "EngineRequest"]
 
 
-def load_tokenizer(model: str):
-    """The tokenizer (with chat template) of a model path or alias, without its weights."""
+def load_tokenizer(model: str, revision: str | None = None):
+    """The tokenizer (with chat template) of a model path, alias or cached org/name, without its weights."""
     from engine.model.loader import load_tokenizer as _load
     from engine.model.source import resolve_model
-    return _load(resolve_model(model))
+    return _load(resolve_model(model, revision))
 
 
 def __getattr__(name: str):

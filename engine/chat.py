@@ -18,11 +18,60 @@ split cannot be proven exact.
 """
 from __future__ import annotations
 
+import copy
 import uuid
 
 from engine.errors import InvalidRequestError
 
 ROLES = ("system", "user", "assistant", "tool")
+_JINJA_CHARS = "{}\n"  # a value with none of them is meant as a file name
+
+
+def load_chat_template(value: str) -> str:
+    """vLLM's --chat-template: the contents of the file `value` names, or `value` itself when
+    it is no file but looks like a template. Raises ValueError naming chat_template when the
+    file cannot be read or the template does not parse as Jinja (checked at start, not at the
+    first chat request)."""
+    try:
+        with open(value, encoding="utf-8") as f:
+            template = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        if not any(c in value for c in _JINJA_CHARS):
+            raise ValueError(f"chat_template: cannot read the file {value!r} ({e})") from None
+        template = value
+    _check_jinja(template)
+    return template
+
+
+def with_chat_template(tokenizer, template: str | None):
+    """`tokenizer` rendering chats with `template` (None: its own): a shallow copy, so that
+    the original, which other engines or routers in this process may share, keeps its own."""
+    if template is None:
+        return tokenizer
+    renamed = copy.copy(tokenizer)
+    renamed.chat_template = template
+    return renamed
+
+
+def _check_jinja(template: str) -> None:
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationTags(jinja2.ext.Extension):
+        """transformers' {% generation %}...{% endgeneration %} (marks the assistant's text): its body."""
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            return jinja2.nodes.Scope(parser.parse_statements(("name:endgeneration",), drop_needle=True),
+                                      lineno=lineno)
+
+    env = ImmutableSandboxedEnvironment(extensions=[jinja2.ext.loopcontrols, GenerationTags])
+    try:
+        env.parse(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"chat_template: not a Jinja template: {e.message} (line {e.lineno})") from None
 
 
 def render_chat_prompt(tokenizer, conversation: list[dict]) -> str:

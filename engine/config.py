@@ -29,15 +29,49 @@ class ModelArchConfig:
     tie_word_embeddings: bool
     attention_bias: bool = False
     rope_scaling: dict | None = field(default=None, hash=False, compare=False)
+    # Per layer, the attention window: None attends the whole context, W the last W
+    # positions (the query's own included). Empty: every layer attends the whole context.
+    layer_windows: tuple[int | None, ...] = ()
+    qk_norm: bool = False                        # Qwen3, Gemma 3: RMSNorm of each head's q and k
+    gemma_norms: bool = False                    # (1 + w) norms, sandwich norms, embedding x sqrt(hidden)
+    hidden_act: str = "silu"                     # or "gelu_pytorch_tanh" (Gemma)
+    attn_logit_softcap: float | None = None      # Gemma 2: scores = cap * tanh(scores / cap)
+    final_logit_softcap: float | None = None     # Gemma 2: the same on the LM head's logits
+    query_pre_attn_scalar: float | None = None   # Gemma: scale = this ** -0.5 instead of head_dim ** -0.5
+    local_rope_theta: float | None = None        # Gemma 3: windowed layers' RoPE base (unscaled)
+    num_experts: int = 0                         # mixture of experts (Mixtral, Qwen3-MoE); 0: dense MLP
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True                  # renormalise the top-k router weights to sum to 1
+    partial_rotary_factor: float = 1.0           # RoPE on the first head_dim * this dims of a head
+
+    def window_of(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    @property
+    def max_window(self) -> int | None:
+        """The widest window when every layer has one; None when some layer sees everything."""
+        if not self.layer_windows or any(w is None for w in self.layer_windows):
+            return None
+        return max(self.layer_windows)
 
 
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
     enable_prefix_caching: bool = True
-    # Exact bytes for the KV pool; when None, `kv_cache_memory_fraction` of free memory.
+    # Exact bytes for the KV pool; when None, on CUDA what `gpu_memory_utilization` leaves
+    # (engine/worker/memory_profile.py), on the CPU `kv_cache_memory_fraction` of free memory.
     kv_cache_memory_bytes: int | None = None
     kv_cache_memory_fraction: float = 0.1
+    # vLLM's: the share of the whole device this engine may use, weights and activations
+    # included; the KV cache gets the rest of it. CUDA only (the CPU ignores it).
+    gpu_memory_utilization: float = 0.9
+
+    def __post_init__(self):
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
+            raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {u!r}")
 
 
 @dataclass(frozen=True)
@@ -70,6 +104,8 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None
     # tensor and pipeline parallelism: t x p ranks, one process each (engine/executor/)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    # `model` named org/name from the Hugging Face cache: its branch, tag or commit (None: main)
+    revision: str | None = None
 
     def __post_init__(self):
         sizes = self.cuda_graph_batch_sizes

@@ -27,11 +27,11 @@ from engine.sampling_params import SamplingParams
 from engine.kv_transfer import KVPayload
 from engine.stats import EngineStats
 from engine.structured.manager import NoStructuredOutputs, StructuredOutputManager
-from engine.engine_setup import (engine_info, make_drafting, model_naming, pick_attention_backend,
-                                 resolve_max_model_len, resolve_scheduler_config)
+from engine.engine_setup import (engine_info, log_kv_cache, make_drafting, memory_profile, model_naming,
+                                 pick_attention_backend, resolve_max_model_len, resolve_scheduler_config)
 from engine.step_rates import StepRates
 from engine.validation import validate_mode, validate_request, validate_transfer
-from engine.worker.kv_cache import allocate_kv_caches, num_kv_blocks
+from engine.worker.kv_cache import allocate_kv_caches, bytes_per_block, num_kv_blocks
 from engine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class EngineCore:
     def __init__(self, config: EngineConfig, progress: bool = True, loaded: LoadedModel | None = None):
         """`loaded`: weights already in memory (several engines over one model, as in tests)."""
         self.config = config
-        self.source = resolve_model(config.model)
+        self.source = resolve_model(config.model, config.revision)
         self.dtype = parse_dtype(config.dtype)
         device = torch.device(config.device)
         backend = pick_attention_backend(config)
@@ -50,11 +50,14 @@ class EngineCore:
         self.tokenizer = self.loaded.tokenizer
         arch, cache = self.loaded.arch, config.cache
         kv_arch = self.executor.kv_arch  # a rank's layers and KV heads only: the budget is per rank
-        num_blocks = num_kv_blocks(cache, kv_arch, self.dtype, device, config.parallel.world_size)
+        profile = memory_profile(config, self.executor, backend, self.dtype, device)  # None on the CPU
+        num_blocks = num_kv_blocks(cache, kv_arch, self.dtype, device, config.parallel.world_size, profile)
         self.max_model_len = resolve_max_model_len(config, self.loaded, num_blocks)
+        log_kv_cache(num_blocks, cache.block_size, bytes_per_block(kv_arch, cache.block_size, self.dtype),
+                     self.max_model_len, config.parallel.world_size)
         self.model_key, self.root_hash = model_naming(self.source, self.dtype, arch, cache.block_size)
         self.kv_manager = KVCacheManager(num_blocks, cache.block_size, self.root_hash,
-                                         cache.enable_prefix_caching)
+                                         cache.enable_prefix_caching, window=arch.max_window)
         self.scheduler = Scheduler(resolve_scheduler_config(config.scheduler, self.max_model_len), self.kv_manager)
         kv_caches = allocate_kv_caches(num_blocks, kv_arch, cache.block_size, self.dtype, device)
         self.executor.start_kv(num_blocks, kv_caches, backend)
@@ -69,7 +72,7 @@ class EngineCore:
         self._aborted: list[RequestOutput] = []
         self.step_rates = StepRates()
         self.grammars: StructuredOutputManager | NoStructuredOutputs = NoStructuredOutputs(self._build_structured)
-        self.drafting = make_drafting(config, self.source.model_id, self.loaded, self.executor.holds_whole_model,
+        self.drafting = make_drafting(config, self.source.path, self.loaded, self.executor.holds_whole_model,
                                       self.dtype, num_blocks, self.max_model_len)
         self.proposer = self.drafting.proposer
 

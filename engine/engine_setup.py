@@ -1,10 +1,11 @@
-"""The choices an engine makes once, at start: its attention backend, its model's identity
-in block hashes, its context length, its scheduler's token budget, and how it drafts tokens
-(speculative decoding)."""
+"""The choices an engine makes once, at start: its attention backend, its KV cache's memory
+(a CUDA engine's profile run), its model's identity in block hashes, its context length, its
+scheduler's token budget, and how it drafts tokens (speculative decoding)."""
 from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +22,10 @@ from engine.model.source import ModelSource, resolve_model
 from engine.spec_decode.drafting import Drafting, NoDrafting
 from engine.spec_decode.ngram import NgramProposer
 from engine.worker.kv_cache import bytes_per_block
+
+if TYPE_CHECKING:
+    from engine.executor.base import Executor
+    from engine.worker.memory_profile import MemoryProfile
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +53,36 @@ def engine_info(config: EngineConfig, model_id: str, arch: ModelArchConfig, dtyp
                       KVLayout(model_id, dtype_name(dtype), block_shape, root_hash))
 
 
+def memory_profile(config: EngineConfig, executor: Executor, backend: AttentionBackend, dtype: torch.dtype,
+                   device: torch.device) -> MemoryProfile | None:
+    """A single-rank CUDA engine without kv_cache_memory_bytes measures its memory with one
+    dummy step (engine/worker/memory_profile.py), for gpu_memory_utilization to size the KV
+    cache by. None elsewhere: the CPU sizes it as before, at no cost."""
+    if device.type != "cuda" or config.cache.kv_cache_memory_bytes is not None:
+        return None
+    if config.parallel.world_size > 1:  # the dummy step would have to run on every rank
+        logger.warning("gpu_memory_utilization is not applied to tensor/pipeline-parallel engines yet: each "
+                       "rank's KV cache is kv_cache_memory_fraction (%g) of its free memory",
+                       config.cache.kv_cache_memory_fraction)
+        return None
+    from engine.worker.memory_profile import describe, profile_memory
+    sched, arch = config.scheduler, executor.loaded.arch
+    max_seq_len = sched.max_model_len or arch.max_position_embeddings  # what the model's RoPE tables hold
+    num_tokens = sched.max_num_batched_tokens or max_seq_len  # resolve_scheduler_config's budget
+    profile = profile_memory(executor.loaded.model, backend, executor.kv_arch, config.cache.block_size, dtype,
+                             device, num_tokens, max_seq_len, sched.max_num_seqs)
+    logger.info("%s", describe(profile, config.cache.gpu_memory_utilization))
+    return profile
+
+
+def log_kv_cache(num_blocks: int, block_size: int, block_bytes: int, max_model_len: int, num_ranks: int) -> None:
+    """vLLM's start-up line: the pool's size and how many longest requests it holds at once."""
+    num_tokens = num_blocks * block_size
+    logger.info("KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB%s); maximum concurrency for %d tokens "
+                "per request: %.2fx", num_blocks, block_size, num_tokens, num_blocks * block_bytes / (1 << 30),
+                " per rank" if num_ranks > 1 else "", max_model_len, num_tokens / max_model_len)
+
+
 def resolve_max_model_len(config: EngineConfig, loaded: LoadedModel, num_blocks: int) -> int:
     wanted = config.scheduler.max_model_len or loaded.arch.max_position_embeddings
     capacity = num_blocks * config.cache.block_size
@@ -67,9 +102,10 @@ def resolve_scheduler_config(config: SchedulerConfig, max_model_len: int) -> Sch
     return dataclasses.replace(config, max_num_batched_tokens=budget, max_model_len=max_model_len)
 
 
-def make_drafting(config: EngineConfig, target_model_id: str, loaded: LoadedModel, reusable: bool,
+def make_drafting(config: EngineConfig, target_path: str, loaded: LoadedModel, reusable: bool,
                   dtype: torch.dtype, num_blocks: int, max_model_len: int) -> Drafting:
-    """`reusable`: `loaded` is the whole target model, which a draft of the same model shares."""
+    """`reusable`: `loaded` is the whole target model, which a draft of the same files
+    (`target_path`: the target's folder or .gguf file) shares."""
     spec = config.speculative_config
     if spec is None:
         return NoDrafting()
@@ -78,7 +114,7 @@ def make_drafting(config: EngineConfig, target_model_id: str, loaded: LoadedMode
         return Drafting.of(spec, proposer, max_model_len)
     from engine.spec_decode.draft_model import DraftModelProposer, check_same_tokenizer
     source = resolve_model(spec.model)
-    draft = loaded if source.model_id == target_model_id and reusable else load_model(
+    draft = loaded if source.path == target_path and reusable else load_model(
         source, dtype, config.device, max_model_len, progress=False)
     check_same_tokenizer(loaded.tokenizer, draft.tokenizer)
     bs = config.cache.block_size

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
-from engine.chat import encode_chat_prompt, render_chat_prompt
+from engine.chat import encode_chat_prompt, load_chat_template, render_chat_prompt, with_chat_template
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.core.block_hash import check_cache_salt
 from engine.engine_core import EngineCore
@@ -30,6 +30,7 @@ class LLM:
                  enable_prefix_caching: bool = CacheConfig.enable_prefix_caching,
                  kv_cache_memory_bytes: int | None = CacheConfig.kv_cache_memory_bytes,
                  kv_cache_memory_fraction: float = CacheConfig.kv_cache_memory_fraction,
+                 gpu_memory_utilization: float = CacheConfig.gpu_memory_utilization,
                  max_num_seqs: int = SchedulerConfig.max_num_seqs,
                  max_num_batched_tokens: int | None = SchedulerConfig.max_num_batched_tokens,
                  long_prefill_token_threshold: int = SchedulerConfig.long_prefill_token_threshold,
@@ -42,11 +43,17 @@ class LLM:
                  pipeline_layer_split: Sequence[int] | None = None,
                  pipeline_microbatches: int | None = ParallelConfig.pipeline_microbatches,
                  collective_timeout_s: float = ParallelConfig.collective_timeout_s,
+                 revision: str | None = EngineConfig.revision,
+                 chat_template: str | None = None,
                  progress: bool = True,
                  loaded_model: LoadedModel | None = None):
+        """`revision`: of a model named org/name in the Hugging Face cache. `chat_template`: a
+        Jinja file or the template itself, in place of the tokenizer's (chat, apply_chat_template)."""
+        template = load_chat_template(chat_template) if chat_template is not None else None  # before loading
         config = EngineConfig(
-            model=model, dtype=dtype, device=device, attention_backend=attention_backend, seed=seed,
-            cache=CacheConfig(block_size, enable_prefix_caching, kv_cache_memory_bytes, kv_cache_memory_fraction),
+            model=model, revision=revision, dtype=dtype, device=device, attention_backend=attention_backend,
+            seed=seed, cache=CacheConfig(block_size, enable_prefix_caching, kv_cache_memory_bytes,
+                                         kv_cache_memory_fraction, gpu_memory_utilization),
             scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold,
                                       max_model_len, enable_chunked_prefill),
             cuda_graph_batch_sizes=_as_tuple(cuda_graph_batch_sizes),
@@ -56,7 +63,7 @@ class LLM:
                 pipeline_layer_split=None if pipeline_layer_split is None else _as_tuple(pipeline_layer_split),
                 pipeline_microbatches=pipeline_microbatches, collective_timeout_s=collective_timeout_s))
         self.engine = EngineCore(config, progress=progress, loaded=loaded_model)
-        self.tokenizer = self.engine.tokenizer
+        self.tokenizer = with_chat_template(self.engine.tokenizer, template)
         self._ids = itertools.count()
 
     def shutdown(self) -> None:

@@ -38,8 +38,16 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, *,
+                window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         """query: [T, num_heads, d]; key/value: [T, num_kv_heads, d];
         kv_cache: [2, num_blocks, block_size, num_kv_heads, d] for this layer.
-        Stores key/value at meta.slot_mapping, returns attention output [T, num_heads, d]."""
+        Stores key/value at meta.slot_mapping, returns attention output [T, num_heads, d].
+
+        This layer's variant (None: off), as transformers defines them:
+            window W: the query at position p sees the keys at p - W < j <= p (W keys, its own
+                included; sliding_window). Keys before the window need not be read.
+            softcap:  scores = softcap * tanh(scores / softcap), after the scale and before the
+                mask and softmax (attn_logit_softcapping).
+        The cache still holds every position: a window only narrows what is attended."""
 

@@ -21,7 +21,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         load_library()  # build or load now: a missing compiler fails at engine start, not mid-step
 
     def _decode_batch(self, query, key_cache, value_cache, meta: AttentionMetadata, scale: float,
-                      out: torch.Tensor) -> None:
+                      out: torch.Tensor, window: int | None, softcap: float | None) -> None:
         nd = meta.num_decodes
         paged_decode_attention(query, key_cache, value_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
-                               scale, out=out)
+                               scale, out=out, window=window, softcap=softcap)

@@ -1,9 +1,25 @@
-"""Maps requests to KV blocks on top of the BlockPool: prefix hits, allocation, freeing."""
+"""Maps requests to KV blocks on top of the BlockPool: prefix hits, allocation, freeing.
+
+A model whose every layer attends a window of W positions never reads a block again once
+all its positions are W or more behind the next query (vLLM's sliding-window manager):
+
+    tokens   [b0][b1][b2][b3][b4][b5..      next query at position p
+    window                   |<-- W -->|p
+    table    [--][--][b2][b3][b4][b5..     b0, b1 go back to the pool; the table keeps a
+                                            placeholder there, which no kernel reads
+
+A freed block keeps its prefix-cache entry until the pool evicts it, as any freed block.
+A prefill-only request keeps every block: its whole KV is exported at the hand-off.
+"""
 from __future__ import annotations
 
 from engine.core.block_hash import BlockHash, hash_full_blocks
 from engine.core.block_pool import BlockPool, KVCacheBlock
-from engine.request import Request
+from engine.request import Request, RequestMode
+
+# In a request's table in place of a block freed outside the window; block id 0 in the
+# tensors the kernels get, never read (every kernel starts at the window).
+WINDOWED_OUT = KVCacheBlock(0)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -12,8 +28,12 @@ def cdiv(a: int, b: int) -> int:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, root_hash: BlockHash,
-                 enable_prefix_caching: bool = True):
+                 enable_prefix_caching: bool = True, window: int | None = None):
+        """`window`: the attention window when every layer has one (the widest), else None."""
         self.block_size = block_size
+        self.window = window
+        self._num_windowed_out: dict[str, int] = {}
+        self.num_windowed_out_blocks = 0  # freed outside the window, since start
         self.root_hash = root_hash
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
@@ -86,6 +106,24 @@ class KVCacheManager:
         self._cache_full_blocks(request, blocks, num_computed + num_new_tokens)
         return new_blocks
 
+    def free_outside_window(self, request: Request) -> int:
+        """Give back the request's blocks that no query from its next token on can see;
+        returns how many. Call before the request's next step is scheduled."""
+        if self.window is None or request.mode == RequestMode.PREFILL_ONLY:
+            return 0
+        blocks = self.req_to_blocks.get(request.req_id)
+        # positions < num_computed - W + 1 are out of every later query's window
+        num_dead = max(0, request.num_computed_tokens - self.window + 1) // self.block_size
+        start = self._num_windowed_out.get(request.req_id, 0)
+        if not blocks or num_dead <= start:
+            return 0
+        dead = blocks[start:num_dead]
+        blocks[start:num_dead] = [WINDOWED_OUT] * len(dead)
+        self.pool.free_blocks(reversed(dead))
+        self._num_windowed_out[request.req_id] = num_dead
+        self.num_windowed_out_blocks += len(dead)
+        return len(dead)
+
     def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
         if not self.enable_prefix_caching:
             return
@@ -95,7 +133,8 @@ class KVCacheManager:
             return
         hashes = self.block_hashes(request, num_full)
         for i in range(start, num_full):
-            self.pool.cache_block(blocks[i], hashes[i])
+            if blocks[i] is not WINDOWED_OUT:
+                self.pool.cache_block(blocks[i], hashes[i])
         self._num_cached_blocks[request.req_id] = num_full
 
     def trim(self, request: Request) -> None:
@@ -115,4 +154,5 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         blocks = self.req_to_blocks.pop(request.req_id, [])
         self._num_cached_blocks.pop(request.req_id, None)
-        self.pool.free_blocks(reversed(blocks))
+        self._num_windowed_out.pop(request.req_id, None)
+        self.pool.free_blocks(b for b in reversed(blocks) if b is not WINDOWED_OUT)

@@ -108,6 +108,7 @@ class Scheduler:
             if request.num_tokens - request.num_computed_tokens != 1:
                 drafts = []
             drafts = drafts[:budget - num_new]
+            self.kv.free_outside_window(request)
             num_kept = self.kv.num_blocks(request.req_id)
             new_blocks = self.kv.allocate_slots(request, num_new, num_lookahead_tokens=len(drafts))
             while new_blocks is None:

@@ -85,7 +85,7 @@ class ParallelGroups:
 
 
 class TensorParallelOps:
-    """The two collectives a tensor-parallel model makes (engine/model/llama.py)."""
+    """The two collectives a tensor-parallel model makes (engine/model/decoder.py)."""
 
     def __init__(self, group: RankGroup):
         self.group, self.size = group, group.size

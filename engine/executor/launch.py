@@ -26,6 +26,7 @@ class RankLaunch:
     backend: str           # torch.distributed backend of the model's collectives
     master_port: int
     threads: int           # torch CPU threads of this rank
+    revision: str | None = None  # the model's, from the Hugging Face cache
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -60,7 +60,7 @@ class MultiProcExecutor(Executor):
         threads = threads_per_rank(self.world_size)
         launch = RankLaunch(0, config.model, config.dtype,
                             config.device, config.attention_backend, config.scheduler.max_model_len,
-                            config.cache.block_size, parallel, backend, _free_port(), threads)
+                            config.cache.block_size, parallel, backend, _free_port(), threads, config.revision)
         self._procs: dict[int, subprocess.Popen] = {}
         self._dead: str | None = None
         self._stopping = False

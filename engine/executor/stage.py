@@ -8,13 +8,13 @@ import torch
 from engine.attention.backend import AttentionBackend
 from engine.executor.groups import ParallelGroups
 from engine.executor.messages import StepInputs
-from engine.model.llama import LlamaForCausalLM
+from engine.model.decoder import DecoderForCausalLM
 from engine.model.shard import ModelShard
 from engine.worker.kv_cache import export_blocks, import_blocks
 
 
 class StageWorker:
-    def __init__(self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], backend: AttentionBackend,
+    def __init__(self, model: DecoderForCausalLM, kv_caches: list[torch.Tensor], backend: AttentionBackend,
                  groups: ParallelGroups, device: torch.device):
         self.model, self.kv_caches, self.backend = model, kv_caches, backend
         self.groups, self.place, self.device = groups, groups.place, device

@@ -18,8 +18,8 @@ class ModelDescription:
     vocab_size: int
 
 
-def describe_model(model: str) -> ModelDescription:
-    source = resolve_model(model)
+def describe_model(model: str, revision: str | None = None) -> ModelDescription:
+    source = resolve_model(model, revision)
     if source.kind == "gguf":
         reader = open_gguf(source.path)
         arch = arch_from_gguf_metadata(gguf_metadata(reader), {t.name for t in reader.tensors}, source.path)

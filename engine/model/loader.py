@@ -14,7 +14,7 @@ from engine.dtypes import DTYPE_NAMES, torch_dtype
 from engine.errors import ModelLoadError
 from engine.model import weights as W
 from engine.model.arch import GGUF_ARCHITECTURES, arch_from_gguf_metadata, arch_from_hf_config
-from engine.model.llama import LlamaForCausalLM, TensorParallel
+from engine.model.decoder import DecoderForCausalLM, TensorParallel
 from engine.model.shard import ModelShard
 from engine.model.source import ModelSource
 
@@ -23,7 +23,7 @@ _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)$")
 
 @dataclass
 class LoadedModel:
-    model: LlamaForCausalLM
+    model: DecoderForCausalLM
     arch: ModelArchConfig
     tokenizer: object
     eos_token_ids: frozenset[int]
@@ -109,22 +109,24 @@ def _hf_eos_ids(folder: str, hf_config: dict) -> set[int]:
 
 def _build(arch: ModelArchConfig, dtype: torch.dtype, device: str, max_positions: int,
            weights: Iterable[tuple[str, torch.Tensor]], path: str, shard: ModelShard,
-           tp: TensorParallel | None) -> LlamaForCausalLM:
+           tp: TensorParallel | None) -> DecoderForCausalLM:
     with torch.device("meta"):
-        model = LlamaForCausalLM(arch, max_positions, shard, tp)
+        model = DecoderForCausalLM(arch, max_positions, shard, tp)
     model.to_empty(device=device)
     model.to(dtype)
     _load_weights(model, weights, path)
-    model.rope.to_device(torch.device(device), dtype)
+    for rope in model.rotary_embeddings():
+        rope.to_device(torch.device(device), dtype)
     return model.eval()
 
 
-def _load_weights(model: LlamaForCausalLM, weights: Iterable[tuple[str, torch.Tensor]], path: str) -> None:
+def _load_weights(model: DecoderForCausalLM, weights: Iterable[tuple[str, torch.Tensor]], path: str) -> None:
     params = dict(model.named_parameters())
     filled: set[tuple[str, int]] = set()
-    for name, tensor in weights:
+    for name, tensor in _unfused(weights, model.cfg):
         if name == "rope_freqs":
-            model.rope.apply_freq_factors(tensor)
+            for rope in model.rotary_embeddings():
+                rope.apply_freq_factors(tensor)
             continue
         for param_name, shard in _targets(model, name):
             _copy_into(model, params, param_name, shard, _rank_part(model, name, tensor), name, path, filled)
@@ -133,7 +135,7 @@ def _load_weights(model: LlamaForCausalLM, weights: Iterable[tuple[str, torch.Te
         raise ModelLoadError(path, f"weights missing for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
 
 
-def _copy_into(model: LlamaForCausalLM, params: dict, param_name: str, shard: int, tensor: torch.Tensor,
+def _copy_into(model: DecoderForCausalLM, params: dict, param_name: str, shard: int, tensor: torch.Tensor,
                name: str, path: str, filled: set[tuple[str, int]]) -> None:
     dest = _shard_view(model, params[param_name], param_name, shard)
     if tuple(dest.shape) != tuple(tensor.shape):
@@ -143,16 +145,40 @@ def _copy_into(model: LlamaForCausalLM, params: dict, param_name: str, shard: in
     filled.add((param_name, shard))
 
 
-_FUSED = {  # HF sub-name -> (our sub-name, shard index)
+# HF sub-name of a layer's module -> (our sub-name, fused shard index)
+_COMMON = {
     "self_attn.q_proj": ("attn.qkv_proj", 0), "self_attn.k_proj": ("attn.qkv_proj", 1),
     "self_attn.v_proj": ("attn.qkv_proj", 2), "self_attn.o_proj": ("attn.o_proj", 0),
+    "self_attn.q_norm": ("attn.q_norm", 0), "self_attn.k_norm": ("attn.k_norm", 0),
     "mlp.gate_proj": ("mlp.gate_up_proj", 0), "mlp.up_proj": ("mlp.gate_up_proj", 1),
     "mlp.down_proj": ("mlp.down_proj", 0), "input_layernorm": ("input_norm", 0),
-    "post_attention_layernorm": ("post_attn_norm", 0),
+    # the pre-MLP norm (Llama's name); Gemma's post_attention_layernorm normalises the attention's output
+    "post_attention_layernorm": ("mlp_norm", 0),
 }
+_GEMMA = {**_COMMON, "post_attention_layernorm": ("attn_out_norm", 0),
+          "pre_feedforward_layernorm": ("mlp_norm", 0), "post_feedforward_layernorm": ("mlp_out_norm", 0)}
+# experts: (HF module pattern -> our parameter, which half of gate_up (None: down))
+_EXPERT_RE = re.compile(r"(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)$")
+_EXPERT_PART = {"w1": 0, "gate_proj": 0, "w3": 1, "up_proj": 1, "w2": None, "down_proj": None}
+_ROUTER = {"block_sparse_moe.gate", "mlp.gate"}
+_FUSED_QKV_RE = re.compile(r"(.+\.self_attn)\.qkv_proj\.(weight|bias)$")
 
 
-def _targets(model: LlamaForCausalLM, name: str) -> list[tuple[str, int]]:
+def _layer_target(cfg: ModelArchConfig, module: str) -> tuple[str, int] | None:
+    """Our (sub-name, shard) for one module of an HF layer; None for what we do not use."""
+    if cfg.num_experts:
+        if module in _ROUTER:
+            return "mlp.gate", 0
+        m = _EXPERT_RE.match(module)
+        if m is not None:
+            expert, part = int(m.group(1)), _EXPERT_PART[m.group(2)]
+            if part is None:
+                return "mlp.experts_down", expert
+            return "mlp.experts_gate_up", 2 * expert + part
+    return (_GEMMA if cfg.gemma_norms else _COMMON).get(module)
+
+
+def _targets(model: DecoderForCausalLM, name: str) -> list[tuple[str, int]]:
     """Our parameters (name, fused shard) an HF tensor fills: none for tensors we do not use
     or another pipeline stage holds; two for a tied embedding a split model keeps twice."""
     shard = model.shard
@@ -169,10 +195,30 @@ def _targets(model: LlamaForCausalLM, name: str) -> list[tuple[str, int]]:
     if m is None or int(m.group(1)) not in shard.layers:
         return []
     module, _, kind = m.group(2).rpartition(".")
-    if module not in _FUSED:
+    target = _layer_target(model.cfg, module)
+    if target is None:
         return []  # e.g. rotary_emb.inv_freq buffers of old checkpoints
-    ours, fused = _FUSED[module]
-    return [(f"layers.{int(m.group(1)) - shard.layers.start}.{ours}.{kind}", fused)]
+    ours, fused = target
+    param = f"{ours}.{kind}" if not ours.startswith("mlp.experts_") else ours
+    return [(f"layers.{int(m.group(1)) - shard.layers.start}.{param}", fused)]
+
+
+def _unfused(weights: Iterable[tuple[str, torch.Tensor]], cfg: ModelArchConfig) -> Iterable[tuple[str, torch.Tensor]]:
+    """Phi-3 stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj`: each is read
+    as its parts, so that tensor parallelism narrows them like any other checkpoint's."""
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    for name, tensor in weights:
+        qkv = _FUSED_QKV_RE.match(name)
+        if qkv is not None:
+            for part, rows in zip(("q_proj", "k_proj", "v_proj"), tensor.split([q, kv, kv])):
+                yield f"{qkv.group(1)}.{part}.{qkv.group(2)}", rows
+        elif name.endswith(".mlp.gate_up_proj.weight"):
+            prefix = name[:-len(".gate_up_proj.weight")]
+            gate, up = tensor.chunk(2)
+            yield f"{prefix}.gate_proj.weight", gate
+            yield f"{prefix}.up_proj.weight", up
+        else:
+            yield name, tensor
 
 
 def _stage_filter(shard: ModelShard) -> Callable[[str], bool] | None:
@@ -199,7 +245,15 @@ _SPLIT = {"self_attn.q_proj": (0, "q_heads"), "self_attn.k_proj": (0, "kv_heads"
           "mlp.down_proj": (1, "intermediate")}
 
 
-def _rank_part(model: LlamaForCausalLM, name: str, tensor: torch.Tensor) -> torch.Tensor:
+def _split_of(cfg: ModelArchConfig, module: str) -> tuple[int, str] | None:
+    if cfg.num_experts:
+        m = _EXPERT_RE.match(module)
+        if m is not None:
+            return (1 if _EXPERT_PART[m.group(2)] is None else 0), "moe_intermediate"
+    return _SPLIT.get(module)
+
+
+def _rank_part(model: DecoderForCausalLM, name: str, tensor: torch.Tensor) -> torch.Tensor:
     """This rank's part of an HF tensor (itself when nothing is split)."""
     shard = model.shard
     if shard.tp_size == 1:
@@ -212,15 +266,16 @@ def _rank_part(model: LlamaForCausalLM, name: str, tensor: torch.Tensor) -> torc
     if m is None:
         return tensor
     module, _, kind = m.group(2).rpartition(".")
-    if module not in _SPLIT or (kind == "bias" and _SPLIT[module][0] == 1):
-        return tensor  # norms; a row-parallel bias is added once, after the sum
-    dim, field = _SPLIT[module]
+    split = _split_of(model.cfg, module)
+    if split is None or (kind == "bias" and split[0] == 1):
+        return tensor  # norms, the router; a row-parallel bias is added once, after the sum
+    dim, field = split
     units = getattr(shard, field)  # heads (head_dim rows each) or MLP columns
-    width = 1 if field == "intermediate" else model.cfg.head_dim
+    width = model.cfg.head_dim if field.endswith("heads") else 1
     return tensor.narrow(dim, units.start * width, len(units) * width)
 
 
-def _shard_sizes(model: LlamaForCausalLM, param_name: str) -> list[int]:
+def _shard_sizes(model: DecoderForCausalLM, param_name: str) -> list[int]:
     """The fused parts of a parameter, as this rank holds them."""
     cfg, shard = model.cfg, model.shard
     if ".qkv_proj." in param_name:
@@ -231,7 +286,12 @@ def _shard_sizes(model: LlamaForCausalLM, param_name: str) -> list[int]:
     return []
 
 
-def _shard_view(model: LlamaForCausalLM, param: torch.Tensor, param_name: str, shard: int) -> torch.Tensor:
+def _shard_view(model: DecoderForCausalLM, param: torch.Tensor, param_name: str, shard: int) -> torch.Tensor:
+    if param_name.endswith("experts_gate_up"):  # [experts, 2 * intermediate, hidden]: expert, then half
+        size = len(model.shard.moe_intermediate)
+        return param.data[shard // 2].narrow(0, (shard % 2) * size, size)
+    if param_name.endswith("experts_down"):
+        return param.data[shard]
     sizes = _shard_sizes(model, param_name)
     if not sizes:
         return param.data
@@ -239,6 +299,11 @@ def _shard_view(model: LlamaForCausalLM, param: torch.Tensor, param_name: str, s
     return param.data.narrow(0, start, sizes[shard])
 
 
-def _all_shards_filled(model: LlamaForCausalLM, param_name: str, filled: set[tuple[str, int]]) -> bool:
-    num = len(_shard_sizes(model, param_name)) or 1
+def _all_shards_filled(model: DecoderForCausalLM, param_name: str, filled: set[tuple[str, int]]) -> bool:
+    if param_name.endswith("experts_gate_up"):
+        num = 2 * model.cfg.num_experts
+    elif param_name.endswith("experts_down"):
+        num = model.cfg.num_experts
+    else:
+        num = len(_shard_sizes(model, param_name)) or 1
     return all((param_name, s) in filled for s in range(num))

@@ -32,6 +32,7 @@ class ModelShard:
     is_last_stage: bool
     # the first rank holding its KV heads: it exports them (replicas would send copies)
     owns_kv_heads: bool
+    moe_intermediate: range = range(0)  # its slice of every expert's intermediate size
 
     @property
     def is_whole(self) -> bool:
@@ -54,12 +55,13 @@ class ModelShard:
             per_kv, share = 1, t // nkv
             kv_start, owns = tp_rank // share, tp_rank % share == 0
         per_i = arch.intermediate_size // t
+        per_e = arch.moe_intermediate_size // t
         per_v = -(-arch.vocab_size // t)
         v_start = min(tp_rank * per_v, arch.vocab_size)
         return cls(tp_rank, t, range(tp_rank * per_q, (tp_rank + 1) * per_q), range(kv_start, kv_start + per_kv),
                    range(tp_rank * per_i, (tp_rank + 1) * per_i),
                    range(v_start, min(v_start + per_v, arch.vocab_size)), per_v, layers,
-                   is_first_stage, is_last_stage, owns)
+                   is_first_stage, is_last_stage, owns, range(tp_rank * per_e, (tp_rank + 1) * per_e))
 
 
 def check_tensor_parallel(arch: ModelArchConfig, tp_size: int) -> None:
@@ -71,7 +73,9 @@ def check_tensor_parallel(arch: ModelArchConfig, tp_size: int) -> None:
         problems.append(f"the model's {nh} attention heads")
     if nkv % tp_size and tp_size % nkv:
         problems.append(f"the model's {nkv} KV heads (t must divide them or be a multiple of them)")
-    if arch.intermediate_size % tp_size:
+    if arch.num_experts and arch.moe_intermediate_size % tp_size:
+        problems.append(f"its experts' MLP size {arch.moe_intermediate_size}")
+    elif not arch.num_experts and arch.intermediate_size % tp_size:
         problems.append(f"its MLP size {arch.intermediate_size}")
     if problems:
         raise InvalidRequestError("tensor_parallel_size", f"{tp_size} does not divide " + " nor ".join(problems))

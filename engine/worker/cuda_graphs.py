@@ -19,7 +19,8 @@ requests than the largest bucket) runs eagerly, as without graphs.
 Frozen host values: attention gets max_query_len = 1 and max_seq_len = max_model_len. The
 Triton decode kernel sizes its grid and split-KV partials from max_seq_len, and partitions
 past a sequence's own length exit at once, so one graph serves every context length. The
-price: a graph always launches cdiv(max_model_len, 512) partitions and the reduction, where
+price: a graph always launches cdiv(max_model_len, 512) partitions (a windowed layer's:
+cdiv(min(max_model_len, W), 512)) and the reduction, where
 an eager step of short contexts runs one partition and no reduction. (A single partition's
 result is acc / l either way: the reduction rescales it by 2^0 = 1.)
 """

@@ -1,9 +1,14 @@
 """Sizing and allocating the paged KV cache: one preallocated pool per layer."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from engine.config import CacheConfig, ModelArchConfig
+
+if TYPE_CHECKING:
+    from engine.worker.memory_profile import MemoryProfile
 
 
 def bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -23,22 +28,30 @@ def available_memory(device: torch.device) -> int:
 
 
 def num_kv_blocks(cache: CacheConfig, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device,
-                  num_ranks: int = 1) -> int:
+                  num_ranks: int = 1, profile: MemoryProfile | None = None) -> int:
     """`arch`: one rank's part (its layers and KV heads). kv_cache_memory_bytes is each
-    rank's budget (as on GPUs, one per rank); the fraction of free memory is too on a
-    GPU, while ranks on the CPU share the host's memory and split the fraction."""
+    rank's budget (as on GPUs, one per rank). Without it: on a CUDA engine that measured
+    `profile` (memory_profile.py), what gpu_memory_utilization leaves; else the fraction of
+    free memory, each rank's on a GPU, while ranks on the CPU share the host's memory and
+    split the fraction."""
     per_block = bytes_per_block(arch, cache.block_size, dtype)
-    if cache.kv_cache_memory_bytes is not None:
-        budget, field = cache.kv_cache_memory_bytes, "kv_cache_memory_bytes"
-    else:
-        share = 1 if device.type == "cuda" else num_ranks
-        budget = int(cache.kv_cache_memory_fraction * available_memory(device) / share)
-        field = "kv_cache_memory_fraction"
+    budget, field = kv_budget(cache, device, num_ranks, profile)
     num_blocks = budget // per_block
     if num_blocks < 1:
         raise ValueError(f"{field}: a budget of {budget} bytes holds no KV block "
                          f"(one block of {cache.block_size} tokens needs {per_block} bytes)")
     return num_blocks
+
+
+def kv_budget(cache: CacheConfig, device: torch.device, num_ranks: int,
+              profile: MemoryProfile | None) -> tuple[int, str]:
+    """The KV cache's bytes on one rank, and the setting that decided them."""
+    if cache.kv_cache_memory_bytes is not None:
+        return cache.kv_cache_memory_bytes, "kv_cache_memory_bytes"
+    if profile is not None:
+        return profile.kv_budget(cache.gpu_memory_utilization), "gpu_memory_utilization"
+    share = 1 if device.type == "cuda" else num_ranks
+    return int(cache.kv_cache_memory_fraction * available_memory(device) / share), "kv_cache_memory_fraction"
 
 
 def allocate_kv_caches(num_blocks: int, arch: ModelArchConfig, block_size: int, dtype: torch.dtype,

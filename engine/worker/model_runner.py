@@ -10,7 +10,7 @@ import torch
 
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from engine.model.llama import LlamaForCausalLM
+from engine.model.decoder import DecoderForCausalLM
 from engine.model.packed_linear import can_prepack
 from engine.sample.sampler import sample
 from engine.spec_decode.rejection import verify
@@ -43,7 +43,7 @@ class CachedRequestState:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], block_size: int,
+    def __init__(self, model: DecoderForCausalLM, kv_caches: list[torch.Tensor], block_size: int,
                  backend: AttentionBackend, device: torch.device, seed: int = 0, *, executor: Forwarder):
         """`executor` runs every eager forward, on one rank or t x p (`model` and
         `kv_caches` are then rank 0's parts); a captured decode graph runs `model` here."""

@@ -7,8 +7,12 @@
 //   context position t  ->  block_tables[seq][t / block_size], row t % block_size
 //
 //   pass 1: scores[g][t] = scale * q[g] . k[t]           (K rows, in place)
+//           softcap > 0: scores = softcap * tanh(scores / softcap)
 //   softmax over t in float32, per query head g
 //   pass 2: acc[g] += p[g][t] * v[t]                      (V rows, in place)
+//
+// t runs over [begin, seq_len): begin = max(0, seq_len - window) with a window (window > 0),
+// else 0, so a windowed layer reads only the keys its query sees.
 //
 // Tasks run under at::parallel_for, so torch.set_num_threads applies; a task's arithmetic
 // does not depend on which thread runs it, so results are identical for any thread count.
@@ -84,24 +88,29 @@ inline void prefetch_row(const scalar_t* row, int64_t head_dim) {
     __builtin_prefetch(bytes + off);
 }
 
-// visit(t, row) for each context position t < seq_len, in order, with `row` this KV head's
-// row of position t. Row r of a block prefetches row r of the next block: a block ahead of
-// use, and spread out rather than one burst that would overflow the miss buffers.
+// visit(t, row) for each context position t in [begin, seq_len), in order, with `row` this KV
+// head's row of position t. Row r of a block prefetches row r of the next block: a block ahead
+// of use, and spread out rather than one burst that would overflow the miss buffers.
 template <typename scalar_t, typename Visit>
 inline void for_each_row(const Shape& s, const scalar_t* cache, const int32_t* table, int64_t kv_head,
-                         int64_t seq_len, Visit&& visit) {
+                         int64_t begin, int64_t seq_len, Visit&& visit) {
   auto block_at = [&](int64_t b) {
     return cache + table[b] * s.cache_stride_block + kv_head * s.cache_stride_head;
   };
-  auto rows_in = [&](int64_t b) {
+  auto rows_in = [&](int64_t b) {  // block b's rows before seq_len
     return std::max<int64_t>(0, std::min(s.block_size, seq_len - b * s.block_size));
   };
-  for (int64_t r = 0; r < rows_in(0); ++r) prefetch_row(block_at(0) + r * s.cache_stride_row, s.head_dim);
-  for (int64_t b = 0; b * s.block_size < seq_len; ++b) {
+  const int64_t first = begin / s.block_size, first_row = begin % s.block_size;
+  for (int64_t r = first_row; r < rows_in(first); ++r)
+    prefetch_row(block_at(first) + r * s.cache_stride_row, s.head_dim);
+  // the next block's rows below first_row, which the first block's loop does not prefetch
+  for (int64_t r = 0; r < std::min(first_row, rows_in(first + 1)); ++r)
+    prefetch_row(block_at(first + 1) + r * s.cache_stride_row, s.head_dim);
+  for (int64_t b = first; b * s.block_size < seq_len; ++b) {
     const int64_t n = rows_in(b), n_next = rows_in(b + 1);
     const scalar_t* block = block_at(b);
     const scalar_t* next = n_next ? block_at(b + 1) : block;
-    for (int64_t r = 0; r < n; ++r) {
+    for (int64_t r = b == first ? first_row : 0; r < n; ++r) {
       if (r < n_next) prefetch_row(next + r * s.cache_stride_row, s.head_dim);
       visit(b * s.block_size + r, block + r * s.cache_stride_row);
     }
@@ -128,11 +137,23 @@ struct Scratch {
         inv_sum(s.group) {}
 };
 
+// scores[0, n) -> softcap * tanh(score / softcap), in place.
+inline void soft_cap(float* scores, int64_t n, float softcap) {
+  const float inv = 1.f / softcap;
+  for (int64_t t = 0; t < n; ++t) scores[t] = softcap * std::tanh(scores[t] * inv);
+}
+
+// The keys a query at position seq_len - 1 sees: the last `window` (window > 0) or all.
+inline int64_t window_begin(int64_t seq_len, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;
+}
+
 template <typename scalar_t>
 void attend_one(const Shape& s, int64_t seq, int64_t kv_head, int64_t seq_len, scalar_t* out,
                 const scalar_t* query, const scalar_t* key_cache, const scalar_t* value_cache,
-                const int32_t* block_tables, float scale, Scratch& w) {
+                const int32_t* block_tables, float scale, int64_t window, float softcap, Scratch& w) {
   const int64_t d = s.head_dim, group = s.group;
+  const int64_t begin = window_begin(seq_len, window), n = seq_len - begin;  // scores[g * n + t - begin]
   const int64_t first_head = kv_head * group;
   for (int64_t g = 0; g < group; ++g) {  // q pre-scaled: one multiply per head, not per score
     const scalar_t* q = query + seq * s.q_stride_seq + (first_head + g) * s.q_stride_head;
@@ -140,17 +161,17 @@ void attend_one(const Shape& s, int64_t seq, int64_t kv_head, int64_t seq_len, s
   }
   const int32_t* table = block_tables + seq * s.table_stride;
 
-  for_each_row(s, key_cache, table, kv_head, seq_len, [&](int64_t t, const scalar_t* k_row) {
+  for_each_row(s, key_cache, table, kv_head, begin, seq_len, [&](int64_t t, const scalar_t* k_row) {
     const float* k = row_as_float(k_row, w.row.data(), d);
-    for (int64_t g = 0; g < group; ++g) w.scores[g * seq_len + t] = dot(w.q.data() + g * d, k, d);
+    for (int64_t g = 0; g < group; ++g) w.scores[g * n + t - begin] = dot(w.q.data() + g * d, k, d);
   });
-  for (int64_t g = 0; g < group; ++g)
-    w.inv_sum[g] = softmax_numerators(w.scores.data() + g * seq_len, seq_len);
+  if (softcap > 0.f) soft_cap(w.scores.data(), group * n, softcap);
+  for (int64_t g = 0; g < group; ++g) w.inv_sum[g] = softmax_numerators(w.scores.data() + g * n, n);
 
   std::fill(w.acc.begin(), w.acc.end(), 0.f);
-  for_each_row(s, value_cache, table, kv_head, seq_len, [&](int64_t t, const scalar_t* v_row) {
+  for_each_row(s, value_cache, table, kv_head, begin, seq_len, [&](int64_t t, const scalar_t* v_row) {
     const float* v = row_as_float(v_row, w.row.data(), d);
-    for (int64_t g = 0; g < group; ++g) axpy(w.acc.data() + g * d, w.scores[g * seq_len + t], v, d);
+    for (int64_t g = 0; g < group; ++g) axpy(w.acc.data() + g * d, w.scores[g * n + t - begin], v, d);
   });
 
   for (int64_t g = 0; g < group; ++g) {
@@ -162,17 +183,17 @@ void attend_one(const Shape& s, int64_t seq, int64_t kv_head, int64_t seq_len, s
 template <typename scalar_t>
 void decode(const Shape& s, at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
             const at::Tensor& value_cache, const int32_t* tables, const int32_t* lens, int64_t max_len,
-            float scale) {
+            float scale, int64_t window, float softcap) {
   scalar_t* out_ptr = out.data_ptr<scalar_t>();
   const scalar_t* q_ptr = query.const_data_ptr<scalar_t>();
   const scalar_t* k_ptr = key_cache.const_data_ptr<scalar_t>();
   const scalar_t* v_ptr = value_cache.const_data_ptr<scalar_t>();
   at::parallel_for(0, s.num_seqs * s.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-    Scratch scratch(s, max_len);
+    Scratch scratch(s, window > 0 ? std::min(max_len, window) : max_len);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t seq = task / s.num_kv_heads, kv_head = task % s.num_kv_heads;
-      attend_one<scalar_t>(s, seq, kv_head, lens[seq], out_ptr, q_ptr, k_ptr, v_ptr, tables, scale,
-                           scratch);
+      attend_one<scalar_t>(s, seq, kv_head, lens[seq], out_ptr, q_ptr, k_ptr, v_ptr, tables, scale, window,
+                           softcap, scratch);
     }
   });
 }
@@ -232,8 +253,10 @@ int64_t check_tables(const Shape& s, const int32_t* tables, const int32_t* lens,
 
 at::Tensor& paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                                    const at::Tensor& value_cache, const at::Tensor& block_tables,
-                                   const at::Tensor& seq_lens, double scale) {
+                                   const at::Tensor& seq_lens, double scale, int64_t window, double softcap) {
   check_inputs(out, query, key_cache, value_cache, block_tables, seq_lens);
+  TORCH_CHECK(window >= 0, "window: expected 0 (no window) or the number of keys a query sees, got ", window);
+  TORCH_CHECK(softcap >= 0, "softcap: expected 0 (no soft-cap) or a positive cap, got ", softcap);
   const int64_t num_kv_heads = key_cache.size(2);
   const Shape s{query.size(0), query.size(1), num_kv_heads, query.size(1) / num_kv_heads, query.size(2),
                 key_cache.size(1), block_tables.size(1), query.stride(0), query.stride(1), out.stride(0),
@@ -244,7 +267,8 @@ at::Tensor& paged_decode_attention(at::Tensor& out, const at::Tensor& query, con
   const int64_t max_len = check_tables(s, tables, lens, key_cache.size(0));
   if (s.num_seqs == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_decode_attention", [&] {
-    decode<scalar_t>(s, out, query, key_cache, value_cache, tables, lens, max_len, static_cast<float>(scale));
+    decode<scalar_t>(s, out, query, key_cache, value_cache, tables, lens, max_len, static_cast<float>(scale),
+                     window, static_cast<float>(softcap));
   });
   return out;
 }
@@ -254,7 +278,7 @@ at::Tensor& paged_decode_attention(at::Tensor& out, const at::Tensor& query, con
 TORCH_LIBRARY(pdserve, m) {
   m.def(
       "paged_decode_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
-      "Tensor block_tables, Tensor seq_lens, float scale) -> Tensor(a!)");
+      "Tensor block_tables, Tensor seq_lens, float scale, int window=0, float softcap=0.0) -> Tensor(a!)");
 }
 
 TORCH_LIBRARY_IMPL(pdserve, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }

@@ -30,6 +30,10 @@ def max_request_bytes(configured: int | None, max_model_len: int) -> int:
 class RouterConfig(RoutingConfig):
     """The router process: its decisions' settings (RoutingConfig) and its own."""
     model: str = DEFAULT_MODEL
+    revision: str | None = None            # of a model named org/name in the Hugging Face cache
+    # the names clients use (/v1/models, a request's `model`); empty: `model` and its resolved id
+    served_model_names: tuple[str, ...] = ()
+    chat_template: str | None = None       # a Jinja file or the template itself; None: the tokenizer's
     prefill_addresses: tuple[str, ...] = ()
     decode_addresses: tuple[str, ...] = ()
     max_model_len: int | None = None  # None: the model's context (config.json / GGUF metadata)
@@ -56,6 +60,8 @@ class RouterConfig(RoutingConfig):
             raise ValueError(f"max_model_len: must be >= 2, got {self.max_model_len}")
         if self.max_request_bytes is not None and self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes: must be >= 1, got {self.max_request_bytes}")
+        if any(not isinstance(n, str) or not n for n in self.served_model_names):
+            raise ValueError(f"served_model_names: each must be a non-empty name, got {self.served_model_names!r}")
         if not self.grammar_compile_timeout_s > 0:
             raise ValueError(f"grammar_compile_timeout_s: must be > 0, got {self.grammar_compile_timeout_s}")
 

@@ -20,7 +20,17 @@ logger = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # defaults come from the config dataclasses: one place per setting
-    parser.add_argument("--model", default=RouterConfig.model, help="the served model: HF folder, .gguf file or alias")
+    parser.add_argument("--model", default=RouterConfig.model,
+                        help="the served model: HF folder, .gguf file, alias, or org/name from the local Hugging "
+                             "Face cache (the workers' --model)")
+    parser.add_argument("--revision", default=RouterConfig.revision,
+                        help="with --model org/name: the branch, tag or commit in the cache (default: main)")
+    parser.add_argument("--served-model-name", nargs="+", default=list(RouterConfig.served_model_names),
+                        metavar="NAME", help="the name(s) clients use: /v1/models lists them, a request's `model` "
+                                             "must be one, responses report the first (default: --model)")
+    parser.add_argument("--chat-template", default=RouterConfig.chat_template, metavar="FILE",
+                        help="a Jinja chat template file (or the template itself) in place of the tokenizer's, "
+                             "for /v1/chat/completions")
     parser.add_argument("--prefill", action="append", default=[], metavar="HOST:PORT",
                         help="prefill worker address (repeatable, or a comma-separated list); "
                              "none: colocated, the decode workers prefill every prompt")
@@ -95,7 +105,9 @@ def config_from_args(args) -> RouterConfig:
     default_class = DEFAULT_SLO_CLASS if DEFAULT_SLO_CLASS in slo_classes else min(
         slo_classes, key=lambda name: slo_classes[name].priority)
     return RouterConfig(
-        model=args.model, prefill_addresses=prefill, decode_addresses=decode, kvstore_address=args.kvstore,
+        model=args.model, revision=args.revision, served_model_names=tuple(args.served_model_name),
+        chat_template=args.chat_template, prefill_addresses=prefill, decode_addresses=decode,
+        kvstore_address=args.kvstore,
         paths=PathConfig(policy=args.path_policy, min_direct_chunk_tokens=args.min_direct_chunk_tokens),
         short_prompt_tokens=args.short_prompt_tokens, slo_classes=slo_classes, default_slo_class=default_class,
         max_model_len=args.max_model_len, host=args.host, port=args.port, metrics_port=args.metrics_port,

@@ -15,6 +15,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from engine.chat import load_chat_template, with_chat_template
 from services.common.defaults import HOST
 from services.common.grpc_server import RunningServer, ServiceSpec, start_server
 from services.router.config import RouterConfig, max_request_bytes
@@ -101,10 +102,13 @@ class RunningRouter:
 
 def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None,
           http: HttpConfig | None = None) -> RunningRouter:
-    """Start the router; `tokenizer` may be passed when the caller already has it loaded.
-    `http`: also serve the OpenAI-compatible API (None: gRPC only)."""
-    model = describe_model(cfg.model, cfg.max_model_len)
-    tokenizer = tokenizer if tokenizer is not None else tokenizer_for(cfg.model)
+    """Start the router; `tokenizer` may be passed when the caller already has it loaded
+    (it is left as it is: cfg.chat_template goes on a copy). `http`: also serve the
+    OpenAI-compatible API (None: gRPC only)."""
+    template = load_chat_template(cfg.chat_template) if cfg.chat_template is not None else None  # fails first
+    model = describe_model(cfg.model, cfg.max_model_len, cfg.revision, cfg.served_model_names)
+    tokenizer = with_chat_template(tokenizer if tokenizer is not None else tokenizer_for(cfg.model, cfg.revision),
+                                   template)
     colocated = discovery is None and not cfg.prefill_addresses  # given no prefill pool (not one that is down)
     metrics = RouterMetrics(cfg.slo_classes)
     gates = _gates(cfg, metrics)
@@ -127,7 +131,8 @@ def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None,
         raise
     logger.info("router on %s:%d: %d prefill, %d decode workers%s (model %s)", cfg.host, servers.grpc.port,
                 len(cfg.prefill_addresses), len(cfg.decode_addresses),
-                " (colocated: no prefill pool)" if paths.colocated else f" ({cfg.paths.policy} paths)", model.name)
+                " (colocated: no prefill pool)" if paths.colocated else f" ({cfg.paths.policy} paths)",
+                model.served_name)
     return RunningRouter(servers.grpc, servicer, watch.registry, watch.poller, calls, metrics, servers.metrics_port,
                          pools, watch.readiness, cfg.host, servers.http, watch.kv_index, watch.kv_sources, drain)
 

@@ -48,7 +48,10 @@ SPECULATIVE_HELP = {
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, role: str = "decode") -> None:
-    parser.add_argument("--model", default=_ENGINE.model)
+    parser.add_argument("--model", default=_ENGINE.model,
+                        help="HF folder, .gguf file, alias, or org/name from the local Hugging Face cache")
+    parser.add_argument("--revision", default=_ENGINE.revision,
+                        help="with --model org/name: the branch, tag or commit in the cache (default: main)")
     parser.add_argument("--dtype", default=_ENGINE.dtype, choices=DTYPE_NAMES)
     parser.add_argument("--device", default=_ENGINE.device)
     parser.add_argument("--attention-backend", default=_ENGINE.attention_backend, choices=["cpu", "torch", "triton"])
@@ -57,7 +60,14 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, rol
     parser.add_argument("--metrics-port", type=int, default=_WORKER.metrics_port)
     parser.add_argument("--kvstore", default=defaults.KVSTORE_ADDRESS, help="KV cache service address")
     parser.add_argument("--kvstore-transport", default=_WORKER.kvstore_transport, choices=["grpc", "ucx"])
-    parser.add_argument("--kv-cache-memory-bytes", type=int, default=_ENGINE.cache.kv_cache_memory_bytes)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=_ENGINE.cache.kv_cache_memory_bytes,
+                        help="the KV cache's exact size per rank (default: from --gpu-memory-utilization on "
+                             f"CUDA, {_ENGINE.cache.kv_cache_memory_fraction:g} of free memory on the CPU)")
+    parser.add_argument("--gpu-memory-utilization", type=gpu_memory_utilization_arg,
+                        default=_ENGINE.cache.gpu_memory_utilization, metavar="FRACTION",
+                        help="the share of the GPU's whole memory this worker may use, weights and activations "
+                             "included; the KV cache gets what is left (vLLM's). Ignored on the CPU and with "
+                             "--kv-cache-memory-bytes")
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--max-num-seqs", type=int, default=_SCHEDULER.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
@@ -88,8 +98,10 @@ def worker_config_from_args(args) -> WorkerConfig:
         long_prefill_token_threshold=args.long_prefill_token_threshold, max_model_len=args.max_model_len,
         enable_chunked_prefill=not args.no_chunked_prefill)
     cache = dataclasses.replace(_ENGINE.cache, enable_prefix_caching=not args.no_prefix_caching,
-                                kv_cache_memory_bytes=args.kv_cache_memory_bytes)
-    engine = dataclasses.replace(_ENGINE, model=args.model, dtype=args.dtype, device=args.device,
+                                kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+                                gpu_memory_utilization=args.gpu_memory_utilization)
+    engine = dataclasses.replace(_ENGINE, model=args.model, revision=args.revision, dtype=args.dtype,
+                                 device=args.device,
                                  attention_backend=args.attention_backend, cache=cache, scheduler=scheduler,
                                  cuda_graph_batch_sizes=args.cuda_graph_batch_sizes,
                                  speculative_config=args.speculative_config,
@@ -98,6 +110,17 @@ def worker_config_from_args(args) -> WorkerConfig:
                         kvstore_address=args.kvstore, kvstore_transport=args.kvstore_transport,
                         drain_timeout_s=args.drain_timeout_s, security=internal_server_security(args),
                         internal=internal_client_security(args))
+
+
+def gpu_memory_utilization_arg(text: str) -> float:
+    """A fraction in (0, 1] (pdserve up's flag parses the same way)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"gpu_memory_utilization: must be in (0, 1], got {text!r}")
+    return value
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:

@@ -13,7 +13,9 @@ from cli.main import COMMANDS
 from tests.cli.installed import REPO, Installed, build_wheel, install, repository_files, wheel_files
 from tests.cli.up_platform import running_up, up_ports
 
-PROMPT = "The quick brown fox jumps over the lazy dog and then"
+# longer than the tiny Qwen3's 24-token window (38 tokens): the window slides within the prompt
+PROMPT = ("The quick brown fox jumps over the lazy dog while the old grey cat sleeps in the warm sun "
+          "beside the river, and far away a small bird sings a song about the long summer days")
 MAX_TOKENS = 8
 NOT_INSTALLED = {"tests", "bench"}   # the repository's own tooling, never imported by the product
 
@@ -100,11 +102,20 @@ def test_a_command_whose_module_cannot_import_fails_alone_naming_it(installed):
 
 
 @pytest.fixture(scope="module")
-def generated(installed, tiny_llama_dir, tmp_path_factory) -> dict:
+def tiny_qwen3(tmp_path_factory) -> str:
+    """A new architecture as users bring one (bench/tiny_checkpoints.py: sliding window of
+    24 tokens, q/k norms, YaRN RoPE)."""
+    from bench.tiny_checkpoints import build_tiny_checkpoint
+    from tests.models import smollm2_tokenizer
+    return build_tiny_checkpoint("qwen3", tmp_path_factory.mktemp("models") / "tiny-qwen3", smollm2_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def generated(installed, tiny_qwen3, tmp_path_factory) -> dict:
     """`pdserve generate` with the default backend: the C++ kernels built from the wheel's
     own source, in an extension cache of their own (nothing built from the checkout reused)."""
     cache = tmp_path_factory.mktemp("torch-extensions")
-    out = installed.run("generate", "--model", tiny_llama_dir, "--prompt", PROMPT, "--max-tokens", str(MAX_TOKENS),
+    out = installed.run("generate", "--model", tiny_qwen3, "--prompt", PROMPT, "--max-tokens", str(MAX_TOKENS),
                         "--json", timeout=600, TORCH_EXTENSIONS_DIR=str(cache))
     assert out.returncode == 0, out.stderr
     built = list(cache.rglob("pdserve_cpu_kernels*.so"))
@@ -112,25 +123,47 @@ def generated(installed, tiny_llama_dir, tmp_path_factory) -> dict:
     return json.loads(out.stdout)
 
 
-def test_generate_installed_with_the_default_cpu_backend_matches_transformers(generated, tiny_llama_dir):
+def test_generate_installed_with_the_default_cpu_backend_matches_transformers(generated, tiny_qwen3):
     from tests.engine.hf_reference import hf_greedy, load_hf_model
     from transformers import AutoTokenizer
-    eos = {AutoTokenizer.from_pretrained(tiny_llama_dir).eos_token_id}
-    (expected,) = hf_greedy(load_hf_model(tiny_llama_dir), [generated["prompt_token_ids"]], MAX_TOKENS, eos)
-    assert generated["token_ids"] == expected
+    eos = {AutoTokenizer.from_pretrained(tiny_qwen3).eos_token_id}
+    assert len(generated["prompt_token_ids"]) == 38
+    (expected,) = hf_greedy(load_hf_model(tiny_qwen3), [generated["prompt_token_ids"]], MAX_TOKENS, eos)
+    assert generated["token_ids"] == expected and len(expected) == MAX_TOKENS
 
 
-def test_up_installed_serves_a_request_through_the_router_and_stops_on_ctrl_c(installed, generated, tiny_llama_dir,
+def _completion(port: int, model: str) -> dict:
+    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def test_up_installed_serves_a_request_through_the_router_and_stops_on_ctrl_c(installed, generated, tiny_qwen3,
                                                                              tmp_path):
+    """`pdserve up --model <a Qwen3 folder>`: both requests (gRPC through `pdserve generate
+    --url`, and OpenAI HTTP) go prefill -> kvstore -> decode and answer as the offline engine."""
     ports = up_ports(2, http=True)
-    with running_up(tiny_llama_dir, ports, ["--short-prompt-tokens", "4"], tmp_path, pdserve=(installed.pdserve,),
-                    cwd=installed.workdir, env=installed.env()) as up:
-        out = installed.run("generate", "--url", up.router, "--model", tiny_llama_dir, "--prompt", PROMPT,
+    # the threshold policy at 4 tokens sends the prompt through the prefill worker (the
+    # default adaptive policy would prefill 38 tokens on the decode worker itself)
+    with running_up(tiny_qwen3, ports, ["--path-policy", "threshold", "--short-prompt-tokens", "4"], tmp_path,
+                    pdserve=(installed.pdserve,), cwd=installed.workdir, env=installed.env()) as up:
+        out = installed.run("generate", "--url", up.router, "--model", tiny_qwen3, "--prompt", PROMPT,
                             "--max-tokens", str(MAX_TOKENS), "--json")
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["token_ids"] == generated["token_ids"]
+        answer = _completion(ports["http"], tiny_qwen3)
         models = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{ports['http']}/v1/models", timeout=10).read())
         assert models["object"] == "list" and models["data"]
+        prefilled = up.metric(1, "pdserve_prefill_tokens_total")
+        imported = up.metric(2, "pdserve_kvstore_imported_tokens_total")
+    (choice,) = answer["choices"]
+    assert choice["text"] == generated["text"]
+    usage = answer["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (38, MAX_TOKENS)
+    # both requests were prefilled by the prefill worker, their KV read by the decode worker
+    assert prefilled == imported == 2 * 38
     log = "".join(up.lines)
     for name in ("kvstore", "prefill-0", "decode-0", "router"):   # every process's log, prefixed
         assert f"[{name:>9}]" in log

@@ -26,11 +26,18 @@ def mixed_step() -> tuple:
     return query, key, value, torch.randn(2, 16, 16, 2, 32), meta
 
 
-def test_mixed_step_matches_torch_backend():
+# (window, softcap): off; a window under a block (the 40-token decode and the chunk see part of
+# their context, short sequences all of it); a soft-cap alone; both
+VARIANTS = [(None, None), (7, None), (None, 5.0), (20, 30.0)]
+
+
+@pytest.mark.parametrize("window,softcap", VARIANTS)
+def test_mixed_step_matches_torch_backend(window, softcap):
     query, key, value, kv_cache, meta = mixed_step()
     ref_cache = kv_cache.clone()
-    out = get_attention_backend("cpu").forward(query, key, value, kv_cache, meta, 0.2)
-    ref = get_attention_backend("torch").forward(query, key, value, ref_cache, meta, 0.2)
+    variant = dict(window=window, softcap=softcap)
+    out = get_attention_backend("cpu").forward(query, key, value, kv_cache, meta, 0.2, **variant)
+    ref = get_attention_backend("torch").forward(query, key, value, ref_cache, meta, 0.2, **variant)
     assert torch.equal(kv_cache, ref_cache)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 

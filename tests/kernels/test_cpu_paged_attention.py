@@ -6,7 +6,9 @@ import torch
 
 from kernels.cpu import paged_decode_attention
 from kernels.paged_attention import paged_decode_attention_ref
-from tests.kernels.test_paged_attention import make_block_tables, make_caches, num_blocks_for
+from tests.kernels.test_paged_attention import (DECODE_LENS, SOFTCAPS, WINDOWS, assert_close_fp32, dense_decode,
+                                                make_block_tables, make_caches, num_blocks_for,
+                                                poison_outside_windows, variant_case)
 
 TOLERANCES = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
@@ -146,3 +148,49 @@ def test_a_failed_build_says_what_failed_and_names_the_torch_backend(monkeypatch
     with pytest.raises(build.CpuKernelBuildError, match="attention_backend='torch'") as info:
         build.load_library.__wrapped__()
     assert "paged_attention.cpp" in str(info.value) and "Error building extension" in str(info.value)
+
+
+@pytest.mark.parametrize("softcap", SOFTCAPS)
+@pytest.mark.parametrize("window", WINDOWS)
+def test_windowed_softcapped_decode_matches_dense(window, softcap):
+    args = variant_case(DECODE_LENS)
+    out = paged_decode_attention(*args, 0.3, window=window, softcap=softcap)
+    assert_close_fp32(out, dense_decode(*args, 0.3, window=window, softcap=softcap))
+
+
+@pytest.mark.parametrize("softcap", SOFTCAPS)
+def test_a_window_wider_than_every_context_changes_nothing(softcap):
+    args = variant_case(DECODE_LENS)
+    for window in (max(DECODE_LENS), 1000):
+        assert torch.equal(paged_decode_attention(*args, 0.3, window=window, softcap=softcap),
+                           paged_decode_attention(*args, 0.3, softcap=softcap))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_windowed_softcapped_16_bit(dtype):
+    args = make_case(16, 64, 2, 4, [1, 16, 33, 270], dtype)
+    out = paged_decode_attention(*args, 0.125, window=40, softcap=20.0)
+    ref = paged_decode_attention_ref(*args, 0.125, window=40, softcap=20.0)
+    torch.testing.assert_close(out.float(), ref.float(), atol=TOLERANCES[dtype], rtol=TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("window", [1, 7, 16, 40])  # under a block, a block, several
+def test_decode_reads_only_the_window(window):
+    """Everything outside the windows is NaN: the loop starts at the window's first key."""
+    seq_lens = [300, 45, 290, 9]
+    query, key_cache, value_cache, tables, lens = variant_case(seq_lens)
+    dense = dense_decode(query, key_cache, value_cache, tables, lens, 0.3, window=window, softcap=5.0)
+    first_seen = [max(0, n - window) for n in seq_lens]
+    caches = [poison_outside_windows(c, tables, seq_lens, first_seen) for c in (key_cache, value_cache)]
+    assert_close_fp32(paged_decode_attention(query, *caches, tables, lens, 0.3, window=window, softcap=5.0), dense)
+
+
+def test_bad_window_and_softcap_are_refused():
+    args = _bad()
+    with pytest.raises(ValueError, match="window"):
+        paged_decode_attention(**args, window=0)
+    with pytest.raises(ValueError, match="softcap"):
+        paged_decode_attention(**args, softcap=-1.0)
+    with pytest.raises(RuntimeError, match="window: expected 0"):  # the op itself, called directly
+        torch.ops.pdserve.paged_decode_attention(torch.empty_like(args["query"]), *list(args.values())[:5],
+                                                 0.125, -3, 0.0)

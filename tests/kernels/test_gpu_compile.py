@@ -63,7 +63,8 @@ def attention_values(num_heads: int, num_kv_heads: int, head_dim: int, dtype: st
     qkv_stride = (num_heads + 2 * num_kv_heads) * head_dim
     return dict(out_ptr=dtype, q_ptr=dtype, k_cache_ptr=dtype, v_cache_ptr=dtype, block_tables_ptr="*i32",
                 seq_lens_ptr="*i32", query_start_loc_ptr="*i32", part_acc_ptr="*fp32", part_max_ptr="*fp32",
-                part_sum_ptr="*fp32", scale_log2=0.18, stride_qs=qkv_stride, stride_qt=qkv_stride,
+                part_sum_ptr="*fp32", scale_log2=0.18, window=4096, softcap_scale=0.0025, softcap_log2=72.1,
+                stride_qs=qkv_stride, stride_qt=qkv_stride,
                 stride_qh=head_dim, stride_os=num_heads * head_dim, stride_ot=num_heads * head_dim,
                 stride_oh=head_dim, stride_bt=257, num_heads=num_heads, max_partitions=8,
                 **cache_strides(num_kv_heads, head_dim))
@@ -76,17 +77,21 @@ def check_attention(pa, shape: tuple[int, int, int], arch: int, dtype: str = "*b
     values = attention_values(num_heads, num_kv_heads, head_dim, dtype)
     fp32_dot = dtype == "*fp32"  # exact fp32 products: FMA, no tensor cores
     common = dict(GROUP=group, HEAD_DIM=head_dim, DIM_PAD=head_dim, TILE_N=pa.TILE_N, FP32_DOT=fp32_dot)
-    for single in (True, False):
-        ptx = compile_ptx(pa._decode_partition_kernel, values, dict(
-            common, GROUP_PAD=16, PARTITION_SIZE=pa.PARTITION_SIZE, SINGLE_PARTITION=single), arch)
-        assert_codegen(ptx, None if fp32_dot else "mma.sync", f"decode sm_{arch} {shape} {dtype}")
-    block_m = max(pa.BLOCK_M, triton.next_power_of_2(group))
-    constexprs = dict(common, BLOCK_M=block_m, BLOCK_Q=block_m // group)
-    ptx = compile_ptx(pa._prefill_kernel, values, constexprs, arch)
-    assert_codegen(ptx, None if fp32_dot else TARGETS[arch], f"prefill sm_{arch} {shape} {dtype}")
-    ptx = compile_ptx(pa._decode_reduce_kernel, values, dict(
-        PARTS_PAD=8, HEAD_DIM=head_dim, DIM_PAD=head_dim, PARTITION_SIZE=pa.PARTITION_SIZE), arch)
-    assert_codegen(ptx, None, f"decode reduce sm_{arch} {shape}")
+    # (HAS_WINDOW, SOFTCAP): the plain kernels and Gemma 2's local layers (both on)
+    for variant in (dict(HAS_WINDOW=False, SOFTCAP=False), dict(HAS_WINDOW=True, SOFTCAP=True)):
+        what = f"sm_{arch} {shape} {dtype} {variant}"
+        for single in (True, False):
+            ptx = compile_ptx(pa._decode_partition_kernel, values, dict(
+                common, GROUP_PAD=16, PARTITION_SIZE=pa.PARTITION_SIZE, SINGLE_PARTITION=single, **variant), arch)
+            assert_codegen(ptx, None if fp32_dot else "mma.sync", f"decode {what}")
+        block_m = max(pa.BLOCK_M, triton.next_power_of_2(group))
+        constexprs = dict(common, BLOCK_M=block_m, BLOCK_Q=block_m // group, **variant)
+        ptx = compile_ptx(pa._prefill_kernel, values, constexprs, arch)
+        assert_codegen(ptx, None if fp32_dot else TARGETS[arch], f"prefill {what}")
+        ptx = compile_ptx(pa._decode_reduce_kernel, values, dict(
+            PARTS_PAD=8, HEAD_DIM=head_dim, DIM_PAD=head_dim, PARTITION_SIZE=pa.PARTITION_SIZE,
+            HAS_WINDOW=variant["HAS_WINDOW"]), arch)
+        assert_codegen(ptx, None, f"decode reduce {what}")
 
 
 def check_cache_write(co, shape: tuple[int, int, int], arch: int) -> None:

@@ -32,7 +32,8 @@ def make_step(seq_lens: list[int], query_lens: list[int], block_size: int = 16) 
     ([40, 9], [8, 9]),                # prefills only
     ([17, 48, 3], [1, 1, 1]),         # decodes only
 ])
-def test_backend_matches_torch_backend(seq_lens, query_lens):
+@pytest.mark.parametrize("window,softcap", [(None, None), (5, None), (None, 5.0), (20, 30.0)])
+def test_backend_matches_torch_backend(seq_lens, query_lens, window, softcap):
     torch.manual_seed(0)
     meta = make_step(seq_lens, query_lens)
     num_tokens, num_heads, num_kv_heads, head_dim = sum(query_lens), 6, 2, 64
@@ -40,8 +41,9 @@ def test_backend_matches_torch_backend(seq_lens, query_lens):
     key, value = torch.randn(2, num_tokens, num_kv_heads, head_dim)
     kv_cache = torch.randn(2, 16, 16, num_kv_heads, head_dim)
     ref_cache = kv_cache.clone()
-    out = get_attention_backend("triton").forward(query, key, value, kv_cache, meta, 0.125)
-    ref = get_attention_backend("torch").forward(query, key, value, ref_cache, meta, 0.125)
+    variant = dict(window=window, softcap=softcap)
+    out = get_attention_backend("triton").forward(query, key, value, kv_cache, meta, 0.125, **variant)
+    ref = get_attention_backend("torch").forward(query, key, value, ref_cache, meta, 0.125, **variant)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
     assert torch.equal(kv_cache, ref_cache)
 

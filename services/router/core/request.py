@@ -100,8 +100,9 @@ class RequestValidator:
     def _check_names(self, inp: GenerateInput) -> None:
         _check_text("req_id", inp.req_id, MAX_NAME_CHARS)
         _check_text("model", inp.model, MAX_NAME_CHARS)
-        if inp.model and inp.model not in (self.model.name, self.model.model_id):
-            raise InvalidRequestError("model", f"{shown(inp.model)} is not served here (serving {self.model.name!r})")
+        if inp.model and not self.model.serves(inp.model):
+            raise InvalidRequestError("model", f"{shown(inp.model)} is not served here "
+                                               f"(serving {self.model.served_name!r})")
 
     def _check_sampling(self, params: SamplingParams) -> None:
         """Bounds the engine does not set: what one request may ask of a worker."""

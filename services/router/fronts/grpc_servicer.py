@@ -30,7 +30,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     def ListModels(self, request, context) -> router_pb2.ListModelsResponse:
         return router_pb2.ListModelsResponse(models=[router_pb2.ModelInfo(
-            id=self.model.name, max_model_len=self.model.max_model_len, vocab_size=self.model.vocab_size)])
+            id=self.model.served_name, max_model_len=self.model.max_model_len, vocab_size=self.model.vocab_size)])
 
     def Generate(self, request, context):
         arrival = time.monotonic()

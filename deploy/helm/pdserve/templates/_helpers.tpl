@@ -79,6 +79,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if $e.kvCacheMemoryBytes }}
 - --kv-cache-memory-bytes={{ int64 $e.kvCacheMemoryBytes }}
 {{- end }}
+{{- with .pool.gpuMemoryUtilization }}
+- --gpu-memory-utilization={{ . }}
+{{- end }}
 {{- if not $e.prefixCaching }}
 - --no-prefix-caching
 {{- end }}

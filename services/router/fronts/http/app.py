@@ -76,12 +76,14 @@ class _Api:
             self.cfg.max_messages))
 
     async def models(self) -> dict:
-        return {"object": "list", "data": [self._card()]}
+        """One card per --served-model-name (vLLM's), the first first; without: the model's."""
+        m = self.backend.model
+        return {"object": "list", "data": [self._card(name) for name in m.served_model_names or (m.name,)]}
 
     async def model(self, model: str) -> dict:
-        if model not in (self.backend.model.name, self.backend.model.model_id):
-            raise model_not_found(model, self.backend.model.name)
-        return self._card()
+        if not self.backend.model.serves(model):
+            raise model_not_found(model, self.backend.model.served_name)
+        return self._card(model if self.backend.model.served_model_names else self.backend.model.name)
 
     async def health(self) -> JSONResponse:
         """200 when the router is ready (state/readiness.py: a decode worker is reachable), else 503."""
@@ -94,9 +96,9 @@ class _Api:
         return Response(generate_latest(self.backend.front.metrics.metrics.registry),
                         media_type=CONTENT_TYPE_LATEST)
 
-    def _card(self) -> dict:
+    def _card(self, name: str) -> dict:
         m = self.backend.model
-        return {"id": m.name, "object": "model", "created": int(self.backend.started), "owned_by": "pdserve",
+        return {"id": name, "object": "model", "created": int(self.backend.started), "owned_by": "pdserve",
                 "root": m.model_id, "max_model_len": m.max_model_len}
 
     async def _generate(self, request: Request, reply_type: type[Reply], make_job: Callable[[], Job]) -> Response:
@@ -104,7 +106,7 @@ class _Api:
         # tokenizing (chat template, text prompts) is CPU work: off the event loop
         job, routed = await run_in_threadpool(self._prepare, make_job)
         group = RunGroup(self.backend, routed, arrival, self.executor)
-        reply = reply_type(job, self.backend.model.name, self.text_of)
+        reply = reply_type(job, self.backend.model.served_name, self.text_of)
         try:
             if job.stream:
                 first = await _unless_disconnected(request, group.first_messages())

@@ -114,8 +114,8 @@ def _chat_top_logprobs(body: ChatCompletionRequest) -> int | None:
 
 
 def _check_common(body: _GenerateRequest, model: ModelInfo) -> None:
-    if body.model not in (model.name, model.model_id):
-        raise model_not_found(body.model, model.name)
+    if not model.serves(body.model):
+        raise model_not_found(body.model, model.served_name)
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(body, name):  # 0 and unset are neutral
             raise bad_request(name, "is not supported by this engine (only 0)")
