@@ -45,6 +45,9 @@ class PlatformConfig:
     gpu_memory_utilization: float = CacheConfig.gpu_memory_utilization  # both pools' workers (CUDA only)
     served_model_names: tuple[str, ...] = ()  # the router's --served-model-name; empty: --model
     chat_template: str | None = None          # the router's --chat-template (a file, absolute, or the template)
+    tool_call_parser: str | None = None       # the router's --tool-call-parser, --enable-auto-tool-choice and
+    enable_auto_tool_choice: bool = False     # --reasoning-parser (vLLM's flags)
+    reasoning_parser: str | None = None
     num_prefill: int = 1
     num_decode: int = 1
     host: str = HOST
@@ -123,6 +126,8 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
                           [worker_ranks(pool_args[role]) for role in roles])
     addresses: dict[str, list[str]] = {"prefill": [], "decode": []}
     revision = ["--revision", cfg.revision] if cfg.revision is not None else []
+    # the workers label their vllm: metrics with the name clients use
+    served_names = ["--served-model-name", *cfg.served_model_names] if cfg.served_model_names else []
     for i, (role, cpus) in enumerate(zip(roles, cpu_sets)):
         port, metrics_port = cfg.worker_base_port + i, cfg.metrics_base_port + 1 + i
         name = f"{role}-{len(addresses[role])}"
@@ -132,7 +137,7 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
                                         "--kvstore-transport", cfg.kv_transport,
                                         "--threads", str(len(cpus)), *revision,
                                         "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
-                                        *cfg.worker_args,
+                                        *served_names, *cfg.worker_args,
                                         *(cfg.prefill_args if role == "prefill" else cfg.decode_args)],
                                  f"{cfg.host}:{port}", metrics_port, cpus))
     router_metrics = cfg.metrics_base_port + 1 + len(roles)
@@ -143,16 +148,22 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     if addresses["prefill"]:  # none: colocated, the decode workers prefill every prompt
         router += ["--prefill", ",".join(addresses["prefill"])]
     router += ["--http-port", "off" if cfg.http_port is None else str(cfg.http_port), *revision]
-    if cfg.served_model_names:
-        router += ["--served-model-name", *cfg.served_model_names]
+    router += served_names
     if cfg.chat_template is not None:
         router += ["--chat-template", cfg.chat_template]
+    router += _output_parser_args(cfg)
     router += cfg.router_args
     router += router_discovery_args(cfg.autoscale)
     specs.append(ProcessSpec(ROUTER, router, f"{cfg.host}:{cfg.router_port}", router_metrics))
     for spec in specs:
         spec.env[INTERNAL_TOKEN_ENV] = cfg.internal_token
     return specs
+
+
+def _output_parser_args(cfg: PlatformConfig) -> list[str]:
+    args = ["--tool-call-parser", cfg.tool_call_parser] if cfg.tool_call_parser is not None else []
+    args += ["--enable-auto-tool-choice"] if cfg.enable_auto_tool_choice else []
+    return args + (["--reasoning-parser", cfg.reasoning_parser] if cfg.reasoning_parser is not None else [])
 
 
 class Platform:

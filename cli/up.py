@@ -10,7 +10,8 @@ from cli.autoscale import add_autoscale_arguments, autoscale_config_from_args
 from cli.launcher import PlatformConfig, run_platform
 from engine.chat import load_chat_template
 from services.router.decide.paths import PATH_POLICIES
-from services.router.main import port_or_off
+from services.router.fronts.http.config import HttpConfig
+from services.router.main import add_output_parser_arguments, port_or_off
 from services.worker.config import gpu_memory_utilization_arg, speculative_config_arg
 from services.worker.parallel_args import positive_int
 
@@ -31,6 +32,7 @@ def add_arguments(p) -> None:
     p.add_argument("--chat-template", default=PlatformConfig.chat_template, metavar="FILE",
                    help="the router's: a Jinja chat template file (or the template itself) in place of the "
                         "tokenizer's")
+    add_output_parser_arguments(p)  # the router's --tool-call-parser, --enable-auto-tool-choice, --reasoning-parser
     p.add_argument("--prefill", type=int, default=PlatformConfig.num_prefill,
                    help="number of prefill workers (0: colocated, each decode worker prefills its own prompts)")
     p.add_argument("--decode", type=int, default=PlatformConfig.num_decode, help="number of decode workers")
@@ -71,9 +73,13 @@ def run(args) -> int:
         raise ValueError("--prefill: must be >= 0")
     if args.decode < 1:
         raise ValueError("--decode: needs at least one worker")
+    HttpConfig(tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
+               reasoning_parser=args.reasoning_parser)  # the router's check, before any process starts
     return run_platform(PlatformConfig(
         model=args.model, revision=args.revision, gpu_memory_utilization=args.gpu_memory_utilization,
         served_model_names=tuple(args.served_model_name), chat_template=_chat_template(args.chat_template),
+        tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
+        reasoning_parser=args.reasoning_parser,
         num_prefill=args.prefill, num_decode=args.decode, host=args.host, router_port=args.port,
         http_port=args.http_port,
         kvstore_port=args.kvstore_port, worker_base_port=args.worker_base_port,

@@ -13,13 +13,13 @@ _SUBMODULES = {
     "EngineCore": "engine.engine_core", "EngineRequest": "engine.engine_request",
     "InvalidRequestError": "engine.errors", "ModelLoadError": "engine.errors",
     "LLM": "engine.llm",
-    "RequestOutput": "engine.outputs", "TokenLogprob": "engine.outputs",
+    "RequestOutput": "engine.outputs", "TokenLogprob": "engine.outputs", "Logprob": "engine.outputs",
     "SamplingParams": "engine.sampling_params",
     "RequestMode": "engine.request", "EngineStats": "engine.stats", "EngineInfo": "engine.info",
     "ModelDescription": "engine.model.describe", "describe_model": "engine.model.describe",
 }
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "TokenLogprob", "EngineCore", "EngineConfig",
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "TokenLogprob", "Logprob", "EngineCore", "EngineConfig",
            "CacheConfig", "SchedulerConfig", "InvalidRequestError", "ModelLoadError", "load_tokenizer",
            "describe_model", "ModelDescription", "RequestMode", "EngineStats", "EngineInfo", "EngineRequest"]
 

@@ -14,11 +14,13 @@ Plain text rather than a refusal: a user may quote such text (a question about c
 templates, a pasted log) and deserves an answer. Contents without control-token text take
 the usual path (the rendered prompt tokenized whole), so their tokens are unchanged. A
 refusal is left only for a template that rewrites contents (trims them, say), where the
-split cannot be proven exact.
+split cannot be proven exact, and for tool definitions and earlier tool calls spelling a
+control token: the template writes those itself (tojson), with no place for a marker.
 """
 from __future__ import annotations
 
 import copy
+import json
 import uuid
 
 from engine.errors import InvalidRequestError
@@ -74,31 +76,78 @@ def _check_jinja(template: str) -> None:
         raise ValueError(f"chat_template: not a Jinja template: {e.message} (line {e.lineno})") from None
 
 
-def render_chat_prompt(tokenizer, conversation: list[dict]) -> str:
+def render_chat_prompt(tokenizer, conversation: list[dict], tools: list[dict] | None = None) -> str:
     """The prompt text for `conversation` ([{"role", "content"}, ...]) with the assistant's turn
-    opened. Raises InvalidRequestError("messages", ...) when the model has no template, a
-    message is malformed, or the template itself refuses the conversation."""
+    opened; `tools` (OpenAI's [{"type": "function", "function": {...}}]) go to the template as
+    transformers passes them, for the templates that render them. An assistant message may
+    carry OpenAI's `tool_calls`, whose JSON-text arguments the template gets as objects (what
+    HF templates expect: `tool_call.arguments | tojson`), and a tool message its `tool_call_id`.
+    Raises InvalidRequestError("messages", ...) when the model has no template, a message is
+    malformed, or the template itself refuses the conversation."""
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError("messages", "this model has no chat template")
     if not all(isinstance(m, dict) and "role" in m and "content" in m for m in conversation):
         raise InvalidRequestError("messages", "each message needs 'role' and 'content'")
     for i, message in enumerate(conversation):
         _check_message(i, message)
+    messages = [_with_call_objects(i, m) for i, m in enumerate(conversation)]
+    extra = {"tools": tools} if tools else {}
     try:
-        return tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
     except Exception as e:  # the template's own checks (e.g. role order) raise from Jinja
         raise InvalidRequestError("messages", f"the chat template refused them: {e}") from None
 
 
-def encode_chat_prompt(tokenizer, conversation: list[dict]) -> tuple[str, list[int]]:
+def encode_chat_prompt(tokenizer, conversation: list[dict],
+                       tools: list[dict] | None = None) -> tuple[str, list[int]]:
     """The rendered prompt and its token ids. No special tokens are added: the template
-    already wrote them (a second BOS would change the model's answer)."""
-    text = render_chat_prompt(tokenizer, conversation)
+    already wrote them (a second BOS would change the model's answer). Tool definitions and
+    earlier tool calls are rendered by the template itself (tojson), where no marker can
+    keep them apart from its own text: one that spells a control token is refused."""
+    text = render_chat_prompt(tokenizer, conversation, tools)
     specials = _special_tokens(tokenizer)
+    _refuse_control_text_outside_contents(specials, conversation, tools)
     spelled = [_control_text(specials, m["content"]) for m in conversation]
     if not any(spelled):
         return text, list(tokenizer.encode(text, add_special_tokens=False))
-    return text, _encode_contents_plain(tokenizer, conversation, text, spelled)
+    return text, _encode_contents_plain(tokenizer, conversation, text, spelled, tools)
+
+
+def _with_call_objects(index: int, message: dict) -> dict:
+    """The message with its tool calls' arguments as objects (a copy; vLLM does the same)."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
+                                              for c in calls):
+        raise InvalidRequestError(f"messages[{index}].tool_calls", "each must be {\"type\": \"function\", "
+                                                                   "\"function\": {\"name\", \"arguments\"}}")
+    return dict(message, tool_calls=[_call_object(index, j, c) for j, c in enumerate(calls)])
+
+
+def _call_object(index: int, j: int, call: dict) -> dict:
+    arguments = call["function"].get("arguments")
+    if isinstance(arguments, str) and arguments.strip():
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            raise InvalidRequestError(f"messages[{index}].tool_calls[{j}].function.arguments",
+                                      "is not JSON text") from None
+    elif not arguments:
+        arguments = {}
+    return dict(call, function=dict(call["function"], arguments=arguments))
+
+
+def _refuse_control_text_outside_contents(specials: list[str], conversation: list[dict],
+                                          tools: list[dict] | None) -> None:
+    fields = [("tools", tools)] if tools else []
+    for i, message in enumerate(conversation):
+        fields += [(f"messages[{i}].{k}", v) for k, v in message.items() if k not in ("role", "content")]
+    for name, value in fields:
+        token = _control_text(specials, json.dumps(value, ensure_ascii=False, default=str))
+        if token:
+            raise InvalidRequestError(name, f"spells the control token {token!r}, which the chat template would "
+                                            "write into the prompt as that token: remove it")
 
 
 def _check_message(index: int, message: dict) -> None:
@@ -126,13 +175,14 @@ def _special_tokens(tokenizer) -> list[str]:
     return sorted(tokens | set(getattr(tokenizer, "all_special_tokens", ()) or ()))
 
 
-def _encode_contents_plain(tokenizer, conversation: list[dict], text: str, spelled: list[str | None]) -> list[int]:
+def _encode_contents_plain(tokenizer, conversation: list[dict], text: str, spelled: list[str | None],
+                           tools: list[dict] | None = None) -> list[int]:
     """Render with a unique marker in place of each content; the pieces between markers are
     the template's own. Exact only if those pieces and the contents rebuild `text`."""
     nonce = uuid.uuid4().hex
     markers = [f"\x00{nonce}:{i}\x00" for i in range(len(conversation))]
     marked = [dict(m, content=markers[i]) if isinstance(m["content"], str) else m for i, m in enumerate(conversation)]
-    pieces = _split_at_markers(render_chat_prompt(tokenizer, marked), markers)
+    pieces = _split_at_markers(render_chat_prompt(tokenizer, marked, tools), markers)
     if pieces is None or "".join(p if i is None else conversation[i]["content"] for p, i in pieces) != text:
         index = next(i for i, token in enumerate(spelled) if token)
         raise InvalidRequestError(f"messages[{index}].content", f"spells the control token {spelled[index]!r}, "

@@ -17,8 +17,11 @@ _REPLACEMENT = "\ufffd"
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str],
-                 include_stop_str_in_output: bool = False):
+                 include_stop_str_in_output: bool = False, min_tokens: int = 0, skip_special_tokens: bool = True):
+        """min_tokens: as vLLM, no stop string ends the output before it has more tokens
+        than this (a stop string must end in the text of a later token)."""
         self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
         self.ids = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
@@ -27,13 +30,16 @@ class IncrementalDetokenizer:
         self.include_stop = include_stop_str_in_output
         self._num_emitted = 0
         self._holdback = max((len(s) for s in stop), default=1) - 1
+        self.min_tokens = min_tokens
+        self._num_output_tokens = 0
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def update(self, token_id: int) -> str | None:
         """Add one token; returns the stop string it completed, if any."""
         self.ids.append(token_id)
+        self._num_output_tokens += 1
         prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
         new_text = self._decode(self.ids[self.prefix_offset:])
         if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT):
@@ -41,7 +47,7 @@ class IncrementalDetokenizer:
         start = len(self.output_text)
         self.output_text += new_text[len(prefix_text):]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return self._check_stop(start)
+        return self._check_stop(start) if self._num_output_tokens > self.min_tokens else None
 
     def flush(self) -> None:
         """At the end, emit what is still held back (even an incomplete character)."""

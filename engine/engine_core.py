@@ -5,6 +5,7 @@ grammar, a hand-off) and emits token ids; the output processor shapes them into 
 """
 from __future__ import annotations
 
+import copy
 import logging
 import time
 
@@ -21,16 +22,17 @@ from engine.executor.start import start_executor
 from engine.model.loader import LoadedModel, parse_dtype
 from engine.model.source import resolve_model
 from engine.output_processor import OutputProcessor
+from engine.parallel_sampling import Families, child_params, child_req_id, validate_fork
 from engine.outputs import RequestOutput
 from engine.request import Request, RequestMode, RequestStatus
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, resolve_bad_words
 from engine.kv_transfer import KVPayload
 from engine.stats import EngineStats
 from engine.structured.manager import NoStructuredOutputs, StructuredOutputManager
 from engine.engine_setup import (engine_info, log_kv_cache, make_drafting, memory_profile, model_naming,
                                  pick_attention_backend, resolve_max_model_len, resolve_scheduler_config)
 from engine.step_rates import StepRates
-from engine.validation import validate_mode, validate_request, validate_transfer
+from engine.validation import validate_mode, validate_request, validate_token_ids, validate_transfer
 from engine.worker.kv_cache import allocate_kv_caches, bytes_per_block, num_kv_blocks
 from engine.worker.model_runner import ModelRunner
 
@@ -62,13 +64,14 @@ class EngineCore:
         kv_caches = allocate_kv_caches(num_blocks, kv_arch, cache.block_size, self.dtype, device)
         self.executor.start_kv(num_blocks, kv_caches, backend)
         self.runner = ModelRunner(self.loaded.model, kv_caches, cache.block_size, backend, device, config.seed,
-                                  executor=self.executor)
+                                  executor=self.executor, eos_token_ids=self.loaded.eos_token_ids)
         if config.cuda_graph_batch_sizes:
             self.runner.capture_decode_graphs(config.cuda_graph_batch_sizes, self.max_model_len,
                                               self.scheduler.config.max_num_seqs)
         self.info = engine_info(config, self.model_key, arch, self.dtype, self.max_model_len,
                                 self.scheduler.config.max_num_seqs, self.root_hash)
         self.outputs = OutputProcessor(self.tokenizer)
+        self.families = Families()  # requests with n > 1 (parallel_sampling.py)
         self._aborted: list[RequestOutput] = []
         self.step_rates = StepRates()
         self.grammars: StructuredOutputManager | NoStructuredOutputs = NoStructuredOutputs(self._build_structured)
@@ -100,6 +103,8 @@ class EngineCore:
         info = self.info
         validate_request(new.req_id, new.prompt_token_ids, new.params, info.max_model_len, info.vocab_size,
                          self.outputs.req_ids)
+        params = resolve_bad_words(new.params, self.tokenizer)  # the tokenizer is here: each engine resolves
+        validate_token_ids(params, info.vocab_size)
         validate_mode(new.mode, new.output_token_ids)
         validate_transfer(new.prompt_token_ids, new.output_token_ids, new.kv_import, info.kv_block_shape,
                           info.vocab_size)
@@ -108,27 +113,35 @@ class EngineCore:
                                       f"must be >= 0 (0: no cap), got {new.prefill_chunk_tokens}")
         if (problem := check_cache_salt(new.cache_salt)) is not None:
             raise InvalidRequestError("cache_salt", problem)
-        request = Request(new.req_id, new.prompt_token_ids, new.params, self.loaded.eos_token_ids,
-                          output_token_ids=new.output_token_ids, kv_import=new.kv_import, mode=new.mode,
-                          priority=new.priority, prefill_chunk_tokens=new.prefill_chunk_tokens,
-                          cache_salt=new.cache_salt)
-        self.outputs.add(request, new.prompt)
-        if new.params.structured_outputs is not None:
-            self.structured.add(request)  # the scheduler gets it once its grammar is compiled
-        else:
-            self.scheduler.add_request(request)
+        params, kv_import = _prompt_logprobs_rule(params, new.mode, new.kv_import)
+        validate_fork(new.req_id, params, new.mode, len(new.output_token_ids), self.outputs.req_ids)
+        # n > 1: n requests sharing the prompt, queued together, the first first (parallel_sampling.py)
+        for index, child in enumerate(child_params(params)):
+            request = Request(child_req_id(new.req_id, index), new.prompt_token_ids, child, self.loaded.eos_token_ids,
+                              output_token_ids=new.output_token_ids, kv_import=kv_import if index == 0 else None,
+                              mode=new.mode, priority=new.priority, prefill_chunk_tokens=new.prefill_chunk_tokens,
+                              cache_salt=new.cache_salt, index=index, parent_req_id=new.req_id)
+            self.outputs.add(request, new.prompt)
+            if child.structured_outputs is not None:
+                self.structured.add(request)  # the scheduler gets it once its grammar is compiled
+            else:
+                self.scheduler.add_request(request)
+        self.families.add(new.req_id, params.n)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """The checks of add_request, without queueing anything."""
         self.info.validate(prompt_token_ids, params)
 
     def abort_request(self, req_id: str) -> None:
-        """Stop a request and free its blocks; its final output comes with the next step."""
-        for request in self.scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED):
+        """Stop a request (every one of its n completions) and free its blocks; its final
+        outputs come with the next step."""
+        req_ids = self.families.req_ids(req_id)
+        for request in self.scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED):
             self._aborted.append(self._finish_output(request))
-        if (request := self.grammars.remove(req_id)) is not None:
-            request.status = RequestStatus.FINISHED_ABORTED
-            self._aborted.append(self._finish_output(request))
+        for child_id in req_ids:
+            if (request := self.grammars.remove(child_id)) is not None:
+                request.status = RequestStatus.FINISHED_ABORTED
+                self._aborted.append(self._finish_output(request))
 
     def has_unfinished_requests(self) -> bool:
         return (self.scheduler.has_unfinished_requests() or bool(self._aborted)
@@ -165,6 +178,8 @@ class EngineCore:
         sched.grammar_bitmask = self.grammars.step_bitmask(sched, self.scheduler.requests)
         result = self.runner.execute_model(sched)
         self.drafting.count(sched.spec_token_ids, result.sampled_token_ids, self.scheduler.requests)
+        for req_id, rows in result.prompt_logprobs.items():  # before the first token, which takes them
+            self.outputs.add_prompt_logprobs(req_id, rows)
         for request, token_ids in self.scheduler.update_from_output(sched, result):
             outputs.append(self._process_tokens(request, token_ids, result.logprobs.get(request.req_id)))
         # a one-token chunk of a prompt counts as a decode: too small to matter either way
@@ -197,7 +212,8 @@ class EngineCore:
 
     def _finish(self, request: Request, status: RequestStatus, matched_stop: str | None) -> RequestOutput:
         handoff = status == RequestStatus.FINISHED_HANDOFF
-        kv_export = self._export_kv(request) if handoff else None  # before its blocks are freed
+        # before its blocks are freed; n > 1: the first completion to hand off exports the shared prompt's
+        kv_export = self._export_kv(request) if handoff and self.families.takes_kv_export(request) else None
         if not handoff and matched_stop is None:  # (a stop string's text is already cut at the match)
             self.outputs.flush(request.req_id)
         self.scheduler.finish_requests([request.req_id], status)
@@ -218,6 +234,7 @@ class EngineCore:
 
     def _finish_output(self, request: Request, kv_export: KVPayload | None = None) -> RequestOutput:
         self.drafting.finish(request.req_id)
+        self.families.finished(request)
         return self.outputs.finish(request, kv_export)
 
     def _export_kv(self, request: Request) -> KVPayload:
@@ -248,3 +265,18 @@ class EngineCore:
             prefill_tokens_per_s=self.step_rates.prefill_tokens_per_s,
             decode_step_ms=self.step_rates.decode_step_s * 1000,
             spec=self.drafting.stats)
+
+
+def _prompt_logprobs_rule(params: SamplingParams, mode: RequestMode,
+                          kv_import: KVPayload | None) -> tuple[SamplingParams, KVPayload | None]:
+    """The engine that computes a prompt computes its logprobs. A decode-only request
+    continues a prompt computed elsewhere (its prefill worker sent them): it computes none
+    and may read what KV it is given. Any other request with prompt_logprobs computes every
+    prompt token: an imported prefix would, like a prefix hit, leave its tokens without any."""
+    if params.prompt_logprobs is None:
+        return params, kv_import
+    if mode != RequestMode.DECODE_ONLY:
+        return params, None
+    params = copy.copy(params)
+    params.prompt_logprobs = None
+    return params, kv_import

@@ -81,6 +81,10 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """One output per prompt, in order. All prompts are validated before any is queued.
+        With SamplingParams.n > 1 a prompt's output is its first completion, and `.outputs`
+        holds all n in index order (as vLLM's RequestOutput.outputs; `.outputs` is [the
+        output] for n = 1; `.other_outputs` the n - 1 after it): the prompt is computed
+        once for all of them.
         A dict prompt may carry "cache_salt" (as in vLLM): it shares cached KV only with
         prompts of the same salt."""
         if isinstance(prompts, (str, dict)):
@@ -95,15 +99,17 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = False) -> list[RequestOutput]:
-        """One conversation (a list of {"role", "content"} dicts) or a list of them."""
+             use_tqdm: bool = False, tools: list[dict] | None = None) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"} dicts, assistant ones may carry
+        OpenAI's `tool_calls`) or a list of them; `tools` (OpenAI's form) are rendered by the
+        chat template into every prompt, as vLLM's LLM.chat does."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         params = self._params_per_prompt(sampling_params, len(conversations))
-        encoded = [encode_chat_prompt(self.tokenizer, conversation) for conversation in conversations]
+        encoded = [encode_chat_prompt(self.tokenizer, conversation, tools) for conversation in conversations]
         return self._run(encoded, params, use_tqdm)
 
-    def apply_chat_template(self, conversation: list[dict]) -> str:
-        return render_chat_prompt(self.tokenizer, conversation)
+    def apply_chat_template(self, conversation: list[dict], tools: list[dict] | None = None) -> str:
+        return render_chat_prompt(self.tokenizer, conversation, tools)
 
     def _params_per_prompt(self, sampling_params, n: int) -> list[SamplingParams]:
         if sampling_params is None:
@@ -140,15 +146,24 @@ class LLM:
                 engine.structured.compiler.check(p.structured_outputs)
         for req_id, (text, ids), p, salt in zip(req_ids, encoded, params, salts):
             engine.add_request(EngineRequest(req_id, ids, p, prompt=text, cache_salt=salt))
-        finished: dict[str, RequestOutput] = {}
-        wanted = set(req_ids)
+        # a prompt's n completions (SamplingParams.n) come as n outputs of its req_id, by index
+        finished: dict[str, list[RequestOutput | None]] = {r: [None] * p.n for r, p in zip(req_ids, params)}
+        num_open = {r: p.n for r, p in zip(req_ids, params)}
         with tqdm(total=len(req_ids), desc="Generating", disable=not use_tqdm) as bar:
-            while wanted - finished.keys():
+            while any(num_open.values()):
                 for out in engine.step():
-                    if out.finished and out.req_id in wanted:
-                        finished[out.req_id] = out
-                        bar.update(1)
-        return [finished[r] for r in req_ids]
+                    if out.finished and out.req_id in finished:
+                        finished[out.req_id][out.index] = out
+                        num_open[out.req_id] -= 1
+                        bar.update(num_open[out.req_id] == 0)
+        return [_with_outputs(finished[r]) for r in req_ids]
+
+
+def _with_outputs(completions: list[RequestOutput]) -> RequestOutput:
+    """A prompt's output: its first completion, with all n in `outputs` (vLLM's shape)."""
+    first = completions[0]
+    first.other_outputs = completions[1:]
+    return first
 
 
 def _as_tuple(value):

@@ -14,6 +14,20 @@ class TokenLogprob:
 
 
 @dataclass
+class Logprob:
+    """vLLM's: one token's logprob in a distribution, its rank there (1: the most likely)
+    and its text, the token decoded alone."""
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# vLLM's prompt_logprobs: per prompt token, {token id: Logprob} holding the prompt token and
+# the top N of its position; the first prompt token has nothing before it: None
+PromptLogprobs = list[dict[int, Logprob] | None]
+
+
+@dataclass
 class RequestOutput:
     req_id: str
     prompt: str | None
@@ -23,6 +37,9 @@ class RequestOutput:
     finish_reason: str | None = None  # "stop", "length" or "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     logprobs: list[TokenLogprob] | None = None
+    # SamplingParams.prompt_logprobs: set once the prompt is computed (with the first token);
+    # None on a decode-only request (its prefill worker computed them)
+    prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int = 0
     # this step's increment, for streaming
     new_token_ids: list[int] = field(default_factory=list)
@@ -35,6 +52,19 @@ class RequestOutput:
     # why the engine ended the request itself (finish_reason "abort"), naming the field:
     # e.g. its structured_outputs spec did not compile
     error: str | None = None
+    # SamplingParams.n > 1: which of the request's n completions this is; the engine's outputs
+    # of all n carry the request's req_id (engine/parallel_sampling.py)
+    index: int = 0
+    # LLM.generate / LLM.chat with n > 1: the prompt's other completions, index 1..n-1
+    # (`outputs` has all n); empty on the engine's own outputs
+    other_outputs: list[RequestOutput] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def outputs(self) -> list[RequestOutput]:
+        """The prompt's n completions in index order, this one first (vLLM's
+        RequestOutput.outputs; each a RequestOutput with text, token_ids, finish_reason,
+        logprobs and index): [self] for n = 1."""
+        return [self, *self.other_outputs]
 
     @property
     def finished(self) -> bool:

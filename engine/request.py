@@ -44,8 +44,12 @@ class Request:
                  eos_token_ids: frozenset[int] = frozenset(), arrival_time: float | None = None,
                  output_token_ids: list[int] = (), kv_import: KVPayload | None = None,
                  mode: RequestMode = RequestMode.COLOCATED, priority: int = 0, prefill_chunk_tokens: int = 0,
-                 cache_salt: str = ""):
+                 cache_salt: str = "", index: int = 0, parent_req_id: str | None = None):
         self.req_id = req_id
+        # SamplingParams.n > 1: completion `index` of the request added as `parent_req_id`,
+        # whose first completion has that req_id (engine/parallel_sampling.py); n = 1: 0, req_id
+        self.index = index
+        self.parent_req_id = req_id if parent_req_id is None else parent_req_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_ids = eos_token_ids
@@ -63,6 +67,9 @@ class Request:
         self.num_preemptions = 0
         # mixed into the first block hash: only requests with the same salt share cached KV
         self.cache_salt = cache_salt
+        # vLLM's rule: a request that wants its prompt's logprobs computes every prompt token,
+        # so it reads no cached prefix (its own blocks are still cached for others)
+        self.skip_reading_prefix_cache = sampling_params.prompt_logprobs is not None
         self.block_hashes: list[bytes] = []
         self.stop_reason: int | str | None = None
         # structured outputs: the matcher (engine/structured), once the grammar is compiled

@@ -26,12 +26,19 @@ class EngineStats:
     num_queued_prefill_tokens: int = 0   # prompt tokens still to compute: the prefill work queued
     num_free_kv_blocks: int = 0
     num_total_kv_blocks: int = 0
-    num_preemptions: int = 0
+    num_preemptions: int = 0             # since start: running requests preempted (their blocks freed)
     num_prefix_queried_tokens: int = 0   # prompt tokens looked up in the prefix cache
     num_prefix_hit_tokens: int = 0       # ...and found there
     prefill_tokens_per_s: float = 0.0    # measured over recent steps (engine/step_rates.py); 0: not yet
     decode_step_ms: float = 0.0          # a pure decode step of the recent batches; 0: not yet
     spec: SpecDecodeStats = SpecDecodeStats()
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """The share of KV blocks in use by requests, 0-1 (cached blocks no request holds are free)."""
+        if not self.num_total_kv_blocks:
+            return 0.0
+        return (self.num_total_kv_blocks - self.num_free_kv_blocks) / self.num_total_kv_blocks
 
     # flat names, as the WorkerLoad message and the metrics carry them
     @property

@@ -20,9 +20,22 @@ def validate_request(req_id: str, prompt_token_ids, params: SamplingParams, max_
     _validate_prompt(prompt_token_ids, max_model_len, vocab_size)
     if params.logprobs is not None and params.logprobs > MAX_LOGPROBS:
         raise InvalidRequestError("logprobs", f"at most {MAX_LOGPROBS}, got {params.logprobs}")
-    bad_stop = [t for t in params.stop_token_ids if t >= vocab_size]
-    if bad_stop:
-        raise InvalidRequestError("stop_token_ids", f"{bad_stop} outside the vocabulary of {vocab_size}")
+    if params.prompt_logprobs is not None and params.prompt_logprobs > MAX_LOGPROBS:
+        raise InvalidRequestError("prompt_logprobs", f"at most {MAX_LOGPROBS}, got {params.prompt_logprobs}")
+    validate_token_ids(params, vocab_size)
+
+
+def validate_token_ids(params: SamplingParams, vocab_size: int) -> None:
+    """Every token id a request's sampling fields name is in the vocabulary (the router
+    checks the same, knowing the vocabulary size)."""
+    named = {"stop_token_ids": params.stop_token_ids, "logit_bias": list(params.logit_bias or ()),
+             "allowed_token_ids": params.allowed_token_ids or (),
+             "bad_words": [t for ids in params.bad_words_token_ids for t in ids]}
+    for name, token_ids in named.items():
+        outside = sorted({t for t in token_ids if t >= vocab_size})
+        if outside:
+            shown = outside[:8] + (["..."] if len(outside) > 8 else [])
+            raise InvalidRequestError(name, f"{shown} outside the vocabulary of {vocab_size}")
 
 
 def _validate_prompt(token_ids, max_model_len: int, vocab_size: int) -> None:

@@ -69,9 +69,10 @@ class KVCacheManager:
         """Cached blocks for a request that has computed nothing yet.
 
         The last prompt token is always recomputed, since its logits give the next token:
-        a fully cached 32-token prompt with block size 16 hits one block, not two.
+        a fully cached 32-token prompt with block size 16 hits one block, not two. A request
+        that skips reading the cache (its prompt's logprobs are wanted) hits nothing.
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or request.skip_reading_prefix_cache:
             return [], 0
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         hits = self.find_longest_cache_hit(self.block_hashes(request, max_hit_blocks))

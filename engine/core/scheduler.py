@@ -11,6 +11,14 @@ With chunked prefill off the rest is never split: it runs whole or waits for a s
 whose budget holds it (the engine ensures a full budget holds any request).
 
     prompt:  [===computed===|---------------all of it this step---------------]
+
+The siblings of an n > 1 request (engine/parallel_sampling.py) are passed over in the
+queue until the first's allocation covers the prompt's full blocks; then they hit them:
+
+    first:    [ block 0 ][ block 1 ][ tail ]   chunks of one block: steps 1, 2, 3
+    sibling:  [   hit   ][   hit   ][ tail ]   queued in step 1; admitted in step 2, once
+                                               block 1 is allocated (written in that step
+                                               before any attention reads it)
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ from engine.core.kv_cache_manager import KVCacheManager
 from engine.kv_transfer import KVLoad
 from engine.core.scheduler_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                           SchedulerOutput)
+from engine.parallel_sampling import waits_for_sibling
 from engine.request import Request, RequestStatus
 
 
@@ -143,8 +152,13 @@ class Scheduler:
         request.spec_token_ids = []
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
+        skipped = 0  # n > 1: siblings left queued until their first has the prompt's blocks
+        while len(self.waiting) > skipped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[skipped]
+            if self.kv.enable_prefix_caching and waits_for_sibling(request, self.requests.get(request.parent_req_id),
+                                                                   self.kv.block_size):
+                skipped += 1  # the first progresses among the running: the rest of the queue need not wait
+                continue
             hits, num_hit_tokens = self.kv.get_computed_blocks(request)
             num_loaded = max(0, request.kv_import.num_tokens - num_hit_tokens) if request.kv_import else 0
             num_computed = num_hit_tokens + num_loaded
@@ -154,7 +168,7 @@ class Scheduler:
             new_blocks = self.kv.allocate_slots(request, num_loaded + num_new, hits)
             if new_blocks is None:
                 break
-            self.waiting.popleft()
+            del self.waiting[skipped]
             kv_load = self._take_kv_load(request, num_hit_tokens, num_loaded)
             request.num_computed_tokens = num_computed
             if request.first_scheduled_time is None:
@@ -167,7 +181,7 @@ class Scheduler:
             self.running.append(request)
             out.scheduled_new_reqs.append(NewRequestData(
                 request.req_id, list(request.all_token_ids), request.sampling_params,
-                self.kv.get_block_ids(request.req_id), num_computed, kv_load))
+                self.kv.get_block_ids(request.req_id), num_computed, kv_load, request.num_prompt_tokens))
             self._advance(request, num_new, out)
             budget -= num_new
 

@@ -21,6 +21,8 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     kv_load: KVLoad | None = None  # imported KV to write before this step's forward
+    # the first this many of token_ids are the prompt, the rest output (penalties count it); None: all
+    num_prompt_tokens: int | None = None
 
 
 @dataclass
@@ -53,9 +55,22 @@ class SchedulerOutput:
 
 
 @dataclass
+class PromptLogprobRows:
+    """One step's prompt logprobs of a request (SamplingParams.prompt_logprobs): entry i is
+    prompt token `first + i` given the tokens before it (first >= 1: the first has none)."""
+    first: int
+    token_ids: list[int]
+    logprobs: list[float]
+    ranks: list[int]                      # in its position's distribution; 1: the most likely
+    top_logprobs: list[dict[int, float]]  # the N most likely there, N = prompt_logprobs
+
+
+@dataclass
 class ModelRunnerOutput:
     # the tokens of each request that reached the end of its known tokens: one, or with
     # drafts the accepted ones plus the target's own
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # per sampled request, per token: (its logprob, {token_id: logprob} of the top N)
     logprobs: dict[str, list[tuple[float, dict[int, float]]]] = field(default_factory=dict)
+    # the requests with prompt_logprobs whose prompt this step computed a chunk of
+    prompt_logprobs: dict[str, PromptLogprobRows] = field(default_factory=dict)

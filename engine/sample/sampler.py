@@ -28,9 +28,12 @@ class SamplerOutput:
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], positions: list[int],
-           default_generator: torch.Generator) -> SamplerOutput:
+           default_generator: torch.Generator, raw_logits: torch.Tensor | None = None) -> SamplerOutput:
     """logits: [num_rows, vocab] float32, one row per sampling request; positions[i]: the
-    sequence position of the token row i samples (its number of tokens so far)."""
+    sequence position of the token row i samples (its number of tokens so far). raw_logits:
+    the same rows before logits_processors.py, which logprobs are of (vLLM's default,
+    raw_logprobs: the model's distribution, grammar-masked, before penalties, bias and
+    temperature); None: `logits` are raw."""
     token_ids = logits.argmax(dim=-1)
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if random_rows:
@@ -45,7 +48,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], positions: list[i
             picked[seeded] = seeded_sample(probs[seeded], keys)
         token_ids[random_rows] = picked
     ids = token_ids.tolist()
-    return SamplerOutput(ids, _logprobs(logits, params, ids))
+    return SamplerOutput(ids, _logprobs(logits if raw_logits is None else raw_logits, params, ids))
 
 
 def seeded_sample(probs: torch.Tensor, keys: list[tuple[int, int]]) -> torch.Tensor:

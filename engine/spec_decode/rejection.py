@@ -51,15 +51,18 @@ def num_rows(drafts: list[list[int]]) -> int:
 
 
 def verify(logits: torch.Tensor, drafts: list[list[int]], params: list[SamplingParams],
-           positions: list[int], generator: torch.Generator) -> VerifyOutput:
+           positions: list[int], generator: torch.Generator, raw_logits: torch.Tensor | None = None) -> VerifyOutput:
     """logits: [num_rows(drafts), vocab] float32, request after request, len(drafts[i]) + 1 rows
     for request i in the order above (a request without drafts has one row: a plain step).
     positions[i]: the sequence position of the first token request i samples (its number of
-    tokens so far); row j of it samples position positions[i] + j."""
+    tokens so far); row j of it samples position positions[i] + j. Penalties and masks
+    (logits_processors.py) are already in `logits`, row j processed as if d1..d_j were
+    accepted, so the coupling below holds for the processed distribution; raw_logits, as
+    sample() takes them, give the logprobs."""
     _check_layout(logits, drafts, params, positions)
     row_params = [p for d, p in zip(drafts, params) for _ in range(len(d) + 1)]
     row_positions = [pos + j for d, pos in zip(drafts, positions) for j in range(len(d) + 1)]
-    sampled = sample(logits, row_params, row_positions, generator)
+    sampled = sample(logits, row_params, row_positions, generator, raw_logits)
     token_ids: list[list[int]] = []
     logprobs: list[list[Logprob] | None] = []
     row = 0

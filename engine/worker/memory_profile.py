@@ -21,14 +21,17 @@ import torch
 
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.config import ModelArchConfig
+from engine.sample.logits_processors import RowHistory, process_logits
 from engine.sample.sampler import sample
 from engine.sampling_params import SamplingParams
 from engine.worker.kv_cache import allocate_kv_caches
 from engine.worker.step_batch import StepInputs
 
 GiB = 1 << 30
-# the sampler's costliest path: a sort of every row for top-p
-_PROFILE_SAMPLING = SamplingParams(temperature=1.0, top_p=0.9)
+# the sampler's costliest path: a sort of every row for top-p, after every logits processor
+# (penalties build count matrices as large as the logits)
+_PROFILE_SAMPLING = SamplingParams(temperature=1.0, top_p=0.9, repetition_penalty=1.1, frequency_penalty=0.1,
+                                   presence_penalty=0.1, logit_bias={0: 1.0}, allowed_token_ids=[0], min_tokens=1)
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,9 @@ def run_profile_step(model, backend: AttentionBackend, inputs: StepInputs, kv_ca
     logits = model(inputs.input_ids, inputs.positions, kv_caches, inputs.meta, backend, inputs.logits_indices)
     rows = logits.shape[0]
     generator = torch.Generator(device=logits.device)
-    sample(logits, [_PROFILE_SAMPLING] * rows, [0] * rows, generator)
+    prompt = torch.zeros(1, dtype=torch.long, device=logits.device)
+    processed = process_logits(logits, [RowHistory(_PROFILE_SAMPLING, [0], prompt)] * rows, frozenset({0}))
+    sample(processed, [_PROFILE_SAMPLING] * rows, [0] * rows, generator, logits)
 
 
 def profile_memory(model, backend: AttentionBackend, kv_arch: ModelArchConfig, block_size: int,

@@ -2,7 +2,7 @@
 (an eager forward, a captured decode graph, the ranks of a parallel engine)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,8 +33,23 @@ class StepInputs:
         return torch.cat([p.to(device="cpu", dtype=torch.int64) for p in parts])
 
 
+@dataclass(frozen=True)
+class PromptRows:
+    """Logits rows for a request's prompt logprobs: those of its positions start .. start +
+    num - 1, each scoring the prompt token after it."""
+    req_id: str
+    start: int
+    num: int
+
+
 @dataclass
 class StepBatch:
+    """A micro-batch's logits rows: its sampling rows (row_keys' order), then its prompt rows.
+
+        logits_indices: [ sampling rows: last token (+ drafts) per request | prompt rows ]
+        prompt rows, one request's chunk:  positions  start ........ start+num-1
+                                           score      start+1 ...... start+num   (prompt tokens)
+    """
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
@@ -42,13 +57,33 @@ class StepBatch:
     sampling_req_ids: list[str]
     # per sampling request, the drafts it is scored on (its logits rows: one more than drafts)
     drafts: list[list[int]]
+    prompt_rows: list[PromptRows] = field(default_factory=list)
+    # per micro-batch (sampling rows, prompt rows), as the forward returns them; None: this one's
+    parts: list[tuple[int, int]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.parts is None:
+            num_prompt = sum(r.num for r in self.prompt_rows)
+            self.parts = [(self.logits_indices.shape[0] - num_prompt, num_prompt)]
 
     @classmethod
     def joined(cls, batches: list[StepBatch]) -> StepBatch:
         """Micro-batches as one for sampling: their sampled requests (and logits rows) in order."""
         first = batches[0]
         return cls(first.input_ids, first.positions, first.meta, first.logits_indices,
-                   [r for b in batches for r in b.sampling_req_ids], [d for b in batches for d in b.drafts])
+                   [r for b in batches for r in b.sampling_req_ids], [d for b in batches for d in b.drafts],
+                   [r for b in batches for r in b.prompt_rows], [p for b in batches for p in b.parts])
+
+    def split_logits(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The forward's rows as (sampling rows, prompt rows); None: no prompt rows."""
+        if not self.prompt_rows:
+            return logits, None
+        sampling, prompt, at = [], [], 0
+        for num_sampling, num_prompt in self.parts:
+            sampling.append(logits[at:at + num_sampling])
+            prompt.append(logits[at + num_sampling:at + num_sampling + num_prompt])
+            at += num_sampling + num_prompt
+        return torch.cat(sampling), torch.cat(prompt)
 
     @property
     def inputs(self) -> StepInputs:

@@ -1,12 +1,13 @@
 """Between protobuf messages and the engine's dataclasses."""
 from __future__ import annotations
 
-from engine.outputs import TokenLogprob
+from engine.outputs import PromptLogprobs, TokenLogprob
 from engine.sampling_params import SamplingParams
 from engine.structured import StructuredOutputsParams
 from services.pb import common_pb2
 
-_OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "logprobs")
+_OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "repetition_penalty",
+             "presence_penalty", "frequency_penalty", "min_tokens", "prompt_logprobs", "skip_special_tokens")
 
 
 def sampling_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int = 16) -> SamplingParams:
@@ -15,19 +16,28 @@ def sampling_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int 
     kwargs.setdefault("max_tokens", default_max_tokens)
     if msg.HasField("structured_outputs"):
         kwargs["structured_outputs"] = structured_from_proto(msg.structured_outputs)
+    if msg.logit_bias:
+        kwargs["logit_bias"] = dict(msg.logit_bias)
+    if msg.HasField("allowed_token_ids"):
+        kwargs["allowed_token_ids"] = list(msg.allowed_token_ids.ids)
     return SamplingParams(stop=list(msg.stop), stop_token_ids=list(msg.stop_token_ids),
-                          ignore_eos=msg.ignore_eos, **kwargs)
+                          ignore_eos=msg.ignore_eos, bad_words=list(msg.bad_words),
+                          include_stop_str_in_output=msg.include_stop_str_in_output, **kwargs)
 
 
 def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
     msg = common_pb2.SamplingParams(stop=params.stop, stop_token_ids=params.stop_token_ids,
-                                    ignore_eos=params.ignore_eos)
+                                    ignore_eos=params.ignore_eos, bad_words=params.bad_words,
+                                    logit_bias=params.logit_bias or {},
+                                    include_stop_str_in_output=params.include_stop_str_in_output)
     for name in _OPTIONAL:
         value = getattr(params, name)
         if value is not None:
             setattr(msg, name, value)
     if params.structured_outputs is not None:
         msg.structured_outputs.CopyFrom(structured_to_proto(params.structured_outputs))
+    if params.allowed_token_ids is not None:
+        msg.allowed_token_ids.ids.extend(params.allowed_token_ids)
     return msg
 
 
@@ -54,3 +64,17 @@ def structured_to_proto(params: StructuredOutputsParams) -> common_pb2.Structure
 def logprob_to_proto(lp: TokenLogprob) -> common_pb2.TokenLogprob:
     return common_pb2.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, top_logprobs=lp.top_logprobs)
 
+
+def prompt_logprobs_to_proto(prompt_logprobs: PromptLogprobs, top_n: int) -> common_pb2.PromptLogprobs:
+    """The engine's [None, {prompt token: Logprob, top N...}, ...] on the wire: each prompt
+    token's own logprob and rank, and the N most likely of its position (the prompt token is
+    among them when its entry holds no more than N)."""
+    msg = common_pb2.PromptLogprobs()
+    for entry in prompt_logprobs[1:]:
+        (token_id, own), *others = entry.items()  # the prompt token's comes first
+        top = {t: lp.logprob for t, lp in others}
+        if len(entry) <= top_n:
+            top[token_id] = own.logprob
+        msg.tokens.append(common_pb2.TokenLogprob(token_id=token_id, logprob=own.logprob, top_logprobs=top))
+        msg.ranks.append(own.rank)
+    return msg

@@ -2,7 +2,9 @@
 in tests), served on its own HTTP port at /metrics."""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from services.common.metrics_http import serve_metrics
 
 # Latency buckets from 5 ms to 2 min: CPU runs are slow, GPU runs fast; both must resolve.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -28,7 +30,7 @@ class Metrics:
 
     def serve(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Serve /metrics over HTTP; returns the bound port."""
-        self._http_server, _ = start_http_server(port, addr=host, registry=self.registry)
+        self._http_server = serve_metrics(self.registry, host, port)
         return self._http_server.server_port
 
     def close(self) -> None:

@@ -5,7 +5,8 @@ whose handle may be empty or partly evicted) pulls its prompt's blocks from the 
 the RPC thread while the engine keeps stepping, then joins the running batch as a
 decode-only request with the KV imported; a block the store no longer has is recomputed
 (the engine computes whatever the import does not cover). A short prompt (no handle) is
-prefilled here: a colocated request.
+prefilled here: a colocated request, with DecodeRequest.n > 1 as n completions that share
+the prompt's computation (engine/parallel_sampling.py), streamed interleaved by index.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from engine.engine_request import EngineRequest
 from engine.errors import EngineDeadError
 from engine.kv_transfer import KVPayload
 from engine.request import RequestMode
-from services.common.convert import logprob_to_proto
+from services.common.convert import logprob_to_proto, prompt_logprobs_to_proto
 from services.decode.read_plan import ReadPlan, ReadRefusal, plan_read
 from services.pb import common_pb2, decode_pb2_grpc
 from services.worker.config import WorkerConfig
@@ -71,9 +72,11 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
         if plan.names_other_blocks:
             logger.warning("request %s: its KV handle names other blocks than its prompt's; reading the prompt's",
                            req.req_id)
-        return self._fetch(plan, req.req_id)
+        return self._fetch(plan, req.req_id, keep_lease=request.shared_lease)
 
-    def _fetch(self, plan: ReadPlan, req_id: str) -> tuple[KVPayload | None, float]:
+    def _fetch(self, plan: ReadPlan, req_id: str, keep_lease: bool = False) -> tuple[KVPayload | None, float]:
+        """`keep_lease`: the lease is shared with the decodes of sibling completions (n > 1):
+        the router releases it once all of them have read."""
         t = now()
         try:
             batches = self.kvstore.get_blocks(plan.block_hashes, plan.tail_keys, lease_id=plan.lease_id,
@@ -85,7 +88,8 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
             self.metrics.recompute.inc(plan.num_asked)
             return None, now() - t
         finally:
-            self.kvstore.release_lease_quietly(plan.lease_id)
+            if not keep_lease:
+                self.kvstore.release_lease_quietly(plan.lease_id)
         if read.refused is not None:  # it and the blocks after it are recomputed
             logger.warning("request %s: a kvstore block was refused (%s); recomputing from there", req_id, read.refused)
             self.metrics.kv_blocks_rejected.labels(read.refused).inc()
@@ -99,33 +103,42 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
 
     # ---- streaming -------------------------------------------------------------------
     def _stream(self, stream, req: AdmittedRequest, num_given: int, kv_read_s: float, context):
-        last_token_time, final = None, None
+        """Every completion's messages (n > 1: interleaved, tagged with their index) until each has ended."""
+        last_token_time: dict[int, float] = {}
+        finals: dict[int, RequestOutput] = {}  # each completion's latest output
+        refused = None
         try:
             while (out := stream.get()) is not None:
                 if out.error:  # the engine refused the request: INVALID_ARGUMENT below, no final message
-                    final = out
+                    refused = out
                     break
                 t = now()
-                if last_token_time is not None:
-                    self.metrics.itl.observe(t - last_token_time)
+                if out.index in last_token_time:
+                    self.metrics.token_gap(t - last_token_time[out.index])
                 elif num_given == 0:
-                    self.metrics.ttft.observe(t - req.start)
-                last_token_time = t
-                self.metrics.generated_tokens.inc(len(out.new_token_ids))
-                final = out
-                yield self._message(out, req.req_id, kv_read_s)
+                    self.metrics.first_token(t - req.start)
+                last_token_time[out.index] = t
+                self.metrics.tokens_generated(len(out.new_token_ids))
+                msg = self._message(out, req.req_id, kv_read_s)
+                if out.index not in finals and out.prompt_logprobs is not None:  # computed here (direct): once
+                    msg.prompt_logprobs.CopyFrom(prompt_logprobs_to_proto(out.prompt_logprobs,
+                                                                          req.params.prompt_logprobs))
+                finals[out.index] = out
+                yield msg
         finally:
-            if final is None or not final.finished:  # closed early: the caller went away
-                self.loop.abort(req.req_id)
-        self.end_if_aborted(final, req.req_id, context)
-        self.metrics.requests.labels("ok").inc()
-        if num_given == 0:  # the direct path: this worker prefilled the prompt itself
-            self.metrics.prompt_tokens.inc(len(final.prompt_token_ids))
-        self.metrics.e2e.observe(now() - req.start)
-        self.metrics.queue.observe((final.first_scheduled_time or final.arrival_time) - final.arrival_time)
+            if refused is not None or len(finals) < req.params.n or not all(f.finished for f in finals.values()):
+                self.loop.abort(req.req_id)  # closed early (the caller went away): every completion
+        for index in range(req.params.n):
+            self.end_if_aborted(refused or finals.get(index), req.req_id, context)
+        final = finals[0]
+        if num_given == 0:  # the direct path: this worker prefilled the prompt itself (once for all n)
+            self.metrics.prompt_computed(len(final.prompt_token_ids))
+        self.metrics.request_done(now() - req.start, (final.first_scheduled_time or final.arrival_time)
+                                  - final.arrival_time, final.finish_reason)
 
     def _message(self, out: RequestOutput, req_id: str, kv_read_s: float) -> common_pb2.GenerateResponse:
-        msg = common_pb2.GenerateResponse(req_id=req_id, token_ids=out.new_token_ids, text=out.new_text)
+        msg = common_pb2.GenerateResponse(req_id=req_id, token_ids=out.new_token_ids, text=out.new_text,
+                                          index=out.index)
         if out.logprobs:
             msg.logprobs.extend(logprob_to_proto(lp) for lp in out.logprobs[-len(out.new_token_ids):])
         if out.finished:

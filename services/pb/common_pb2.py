@@ -24,37 +24,43 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/common.proto\x12\npdserve.v1\"\x8d\x03\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x15\n\x08logprobs\x18\n \x01(\x05H\x06\x88\x01\x01\x12>\n\x12structured_outputs\x18\x0b \x01(\x0b\x32\x1d.pdserve.v1.StructuredOutputsH\x07\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x0b\n\t_logprobsB\x15\n\x13_structured_outputs\"\xdc\x01\n\x11StructuredOutputs\x12\x11\n\x04json\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x12\n\x05regex\x18\x02 \x01(\tH\x01\x88\x01\x01\x12+\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x16.pdserve.v1.ChoiceListH\x02\x88\x01\x01\x12\x14\n\x07grammar\x18\x04 \x01(\tH\x03\x88\x01\x01\x12\x13\n\x0bjson_object\x18\x05 \x01(\x08\x12\x1e\n\x16\x64isable_any_whitespace\x18\x06 \x01(\x08\x42\x07\n\x05_jsonB\x08\n\x06_regexB\t\n\x07_choiceB\n\n\x08_grammar\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xa6\x01\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12?\n\x0ctop_logprobs\x18\x03 \x03(\x0b\x32).pdserve.v1.TokenLogprob.TopLogprobsEntry\x1a\x32\n\x10TopLogprobsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"\x9b\x01\n\x07Timings\x12\x16\n\x0erouter_queue_s\x18\x01 \x01(\x01\x12\x17\n\x0fprefill_queue_s\x18\x02 \x01(\x01\x12\x11\n\tprefill_s\x18\x03 \x01(\x01\x12\x12\n\nkv_write_s\x18\x04 \x01(\x01\x12\x11\n\tkv_read_s\x18\x05 \x01(\x01\x12\x15\n\rdecode_join_s\x18\x06 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x07 \x01(\x01\"q\n\x08KVHandle\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x10\n\x08tail_key\x18\x02 \x01(\t\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12\x17\n\x0fkvstore_address\x18\x05 \x01(\t\"\xf0\x01\n\nWorkerLoad\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12!\n\x19num_queued_prefill_tokens\x18\x03 \x01(\r\x12\x1a\n\x12num_free_kv_blocks\x18\x04 \x01(\r\x12\x1b\n\x13num_total_kv_blocks\x18\x05 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x06 \x01(\r\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x1c\n\x14prefill_tokens_per_s\x18\x08 \x01(\x02\x12\x16\n\x0e\x64\x65\x63ode_step_ms\x18\t \x01(\x02\"\x10\n\x0eGetLoadRequest\"\xdc\x01\n\x10GenerateResponse\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12*\n\x08logprobs\x18\x05 \x03(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12 \n\x05usage\x18\x06 \x01(\x0b\x32\x11.pdserve.v1.Usage\x12$\n\x07timings\x18\x07 \x01(\x0b\x32\x13.pdserve.v1.Timings\x12\x0c\n\x04path\x18\x08 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/common.proto\x12\npdserve.v1\"\xb7\x07\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x15\n\x08logprobs\x18\n \x01(\x05H\x06\x88\x01\x01\x12>\n\x12structured_outputs\x18\x0b \x01(\x0b\x32\x1d.pdserve.v1.StructuredOutputsH\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x0c \x01(\x02H\x08\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\r \x01(\x02H\t\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0e \x01(\x02H\n\x88\x01\x01\x12=\n\nlogit_bias\x18\x0f \x03(\x0b\x32).pdserve.v1.SamplingParams.LogitBiasEntry\x12\x17\n\nmin_tokens\x18\x10 \x01(\x05H\x0b\x88\x01\x01\x12\x11\n\tbad_words\x18\x11 \x03(\t\x12\x34\n\x11\x61llowed_token_ids\x18\x12 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x0c\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x13 \x01(\x05H\r\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\x14 \x01(\x08\x12 \n\x13skip_special_tokens\x18\x15 \x01(\x08H\x0e\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x0b\n\t_logprobsB\x15\n\x13_structured_outputsB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\r\n\x0b_min_tokensB\x14\n\x12_allowed_token_idsB\x12\n\x10_prompt_logprobsB\x16\n\x14_skip_special_tokens\"\xdc\x01\n\x11StructuredOutputs\x12\x11\n\x04json\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x12\n\x05regex\x18\x02 \x01(\tH\x01\x88\x01\x01\x12+\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x16.pdserve.v1.ChoiceListH\x02\x88\x01\x01\x12\x14\n\x07grammar\x18\x04 \x01(\tH\x03\x88\x01\x01\x12\x13\n\x0bjson_object\x18\x05 \x01(\x08\x12\x1e\n\x16\x64isable_any_whitespace\x18\x06 \x01(\x08\x42\x07\n\x05_jsonB\x08\n\x06_regexB\t\n\x07_choiceB\n\n\x08_grammar\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xa6\x01\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12?\n\x0ctop_logprobs\x18\x03 \x03(\x0b\x32).pdserve.v1.TokenLogprob.TopLogprobsEntry\x1a\x32\n\x10TopLogprobsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"I\n\x0ePromptLogprobs\x12(\n\x06tokens\x18\x01 \x03(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12\r\n\x05ranks\x18\x02 \x03(\r\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"\x9b\x01\n\x07Timings\x12\x16\n\x0erouter_queue_s\x18\x01 \x01(\x01\x12\x17\n\x0fprefill_queue_s\x18\x02 \x01(\x01\x12\x11\n\tprefill_s\x18\x03 \x01(\x01\x12\x12\n\nkv_write_s\x18\x04 \x01(\x01\x12\x11\n\tkv_read_s\x18\x05 \x01(\x01\x12\x15\n\rdecode_join_s\x18\x06 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x07 \x01(\x01\"q\n\x08KVHandle\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x10\n\x08tail_key\x18\x02 \x01(\t\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12\x17\n\x0fkvstore_address\x18\x05 \x01(\t\"\xf0\x01\n\nWorkerLoad\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12!\n\x19num_queued_prefill_tokens\x18\x03 \x01(\r\x12\x1a\n\x12num_free_kv_blocks\x18\x04 \x01(\r\x12\x1b\n\x13num_total_kv_blocks\x18\x05 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x06 \x01(\r\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x1c\n\x14prefill_tokens_per_s\x18\x08 \x01(\x02\x12\x16\n\x0e\x64\x65\x63ode_step_ms\x18\t \x01(\x02\"\x10\n\x0eGetLoadRequest\"\xa0\x02\n\x10GenerateResponse\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12*\n\x08logprobs\x18\x05 \x03(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12 \n\x05usage\x18\x06 \x01(\x0b\x32\x11.pdserve.v1.Usage\x12$\n\x07timings\x18\x07 \x01(\x0b\x32\x13.pdserve.v1.Timings\x12\x0c\n\x04path\x18\x08 \x01(\t\x12\x33\n\x0fprompt_logprobs\x18\t \x01(\x0b\x32\x1a.pdserve.v1.PromptLogprobs\x12\r\n\x05index\x18\n \x01(\rb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_TOKENLOGPROB_TOPLOGPROBSENTRY']._loaded_options = None
   _globals['_TOKENLOGPROB_TOPLOGPROBSENTRY']._serialized_options = b'8\001'
   _globals['_SAMPLINGPARAMS']._serialized_start=40
-  _globals['_SAMPLINGPARAMS']._serialized_end=437
-  _globals['_STRUCTUREDOUTPUTS']._serialized_start=440
-  _globals['_STRUCTUREDOUTPUTS']._serialized_end=660
-  _globals['_CHOICELIST']._serialized_start=662
-  _globals['_CHOICELIST']._serialized_end=691
-  _globals['_TOKENIDS']._serialized_start=693
-  _globals['_TOKENIDS']._serialized_end=716
-  _globals['_TOKENLOGPROB']._serialized_start=719
-  _globals['_TOKENLOGPROB']._serialized_end=885
-  _globals['_TOKENLOGPROB_TOPLOGPROBSENTRY']._serialized_start=835
-  _globals['_TOKENLOGPROB_TOPLOGPROBSENTRY']._serialized_end=885
-  _globals['_USAGE']._serialized_start=887
-  _globals['_USAGE']._serialized_end=974
-  _globals['_TIMINGS']._serialized_start=977
-  _globals['_TIMINGS']._serialized_end=1132
-  _globals['_KVHANDLE']._serialized_start=1134
-  _globals['_KVHANDLE']._serialized_end=1247
-  _globals['_WORKERLOAD']._serialized_start=1250
-  _globals['_WORKERLOAD']._serialized_end=1490
-  _globals['_GETLOADREQUEST']._serialized_start=1492
-  _globals['_GETLOADREQUEST']._serialized_end=1508
-  _globals['_GENERATERESPONSE']._serialized_start=1511
-  _globals['_GENERATERESPONSE']._serialized_end=1731
+  _globals['_SAMPLINGPARAMS']._serialized_end=991
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=690
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=738
+  _globals['_STRUCTUREDOUTPUTS']._serialized_start=994
+  _globals['_STRUCTUREDOUTPUTS']._serialized_end=1214
+  _globals['_CHOICELIST']._serialized_start=1216
+  _globals['_CHOICELIST']._serialized_end=1245
+  _globals['_TOKENIDS']._serialized_start=1247
+  _globals['_TOKENIDS']._serialized_end=1270
+  _globals['_TOKENLOGPROB']._serialized_start=1273
+  _globals['_TOKENLOGPROB']._serialized_end=1439
+  _globals['_TOKENLOGPROB_TOPLOGPROBSENTRY']._serialized_start=1389
+  _globals['_TOKENLOGPROB_TOPLOGPROBSENTRY']._serialized_end=1439
+  _globals['_PROMPTLOGPROBS']._serialized_start=1441
+  _globals['_PROMPTLOGPROBS']._serialized_end=1514
+  _globals['_USAGE']._serialized_start=1516
+  _globals['_USAGE']._serialized_end=1603
+  _globals['_TIMINGS']._serialized_start=1606
+  _globals['_TIMINGS']._serialized_end=1761
+  _globals['_KVHANDLE']._serialized_start=1763
+  _globals['_KVHANDLE']._serialized_end=1876
+  _globals['_WORKERLOAD']._serialized_start=1879
+  _globals['_WORKERLOAD']._serialized_end=2119
+  _globals['_GETLOADREQUEST']._serialized_start=2121
+  _globals['_GETLOADREQUEST']._serialized_end=2137
+  _globals['_GENERATERESPONSE']._serialized_start=2140
+  _globals['_GENERATERESPONSE']._serialized_end=2428
 # @@protoc_insertion_point(module_scope)

@@ -17,6 +17,10 @@ write that fails leaves the lease "failed": the decode recomputes what it cannot
 
 The engine ends each request after its first token (RequestMode.PREFILL_ONLY): with a
 real finish reason when that token ends it, else as a hand-off carrying the prompt's KV.
+With PrefillRequest.n > 1 the engine runs the prompt's n completions (its full blocks
+computed once, engine/parallel_sampling.py), each sampling its own first token
+(PrefillResponse.choices); the prompt's KV is written once, under one lease, and every
+decode that continues a completion reads that one handle.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ from engine.errors import EngineDeadError
 from engine import RequestOutput
 from engine.kv_transfer import KVPayload
 from engine.request import RequestMode, RequestStatus
-from services.common.convert import logprob_to_proto
+from services.common.convert import logprob_to_proto, prompt_logprobs_to_proto
 from services.kvstore.client import KVStoreClient
 from services.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
 from services.worker.config import WorkerConfig
@@ -69,20 +73,25 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         lease_id = self._create_lease(req.req_id)
         lease_s, handed_over = now() - t, False
         try:
-            imported, num_in_store = self._import_prefix(hashes, lease_id)
-            final = self._run(req, imported, context)
-            response = self._response(req.req_id, final)
+            # a request wanting its prompt's logprobs computes every prompt token: nothing to read
+            wanted = hashes if req.params.prompt_logprobs is None else []
+            imported, num_in_store = self._import_prefix(wanted, lease_id)
+            finals = self._run(req, imported, context)
+            final = finals[0]
+            response = self._response(req, finals)
+            # n > 1: the first completion to hand off carries the shared prompt's KV, one write for all
+            kv_export = next((f.kv_export for f in finals if f.kv_export is not None), None)
             # the router gone: nobody would read or release, so nothing is written
-            if final.kv_export is not None and context.is_active():
+            if kv_export is not None and context.is_active():
                 t = now()
-                response.kv_handle.CopyFrom(self._hand_over(req.req_id, final.kv_export, num_in_store, lease_id))
+                response.kv_handle.CopyFrom(self._hand_over(req.req_id, kv_export, num_in_store, lease_id))
                 handed_over = bool(lease_id)
                 # what the KV costs the first token: the lease, and queueing the write
                 response.timings.kv_write_s = lease_s + now() - t
         finally:
             if not handed_over:
                 self.kvstore.release_lease_quietly(lease_id)
-        self._observe(final, req.start, response)
+        self._observe(finals, req.start, response)
         return response
 
     def _create_lease(self, req_id: str) -> str:
@@ -126,7 +135,8 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         self.metrics.kvstore_imported.inc(payload.num_tokens)
         return payload, len(payload.block_hashes)
 
-    def _run(self, req: AdmittedRequest, imported: KVPayload | None, context) -> RequestOutput:
+    def _run(self, req: AdmittedRequest, imported: KVPayload | None, context) -> list[RequestOutput]:
+        """The final output of each of the request's n completions, by index."""
         try:
             stream = self.loop.submit(EngineRequest(
                 req.req_id, req.prompt_token_ids, req.params, mode=RequestMode.PREFILL_ONLY, kv_import=imported,
@@ -135,20 +145,27 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
             self.abort_if_engine_dead(context)
             raise
         self.abort_when_caller_leaves(req.req_id, context)
-        final = None
+        finals: list[RequestOutput | None] = [None] * req.params.n
         while (out := stream.get()) is not None:
-            final = out
-        self.end_if_aborted(final, req.req_id, context)
-        return final
+            finals[out.index] = out  # each completion's last output is its final one
+        for final in finals:
+            self.end_if_aborted(final, req.req_id, context)
+        return finals
 
-    def _response(self, req_id: str, final: RequestOutput) -> prefill_pb2.PrefillResponse:
+    def _response(self, req: AdmittedRequest, finals: list[RequestOutput]) -> prefill_pb2.PrefillResponse:
+        final = finals[0]
         # on the wire, no finish reason means "a decode worker goes on"
         finish = "" if final.finish_reason == _HANDOFF else final.finish_reason
         response = prefill_pb2.PrefillResponse(
-            req_id=req_id, first_token_id=final.token_ids[0], text=final.text, finish_reason=finish,
+            req_id=req.req_id, first_token_id=final.token_ids[0], text=final.text, finish_reason=finish,
             num_cached_tokens=final.num_cached_tokens)
         if final.logprobs:
             response.logprob.CopyFrom(logprob_to_proto(final.logprobs[0]))
+        if final.prompt_logprobs is not None:
+            response.prompt_logprobs.CopyFrom(prompt_logprobs_to_proto(final.prompt_logprobs,
+                                                                       req.params.prompt_logprobs))
+        if len(finals) > 1:
+            response.choices.extend(_first_token(f) for f in finals)
         return response
 
     def _hand_over(self, req_id: str, payload: KVPayload, num_in_store: int, lease_id: str) -> common_pb2.KVHandle:
@@ -198,16 +215,26 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         self._writes.shutdown(wait=True)
         super().close()
 
-    def _observe(self, final: RequestOutput, start: float, response: prefill_pb2.PrefillResponse) -> None:
-        m = self.metrics
+    def _observe(self, finals: list[RequestOutput], start: float, response: prefill_pb2.PrefillResponse) -> None:
+        """One prefilled prompt, however many completions (n) it started: the first's times."""
+        m, final = self.metrics, finals[0]
         queue_s = (final.first_scheduled_time or final.arrival_time) - final.arrival_time
         response.timings.prefill_queue_s = queue_s
         response.timings.prefill_s = final.first_token_time - (final.first_scheduled_time or final.arrival_time)
-        m.queue.observe(queue_s)
-        m.ttft.observe(final.first_token_time - final.arrival_time)
-        m.e2e.observe(now() - start)
-        m.prompt_tokens.inc(len(final.prompt_token_ids))
-        m.requests.labels("ok").inc()
+        m.first_token(final.first_token_time - final.arrival_time)
+        m.prompt_computed(len(final.prompt_token_ids))
+        # vLLM's count has the first token (a vLLM prefill instance's one token); pdserve's
+        # decode_tokens_total counts the decode pool's tokens only
+        m.vllm.generation_tokens.inc(sum(len(f.token_ids) for f in finals))
+        m.request_done(now() - start, queue_s, final.finish_reason)
+
+
+def _first_token(final: RequestOutput) -> prefill_pb2.FirstToken:
+    first = prefill_pb2.FirstToken(token_id=final.token_ids[0], text=final.text,
+                                   finish_reason="" if final.finish_reason == _HANDOFF else final.finish_reason)
+    if final.logprobs:
+        first.logprob.CopyFrom(logprob_to_proto(final.logprobs[0]))
+    return first
 
 
 def serve(cfg: WorkerConfig, loaded=None) -> RunningWorker:

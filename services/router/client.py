@@ -32,7 +32,9 @@ class RouterClient:
                  slo_class: str = "interactive", req_id: str = "", model: str = "",
                  timeout_s: float | None = None, cache_salt: str = "") -> Iterator[common_pb2.GenerateResponse]:
         """The router's stream: iterate it for messages; `.cancel()` it to abort the request.
-        Raises grpc.RpcError (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE, ...)."""
+        With sampling.n > 1 the n completions' messages come interleaved, each with its
+        `index` (and its own final message). Raises grpc.RpcError (INVALID_ARGUMENT,
+        RESOURCE_EXHAUSTED, UNAVAILABLE, ...)."""
         request = router_pb2.GenerateRequest(req_id=req_id, slo_class=slo_class, model=model, cache_salt=cache_salt)
         if isinstance(prompt, str):
             request.text = prompt
@@ -40,12 +42,16 @@ class RouterClient:
             request.token_ids.CopyFrom(common_pb2.TokenIds(ids=list(prompt)))
         if sampling is not None:
             request.sampling.CopyFrom(sampling_to_proto(sampling))
+            request.n = sampling.n
         return self._stub.Generate(request, timeout=timeout_s)
 
     def generate_text(self, prompt: str | list[int], sampling: SamplingParams | None = None,
                       slo_class: str = "interactive", req_id: str = "",
                       timeout_s: float | None = None) -> Generation:
-        """The whole generation: (text, token_ids, finish_reason, usage)."""
+        """The whole generation: (text, token_ids, finish_reason, usage); one completion
+        (n 1: iterate generate() for n of them)."""
+        if sampling is not None and sampling.n != 1:
+            raise ValueError(f"generate_text returns one completion, got n {sampling.n}: iterate generate()")
         text, token_ids, final = [], [], common_pb2.GenerateResponse()
         for msg in self.generate(prompt, sampling, slo_class, req_id, timeout_s=timeout_s):
             text.append(msg.text)

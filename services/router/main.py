@@ -13,6 +13,7 @@ from services.router.config import (DEFAULT_SLO_CLASS, PLACEMENTS, PathConfig, R
                                     default_slo_classes, load_slo_classes)
 from services.router.decide.paths import PATH_POLICIES
 from services.router.fronts.http.config import HttpConfig
+from services.router.fronts.http.parsing import REASONING_PARSERS, TOOL_PARSERS
 from services.router.state.k8s_discovery import add_discovery_arguments, discovery_from_args
 
 logger = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-template", default=RouterConfig.chat_template, metavar="FILE",
                         help="a Jinja chat template file (or the template itself) in place of the tokenizer's, "
                              "for /v1/chat/completions")
+    add_output_parser_arguments(parser)
     parser.add_argument("--prefill", action="append", default=[], metavar="HOST:PORT",
                         help="prefill worker address (repeatable, or a comma-separated list); "
                              "none: colocated, the decode workers prefill every prompt")
@@ -79,6 +81,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_discovery_arguments(parser)
 
 
+def add_output_parser_arguments(parser: argparse.ArgumentParser) -> None:
+    """vLLM's flags for tool calling and reasoning (`pdserve up` passes them to the router)."""
+    parser.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=HttpConfig.tool_call_parser,
+                        help="the model's tool-call format, read out of chat outputs for tool_choice \"auto\" "
+                             "(with --enable-auto-tool-choice)")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true", default=HttpConfig.enable_auto_tool_choice,
+                        help="tool_choice \"auto\" (the default when a request gives tools) parses the output with "
+                             "--tool-call-parser; without it such a request is refused (400)")
+    parser.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=HttpConfig.reasoning_parser,
+                        help="chat outputs' <think>...</think> go to reasoning_content")
+
+
 def _drain_timeout(value: str) -> float:
     seconds = float(value)
     if not seconds >= 0:
@@ -123,7 +137,9 @@ def http_config_from_args(args) -> HttpConfig | None:
     if args.http_port is None:
         return None
     return HttpConfig(host=args.host, port=args.http_port, api_key=security.api_key_from_args(args),
-                      tls=server_tls_from_args(args), max_request_bytes=args.max_request_bytes)
+                      tls=server_tls_from_args(args), max_request_bytes=args.max_request_bytes,
+                      tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
+                      reasoning_parser=args.reasoning_parser)
 
 
 def run(args) -> int:

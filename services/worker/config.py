@@ -31,6 +31,13 @@ class WorkerConfig:
     drain_timeout_s: float = defaults.DRAIN_TIMEOUT_S  # on shutdown: how long in-flight requests may take to finish
     security: ServerSecurity = ServerSecurity()    # what its port asks of callers (the router)
     internal: ClientSecurity = ClientSecurity()    # how it calls the kvstore
+    # the router's --served-model-name, given to the workers too: the first is the
+    # `model_name` label of the vllm: metrics (empty: the engine's --model)
+    served_model_names: tuple[str, ...] = ()
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_names[0] if self.served_model_names else self.engine.model
 
 
 _ENGINE, _SCHEDULER, _WORKER = EngineConfig(), SchedulerConfig(), WorkerConfig()
@@ -52,6 +59,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, rol
                         help="HF folder, .gguf file, alias, or org/name from the local Hugging Face cache")
     parser.add_argument("--revision", default=_ENGINE.revision,
                         help="with --model org/name: the branch, tag or commit in the cache (default: main)")
+    parser.add_argument("--served-model-name", nargs="+", default=list(_WORKER.served_model_names),
+                        metavar="NAME", help="the name(s) clients use, as the router's: the first is the "
+                        "model_name label of the vllm: metrics (default: --model)")
     parser.add_argument("--dtype", default=_ENGINE.dtype, choices=DTYPE_NAMES)
     parser.add_argument("--device", default=_ENGINE.device)
     parser.add_argument("--attention-backend", default=_ENGINE.attention_backend, choices=["cpu", "torch", "triton"])
@@ -109,7 +119,7 @@ def worker_config_from_args(args) -> WorkerConfig:
     return WorkerConfig(engine=engine, host=args.host, port=args.port, metrics_port=args.metrics_port,
                         kvstore_address=args.kvstore, kvstore_transport=args.kvstore_transport,
                         drain_timeout_s=args.drain_timeout_s, security=internal_server_security(args),
-                        internal=internal_client_security(args))
+                        internal=internal_client_security(args), served_model_names=tuple(args.served_model_name))
 
 
 def gpu_memory_utilization_arg(text: str) -> float:

@@ -38,6 +38,7 @@ class EngineLoop:
         self.stats: EngineStats = engine.stats()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, queue.SimpleQueue] = {}
+        self._num_open: dict[str, int] = {}  # completions of a stream not finished (SamplingParams.n)
         self._wakeup = threading.Event()
         self._stopping = False
         self._on_step = on_step
@@ -79,13 +80,15 @@ class EngineLoop:
         return self._engine.num_local_prefix_blocks(block_hashes)
 
     def submit(self, request: EngineRequest) -> queue.SimpleQueue:
-        """Queue a request; returns the queue its outputs arrive on (ends with None).
+        """Queue a request; returns the queue its outputs arrive on (ends with None, after
+        the final output of each of its n completions, told apart by `index`).
         Raises the engine's InvalidRequestError."""
         stream: queue.SimpleQueue = queue.SimpleQueue()
 
         def add(engine: EngineCore) -> None:
             engine.add_request(request)
             self._streams[request.req_id] = stream
+            self._num_open[request.req_id] = request.params.n
         self.call(add).result()
         return stream
 
@@ -155,13 +158,16 @@ class EngineLoop:
             return
         stream.put(step_output(out))
         if out.finished:
-            stream.put(None)
-            del self._streams[out.req_id]
+            self._num_open[out.req_id] -= 1
+            if not self._num_open[out.req_id]:
+                stream.put(None)
+                del self._streams[out.req_id], self._num_open[out.req_id]
 
     def _fail_all(self) -> None:
         for req_id in list(self._streams):
             self._engine.abort_request(req_id)
             self._streams.pop(req_id).put(None)
+            self._num_open.pop(req_id, None)
 
 
 def step_output(out: RequestOutput) -> RequestOutput:

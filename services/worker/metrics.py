@@ -1,14 +1,17 @@
-"""The metrics both worker kinds export."""
+"""The metrics both worker kinds export: pdserve's families, and vLLM's beside them
+(vllm_metrics.py), fed by the same observations."""
 from __future__ import annotations
 
 from engine.stats import EngineStats
 from services.common.metrics import Metrics
+from services.worker.vllm_metrics import VllmMetrics
 
 
 class WorkerMetrics:
-    """`role` is "prefill" or "decode"; the names are the same for both."""
+    """`role` is "prefill" or "decode"; the names are the same for both. `model_name`: the
+    served name, vLLM's `model_name` label."""
 
-    def __init__(self, role: str):
+    def __init__(self, role: str, model_name: str = ""):
         self.role = role
         m = self.metrics = Metrics()
         self.ttft = m.histogram("worker_ttft_seconds", "Time to first token inside the worker")
@@ -23,6 +26,9 @@ class WorkerMetrics:
         self.waiting = m.gauge("requests_waiting", "Requests waiting for admission")
         self.blocks_used = m.gauge("kv_blocks_used", "KV cache blocks in use")
         self.blocks_free = m.gauge("kv_blocks_free", "KV cache blocks free")
+        self.kv_usage = m.gauge("kv_cache_usage_ratio", "KV cache blocks in use / all blocks (0-1)")
+        self.preemptions = m.counter("worker_preemptions_total",
+                                     "Running requests preempted for KV blocks (recomputed when resumed)")
         self.prefix_queried = m.gauge("prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache")
         self.prefix_hits = m.gauge("prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache")
         self.kvstore_imported = m.counter("kvstore_imported_tokens_total", "Prompt tokens imported from the kvstore")
@@ -32,15 +38,53 @@ class WorkerMetrics:
                                             "the blocks after them are recomputed), by reason", ("reason",))
         self.kv_write_failures = m.counter("kv_write_failures_total", "Prefills whose KV could not be stored")
         self.spec = SpecDecodeMetrics(m)
+        self.vllm = VllmMetrics(m.registry, model_name)
+        self._seen = EngineStats()  # the engine's counts are cumulative: the counters take the increase
 
     def update(self, stats: EngineStats) -> None:
+        before, self._seen = self._seen, stats
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
         self.blocks_free.set(stats.num_free_kv_blocks)
         self.blocks_used.set(stats.num_total_kv_blocks - stats.num_free_kv_blocks)
+        self.kv_usage.set(stats.kv_cache_usage)
+        self.preemptions.inc(stats.num_preemptions - before.num_preemptions)
         self.prefix_queried.set(stats.num_prefix_queried_tokens)
         self.prefix_hits.set(stats.num_prefix_hit_tokens)
         self.spec.update(stats)
+        self.vllm.update(stats, before)
+
+    # ---- one request's observations, into both families ----------------------------
+    def first_token(self, ttft_s: float) -> None:
+        self.ttft.observe(ttft_s)
+        self.vllm.ttft.observe(ttft_s)
+
+    def token_gap(self, seconds: float) -> None:
+        self.itl.observe(seconds)
+        self.vllm.itl.observe(seconds)
+
+    def prompt_computed(self, num_tokens: int) -> None:
+        """A prompt this worker prefilled (its cached and imported tokens included)."""
+        self.prompt_tokens.inc(num_tokens)
+        self.vllm.prompt_tokens.inc(num_tokens)
+
+    def tokens_generated(self, num_tokens: int) -> None:
+        self.generated_tokens.inc(num_tokens)
+        self.vllm.generation_tokens.inc(num_tokens)
+
+    def request_done(self, e2e_s: float, queue_s: float, finish_reason: str) -> None:
+        """A request this worker is done with (`finish_reason` "handoff": it goes on at a
+        decode worker, which counts its finish)."""
+        self.requests.labels("ok").inc()
+        self.e2e.observe(e2e_s)
+        self.queue.observe(queue_s)
+        self.vllm.e2e.observe(e2e_s)
+        self.vllm.queue.observe(queue_s)
+        self.vllm.finished(finish_reason)
+
+    def request_aborted(self) -> None:
+        self.requests.labels("aborted").inc()
+        self.vllm.finished("abort")
 
 
 class SpecDecodeMetrics:

@@ -80,7 +80,7 @@ def serve_worker(cfg: WorkerConfig, loaded, role: str, service_name: str, regist
                  ) -> RunningWorker:
     """`loaded`: weights already in memory (several workers over one model, as in tests)."""
     cfg = _without_prefill_speculation(cfg, role)
-    metrics = WorkerMetrics(role)
+    metrics = WorkerMetrics(role, cfg.served_name)
     engine = build_engine(cfg, loaded)
     kv_events = WorkerKVEvents(engine.info)
     loop = EngineLoop(engine, on_step=metrics.update, on_kv_events=kv_events.on_events)

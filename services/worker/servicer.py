@@ -3,6 +3,7 @@ of every request, the load report, leaving when the caller leaves, the epilogue 
 aborted request and the worker's one kvstore client."""
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass
@@ -68,6 +69,8 @@ class WorkerServicer:
         prompt = list(request.prompt_token_ids)
         try:
             params = sampling_from_proto(request.sampling)
+            if request.n > 1:  # the prompt's completions, computed once (engine/parallel_sampling.py)
+                params = dataclasses.replace(params, n=request.n)
             self.loop.info.validate(prompt, params)
             if (problem := check_cache_salt(request.cache_salt)) is not None:
                 raise InvalidRequestError("cache_salt", problem)
@@ -87,7 +90,7 @@ class WorkerServicer:
         gone gets the same abort: it only ends the handler."""
         if final is not None and final.finish_reason != RequestStatus.FINISHED_ABORTED.value:
             return
-        self.metrics.requests.labels("aborted").inc()
+        self.metrics.request_aborted()
         self.abort_if_engine_dead(context)
         if final is not None and final.error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, final.error)

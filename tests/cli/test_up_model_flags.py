@@ -12,6 +12,7 @@ import cli.main
 import cli.up
 from cli.launcher import PlatformConfig, plan
 from services.router.main import config_from_args
+from services.worker.config import worker_config_from_args
 
 TEMPLATE = "<<T>>{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}:{% endif %}"
 PARSER = cli.main.build_parser()
@@ -37,6 +38,7 @@ def test_the_flags_reach_the_processes_that_take_them(monkeypatch, tmp_path, tem
     for name in ("prefill-0", "decode-0"):
         args = PARSER.parse_args(specs[name])
         assert (args.model, args.revision, args.gpu_memory_utilization) == ("org/name", "v1", 0.5)
+        assert worker_config_from_args(args).served_name == "a"  # the vllm: metrics' model_name
     router = config_from_args(PARSER.parse_args(specs["router"]))
     assert (router.model, router.revision, router.served_model_names) == ("org/name", "v1", ("a", "b"))
     assert router.chat_template == str(tmp_path / "chat.jinja")  # absolute: the router may run elsewhere
@@ -47,6 +49,7 @@ def test_defaults(monkeypatch):
     for name in ("prefill-0", "decode-0"):
         args = PARSER.parse_args(specs[name])
         assert (args.revision, args.gpu_memory_utilization) == (None, 0.9)
+        assert worker_config_from_args(args).served_name == args.model
     router = config_from_args(PARSER.parse_args(specs["router"]))
     assert (router.revision, router.served_model_names, router.chat_template) == (None, (), None)
 

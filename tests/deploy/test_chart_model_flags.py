@@ -1,5 +1,5 @@
 """`<pool>.gpuMemoryUtilization` and `router.servedModelName`: rendered as the workers'
---gpu-memory-utilization and the router's --served-model-name, which `pdserve` parses; the
+--gpu-memory-utilization and the router's and workers' --served-model-name, which `pdserve` parses; the
 schema refuses what the flags would."""
 from __future__ import annotations
 
@@ -50,15 +50,19 @@ def test_no_served_name_by_default():
     m = render()
     assert not any(a.startswith("--served-model-name") for a in container(
         m.get("Deployment", f"{FULLNAME}-router"))["args"])
-    assert _args(m, "router").served_model_name == []
+    for component in ("router", "prefill", "decode"):
+        assert _args(m, component).served_model_name == [], component
 
 
 @pytest.mark.parametrize("sets,names", [
     (("router.servedModelName=llama-3-8b",), ("llama-3-8b",)),
     (("router.servedModelName={llama-3-8b,llama}",), ("llama-3-8b", "llama")),
 ])
-def test_served_names_reach_the_router(sets, names):
-    assert tuple(_args(render(sets=sets), "router").served_model_name) == names
+def test_served_names_reach_the_router_and_the_workers(sets, names):
+    m = render(sets=sets)
+    # the workers: the first is the model_name label of their vllm: metrics
+    for component in ("router", "prefill", "decode"):
+        assert tuple(_args(m, component).served_model_name) == names, component
 
 
 def test_the_schema_refuses_an_empty_name():

@@ -88,6 +88,27 @@ def test_concurrent_long_and_short_match_offline(cluster, offline):
     assert cluster.kvstore_client().stats().num_blocks >= sum(len(p) // 16 for p in LONG) - 3
 
 
+PENALISED = dict(repetition_penalty=1.3, frequency_penalty=0.8, presence_penalty=0.2,
+                 logit_bias={100: 12.0, 200: -100.0}, min_tokens=8)
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=1.0, seed=5)], ids=["greedy", "seeded"])
+def test_penalties_bias_and_min_tokens_match_offline(cluster, tiny, tiny_llama_dir, offline, sampling):
+    # disaggregated: the prefill worker samples the first token, the decode worker the rest,
+    # counting that first token in the penalties and toward min_tokens; direct: one decode worker
+    params = SamplingParams(max_tokens=MAX_TOKENS, **sampling, **PENALISED)
+    prompts = [SHORT[1], LONG[0]]
+    llm = LLM(tiny_llama_dir, loaded_model=tiny, progress=False)
+    expected = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    for prompt, want, path in zip(prompts, expected, ("direct", "disaggregated")):
+        with RouterClient(cluster.router.address) as client:
+            msgs = list(client.generate(prompt, params))
+        assert _tokens(msgs) == want.token_ids and msgs[-1].path == path
+        assert "".join(m.text for m in msgs) == want.text
+        if not sampling.get("seed"):
+            assert want.token_ids != offline[tuple(prompt)].token_ids
+
+
 def test_colocated_router_sends_every_prompt_to_decode_workers(tiny, tiny_llama_dir, offline):
     # no prefill pool: even prompts far over the direct-path threshold are prefilled by
     # the decode workers themselves, nothing goes through the kvstore

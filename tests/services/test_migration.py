@@ -8,6 +8,7 @@ last decode worker killed.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -35,6 +36,12 @@ LONG = [list(range(1000, 1080)), list(range(2000, 2070)), list(range(3000, 3100)
 MAX_TOKENS = 96  # long enough that every stream is mid-way when a worker is killed
 SEEDED = SamplingParams(temperature=1.0, seed=1234, max_tokens=MAX_TOKENS, ignore_eos=True)
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+# penalties over the output: a resumed request must count every token sent before the break
+PENALISED = SamplingParams(temperature=1.0, seed=4321, max_tokens=MAX_TOKENS, ignore_eos=True, repetition_penalty=1.3,
+                           frequency_penalty=0.8, presence_penalty=0.2, logit_bias={100: 12.0, 200: -100.0},
+                           min_tokens=MAX_TOKENS)
+# three completions of one prompt (n): completion i is seed + i, each resumed alone when its worker dies
+SEEDED_N = dataclasses.replace(SEEDED, n=3)
 
 
 def _free_port() -> int:
@@ -122,22 +129,27 @@ def offline(cluster):
 
 
 def _offline(tiny, model: str) -> dict:
-    """The uninterrupted runs: the offline engine, greedy and seeded, every prompt."""
+    """The uninterrupted runs: the offline engine, greedy, seeded and penalised, every prompt."""
     llm = LLM(model, loaded_model=tiny, progress=False)
     prompts = [{"prompt_token_ids": p} for p in SHORT + LONG]
-    return {(tuple(p), params.seed): out for params in (GREEDY, SEEDED)
+    seeded_n = [dataclasses.replace(SEEDED, seed=SEEDED.seed + i) for i in range(1, SEEDED_N.n)]
+    return {(tuple(p), params.seed): out
+            for params in (GREEDY, SEEDED, PENALISED, *seeded_n)
             for p, out in zip(SHORT + LONG, llm.generate(prompts, params))}
 
 
 def _run(address: str, prompt, params, on_token=lambda: None):
-    tokens, text, final = [], [], None
+    """(tokens, text, final message); with n > 1, a list of them by completion index."""
+    tokens, text, final = [[] for _ in range(params.n)], [[] for _ in range(params.n)], [None] * params.n
     with RouterClient(address) as client:
         for msg in client.generate(prompt, params, timeout_s=120):
-            tokens.extend(msg.token_ids)
-            text.append(msg.text)
-            final = msg
+            tokens[msg.index].extend(msg.token_ids)
+            text[msg.index].append(msg.text)
+            final[msg.index] = msg
             on_token()
-    return tokens, "".join(text), final
+    if params.n == 1:
+        return tokens[0], "".join(text[0]), final[0]
+    return list(zip(tokens, ["".join(t) for t in text], final))
 
 
 def test_seeded_sampling_is_the_same_offline_direct_and_disaggregated(cluster, offline):
@@ -152,7 +164,8 @@ def test_seeded_sampling_is_the_same_offline_direct_and_disaggregated(cluster, o
 
 
 def test_killing_a_decode_worker_mid_stream_resumes_every_stream_exactly(cluster, offline):
-    runs = [(p, GREEDY) for p in SHORT + LONG] + [(SHORT[1], SEEDED), (LONG[1], SEEDED)]
+    runs = [(p, GREEDY) for p in SHORT + LONG] + [(SHORT[1], SEEDED), (LONG[1], SEEDED)] + [
+        (SHORT[2], PENALISED), (LONG[2], PENALISED)] + [(SHORT[0], SEEDED_N), (LONG[0], SEEDED_N)]
     received = [0] * len(runs)
 
     def run(i):
@@ -167,11 +180,12 @@ def test_killing_a_decode_worker_mid_stream_resumes_every_stream_exactly(cluster
         assert victim.in_flight > 0
         cluster.kill_decode(victim.address)
         results = [f.result(timeout=120) for f in futures]
-    for (prompt, params), (tokens, text, final) in zip(runs, results):
-        expected = offline[(tuple(prompt), params.seed)]
-        assert tokens == expected.token_ids  # nothing repeated, nothing dropped
-        assert text == expected.text
-        assert final.finish_reason == "length" and final.usage.completion_tokens == MAX_TOKENS
+    for (prompt, params), result in zip(runs, results):
+        for i, (tokens, text, final) in enumerate([result] if params.n == 1 else result):
+            expected = offline[(tuple(prompt), None if params.seed is None else params.seed + i)]
+            assert tokens == expected.token_ids  # nothing repeated, nothing dropped
+            assert text == expected.text
+            assert final.finish_reason == "length" and final.usage.completion_tokens == MAX_TOKENS
     # the stream's own error (unavailable) or, on a loaded machine, a poll that found the
     # worker gone first (worker_lost): either way the streams moved
     assert (cluster.metric("router_migrations_total", reason="unavailable")

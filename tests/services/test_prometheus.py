@@ -17,6 +17,7 @@ autoscale/adapter_query.py), with the chart's own quantile and window.
   TTFT and the decode pool's ITL are the client's quantile of the same requests' TTFT,
   and of the gaps between the tokens the decode worker generated.
 - Every PromQL expression of the Grafana dashboard runs on the same Prometheus.
+- Queries written for vLLM (its `vllm:` names) return the workers' data.
 """
 from __future__ import annotations
 
@@ -156,6 +157,27 @@ def test_every_dashboard_query_runs(prometheus, load):
                                                                                "decode-0")):
         (panel,) = [e for e in exprs if series in e]
         assert [r["metric"]["pod"] for r in results[panel] if r["value"][1] != "NaN"] == [pod], panel
+
+
+def test_queries_written_for_vllm_return_data(cluster, metrics_urls, prometheus, load):
+    """vLLM's names on the same Prometheus: a KEDA trigger's queue depth and a vLLM
+    dashboard's TTFT quantile, unchanged. The prefill pool times the first tokens of these
+    (all disaggregated) requests; the decode pool timed none, so its quantile is NaN."""
+    _, at = load
+    waiting = prometheus.query("sum(vllm:num_requests_waiting)", at)
+    assert len(waiting) == 1 and float(waiting[0]["value"][1]) == 0.0  # the load is over
+    by_model = prometheus.query("sum by (model_name) (vllm:num_requests_running)", at)
+    assert [r["metric"]["model_name"] for r in by_model] == [cluster.router.servicer.model.served_name]
+    quantiles = {r["metric"]["pod"]: float(r["value"][1]) for r in prometheus.query(
+        "histogram_quantile(0.9, rate(vllm:time_to_first_token_seconds_bucket[1m]))", at)}
+    assert set(quantiles) == {"prefill-0", "decode-0"} and np.isnan(quantiles["decode-0"])
+    assert np.isfinite(quantiles["prefill-0"]) and quantiles["prefill-0"] > 0
+    # the same observations as pdserve's own histogram, in vLLM's buckets
+    buckets = _buckets(metrics_urls["prefill-0"], "vllm:time_to_first_token_seconds")
+    assert quantiles["prefill-0"] == pytest.approx(_histogram_quantile(0.9, buckets), rel=1e-9)
+    assert buckets[-1][1] == _count(metrics_urls["prefill-0"], POOL_SERIES["prefill"]) == NUM_REQUESTS
+    (tokens,) = prometheus.query('sum(vllm:generation_tokens_total{pod="decode-0"})', at)
+    assert float(tokens["value"][1]) == NUM_REQUESTS * (OUTPUT_TOKENS - 1)  # the first came from the prefill
 
 
 # ---- helpers -----------------------------------------------------------------------

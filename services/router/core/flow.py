@@ -13,18 +13,24 @@ on another decode worker after the tokens sent (migration.py). With no prefill w
 reachable (before the request, or after its prefill calls failed and nothing was sent), or
 the kvstore down, a decode worker prefills the prompt itself: the direct path. With no
 decode worker reachable nothing is prefilled: the request fails at once.
+
+A request with n > 1 completions takes the same path with the prompt prefilled once; each
+completion then goes on as a request of its own, all merged into one stream (choices.py).
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from functools import partial
 
 import grpc
 
 from services.pb import common_pb2, decode_pb2, prefill_pb2
 from services.router.core.calls import RETRYABLE, WORKER_DOWN, WorkerCalls
 from services.router.core.cancel import Cancellation
-from services.router.core.migration import MAX_MIGRATIONS, IncompleteStream, migration_reason, resumed_request
+from services.router.core.choices import SharedLease, completion, merged
+from services.router.core.migration import (MAX_MIGRATIONS, IncompleteStream, StreamFailure, migration_reason,
+                                            resumed_request)
 from services.router.core.pools import Need, Pool
 from services.router.core.request import RoutedRequest
 from services.router.core.stream import ResponseStream
@@ -49,20 +55,26 @@ class GenerateFlow:
 
     def run(self, req: RoutedRequest, arrival: float, cancel: Cancellation,
             time_left: Callable[[], float | None]) -> Iterator[common_pb2.GenerateResponse]:
-        """Raises RouterError (the client's error) or Cancelled."""
+        """Raises RouterError (the client's error) or Cancelled. With n > 1 the messages of
+        the n completions come interleaved, each tagged with its index (choices.py)."""
         req = self._choose_path(req)
-        out = ResponseStream(req, arrival, self.metrics)
+        outs = self._streams(req, arrival)
         if req.path == DIRECT:
-            yield from self._direct(req, out, cancel, time_left)
+            yield from self._direct(req, outs, cancel, time_left)
             return
         try:
-            yield from self._disaggregated(req, out, cancel, time_left)
+            yield from self._disaggregated(req, outs, cancel, time_left)
         except RouterError as e:
             # every prefill worker failed before anything was sent: slower, not lost
-            if e.code != grpc.StatusCode.UNAVAILABLE or out.num_tokens or self.pools[PREFILL].up_workers():
+            if (e.code != grpc.StatusCode.UNAVAILABLE or any(out.num_tokens for out in outs)
+                    or self.pools[PREFILL].up_workers()):
                 raise
             req = self._without_prefill_pool(req)
-            yield from self._direct(req, ResponseStream(req, arrival, self.metrics), cancel, time_left)
+            yield from self._direct(req, self._streams(req, arrival), cancel, time_left)
+
+    def _streams(self, req: RoutedRequest, arrival: float) -> list[ResponseStream]:
+        """One per completion (n), each labelled with the request's own id."""
+        return [ResponseStream(completion(req, i), arrival, self.metrics, req.req_id) for i in range(req.n)]
 
     def _choose_path(self, req: RoutedRequest) -> RoutedRequest:
         pools = PoolsNow(self.pools[PREFILL].up_workers(), self.pools[DECODE].up_workers(), self._kvstore_up())
@@ -77,14 +89,22 @@ class GenerateFlow:
         self.metrics.prefill_fallbacks.inc()
         return replace(req, path=DIRECT)
 
-    def _direct(self, req, out: ResponseStream, cancel, time_left):
+    def _direct(self, req, outs: list[ResponseStream], cancel, time_left):
         decode_req = decode_pb2.DecodeRequest(req_id=req.req_id, prompt_token_ids=req.prompt_token_ids,
                                               sampling=req.sampling, priority=req.slo.priority,
-                                              prefill_chunk_tokens=req.prefill_chunk_tokens, cache_salt=req.cache_salt)
-        yield from self._decode(req, decode_req, len(req.prompt_token_ids), out, cancel, time_left)
+                                              prefill_chunk_tokens=req.prefill_chunk_tokens, cache_salt=req.cache_salt,
+                                              n=req.n)
+        if req.n > 1:
+            yield from self._direct_completions(req, decode_req, outs, cancel, time_left)
+            return
+        yield from self._decode(req, decode_req, len(req.prompt_token_ids), outs[0], cancel, time_left)
 
-    def _disaggregated(self, req, out: ResponseStream, cancel, time_left):
+    def _disaggregated(self, req, outs: list[ResponseStream], cancel, time_left):
         self.pools[DECODE].require_reachable()  # no prefill for a request no decode could finish
+        if req.n > 1:
+            yield from self._disaggregated_completions(req, outs, cancel, time_left)
+            return
+        out = outs[0]
         reply = self._prefill(req, out, cancel, time_left)
         lease_id = reply.kv_handle.lease_id if not reply.finish_reason else ""
         taken = False  # whether a decode has taken the KV (and with it the lease) over
@@ -103,10 +123,102 @@ class GenerateFlow:
             if lease_id and not taken:
                 self.calls.release_lease(reply.kv_handle.kvstore_address or self.kvstore_address, lease_id)
 
+    # ---- n > 1: the prompt once, then each completion (choices.py) ----------------------
+    def _disaggregated_completions(self, req, outs: list[ResponseStream], cancel, time_left):
+        """One prefill samples every completion's first token; the completions that go on
+        decode side by side, each from its own first token and the one shared KV handle."""
+        reply = self._prefill(req, outs[0], cancel, time_left)
+        going_on = [i for i, first in enumerate(reply.choices) if not first.finish_reason]
+        address = reply.kv_handle.kvstore_address or self.kvstore_address
+        lease = SharedLease(lambda lease_id: self.calls.release_lease(address, lease_id),
+                            reply.kv_handle.lease_id, len(going_on))
+        try:  # released however the request ends, at the latest
+            if len(reply.choices) != req.n:
+                raise RouterError(grpc.StatusCode.INTERNAL, f"the prefill worker answered {len(reply.choices)} "
+                                                            f"first tokens for n {req.n}")
+            for out in outs:
+                out.first_call = outs[0].first_call  # the request's queue time, observed once
+                yield out.first_from_prefill(reply)
+            yield from merged([partial(self._decode_completion, outs[i], reply, lease, time_left) for i in going_on],
+                              cancel)
+        finally:
+            lease.release()
+
+    def _decode_completion(self, out: ResponseStream, reply: prefill_pb2.PrefillResponse, lease: SharedLease,
+                           time_left, cancel: Cancellation):
+        req = out.req
+        decode_req = decode_pb2.DecodeRequest(
+            req_id=req.req_id, prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
+            priority=req.slo.priority, first_token_id=reply.choices[req.index].token_id, kv_handle=reply.kv_handle,
+            cache_salt=req.cache_salt, shared_lease=True)
+        read = False
+        try:
+            for msg in self._decode(req, decode_req, 0, out, cancel, time_left):
+                if not read:  # its first message: the decode has read the KV
+                    read = True
+                    lease.done_reading()
+                yield msg
+        finally:
+            if not read:
+                lease.done_reading()
+
+    def _direct_completions(self, req, decode_req, outs: list[ResponseStream], cancel, time_left):
+        """One decode worker computes the prompt once for the n completions and streams them
+        interleaved; retried whole when it sent nothing, else each unfinished completion
+        goes on alone on another worker (migration.py), after the tokens it sent."""
+        failed: list[str] = []
+        last_error: RouterError | None = None
+        for attempt in range(MAX_ATTEMPTS):
+            slot = self._acquire(DECODE, req, len(req.prompt_token_ids), failed, cancel, last_error)
+            outs[0].dispatched()
+            for out in outs[1:]:
+                out.first_call = outs[0].first_call  # the request's queue time, observed once
+            try:
+                yield from self._stream_completions(slot.address, decode_req, outs, cancel, time_left)
+                return
+            except grpc.RpcError as e:
+                failed.append(slot.address)
+                num_sent = sum(out.num_tokens for out in outs)
+                if not num_sent:  # nothing came from this call
+                    last_error = self._failure(DECODE, slot.address, e, can_retry=attempt + 1 < MAX_ATTEMPTS)
+                    continue
+                reason = migration_reason(e)
+                self._failure(DECODE, slot.address, e, can_retry=reason is not None, mid_stream=num_sent)
+                break
+            finally:
+                slot.release()
+        runs = [partial(self._resume_completion, out, decode_req, failed, reason, time_left)
+                for out in outs if not out.finished]
+        yield from merged(runs, cancel)
+
+    def _stream_completions(self, address: str, decode_req, outs: list[ResponseStream], cancel, time_left):
+        stream = self.calls.decode(address, decode_req, time_left(), cancel)
+        try:
+            for msg in stream:
+                if msg.index >= len(outs):
+                    raise StreamFailure(f"decode worker {address} sent completion {msg.index} of {len(outs)}")
+                yield outs[msg.index].forward(msg)
+        finally:
+            stream.close()
+        if not all(out.finished for out in outs):
+            raise IncompleteStream(address)
+
+    def _resume_completion(self, out: ResponseStream, decode_req, failed: list[str], reason: str, time_left,
+                           cancel: Cancellation):
+        """One completion of a broken direct stream, alone: seed + index, after its tokens sent."""
+        req = out.req
+        one = decode_pb2.DecodeRequest()
+        one.CopyFrom(decode_req)
+        one.req_id, one.n = req.req_id, 1
+        one.sampling.CopyFrom(req.sampling)
+        resumed = resumed_request(one, out.token_ids, self._kvstore_up())
+        yield from self._decode(req, resumed, len(req.prompt_token_ids) + out.num_tokens, out, cancel, time_left,
+                                failed=failed, migrating=reason)
+
     def _prefill(self, req: RoutedRequest, out: ResponseStream, cancel, time_left) -> prefill_pb2.PrefillResponse:
         request = prefill_pb2.PrefillRequest(req_id=req.req_id, prompt_token_ids=req.prompt_token_ids,
                                              sampling=req.sampling, priority=req.slo.priority,
-                                             cache_salt=req.cache_salt)
+                                             cache_salt=req.cache_salt, n=req.n)
         failed: list[str] = []
         last_error: RouterError | None = None
         for attempt in range(MAX_ATTEMPTS):
@@ -123,14 +235,16 @@ class GenerateFlow:
                 slot.release()
         raise AssertionError("unreachable: the last failure raises")
 
-    def _decode(self, req, decode_req, num_prefill_tokens: int, out: ResponseStream, cancel, time_left):
+    def _decode(self, req, decode_req, num_prefill_tokens: int, out: ResponseStream, cancel, time_left,
+                failed: list[str] = (), migrating: str | None = None):
         """The decode stream, on another worker when a call fails: retried as is when the
         call sent nothing (MAX_ATTEMPTS), resumed after the tokens sent when it broke
-        mid-way (MAX_MIGRATIONS)."""
-        failed: list[str] = []
+        mid-way (MAX_MIGRATIONS). `failed`, `migrating`: a completion resumed alone after
+        the stream it shared broke (_direct_completions)."""
+        failed = list(failed)
         last_error: RouterError | None = None
-        num_retries = num_migrations = 0
-        migrating: str | None = None  # the reason, until the resumed call has a worker
+        num_retries = 0
+        num_migrations = int(migrating is not None)
         while True:
             slot = self._acquire(DECODE, req, num_prefill_tokens, failed, cancel, last_error)
             if migrating is not None:

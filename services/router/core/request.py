@@ -17,13 +17,15 @@ only to label its responses, so two clients choosing the same id never meet on a
 """
 from __future__ import annotations
 
+import math
+import struct
 import uuid
 from dataclasses import dataclass
 
 from engine import InvalidRequestError, SamplingParams
 from engine.core.block_hash import MAX_CACHE_SALT_CHARS
 from engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S
-from engine.validation import MAX_LOGPROBS
+from engine.validation import MAX_LOGPROBS, validate_token_ids
 from services.common.convert import sampling_to_proto
 from services.pb import common_pb2
 from services.router.config import SLOClass
@@ -31,12 +33,15 @@ from services.router.core.grammar_check import GrammarCheck
 from services.router.core.model_info import ModelInfo
 
 _INT32_LIMIT = 1 << 31
+_INT64_MAX = (1 << 63) - 1  # the workers' wire carries seeds as int64
 # the sampling fields the hop to the workers carries as int32 (common.proto)
-_INT32_FIELDS = ("max_tokens", "top_k", "logprobs")
+_INT32_FIELDS = ("max_tokens", "top_k", "logprobs", "min_tokens", "prompt_logprobs")
 
 MAX_STOP_STRINGS = 16        # OpenAI allows 4; each is matched against the text after every step
 MAX_STOP_CHARS = 256         # per stop string
 MAX_STOP_TOKEN_IDS = 256
+MAX_BAD_WORDS = 128          # vLLM's bound too; each is matched against the output's tail every step
+MAX_BAD_WORD_CHARS = 256
 MAX_NAME_CHARS = 256         # model and the client's req_id
 MAX_SLO_CLASS_CHARS = 64
 # A text prompt longer than this many characters per context token cannot fit (no tokenizer's
@@ -68,6 +73,10 @@ class RoutedRequest:
     prefill_chunk_tokens: int = 0  # the direct path: chunk cap for the decode worker (0: its own)
     client_req_id: str = ""        # the client's id, if it sent one: its responses carry it
     cache_salt: str = ""           # to the workers as is: it enters the first block hash
+    # SamplingParams.n: completions of the prompt, prefilled once (core/choices.py); a
+    # completion as a request of its own has n 1 and its index among them
+    n: int = 1
+    index: int = 0
 
 
 class RequestValidator:
@@ -95,7 +104,7 @@ class RequestValidator:
         if inp.sampling.structured_outputs is not None:  # last: the costliest check (a compile)
             self.grammars.check(inp.sampling.structured_outputs)
         return RoutedRequest(uuid.uuid4().hex, prompt, sampling, slo_class, self.slo_classes[slo_class],
-                             client_req_id=inp.req_id, cache_salt=inp.cache_salt)
+                             client_req_id=inp.req_id, cache_salt=inp.cache_salt, n=inp.sampling.n)
 
     def _check_names(self, inp: GenerateInput) -> None:
         _check_text("req_id", inp.req_id, MAX_NAME_CHARS)
@@ -112,6 +121,12 @@ class RequestValidator:
                                                     f"got {params.max_tokens}")
         if params.logprobs is not None and params.logprobs > MAX_LOGPROBS:
             raise InvalidRequestError("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {params.logprobs}")
+        if params.prompt_logprobs is not None and params.prompt_logprobs > MAX_LOGPROBS:
+            raise InvalidRequestError("prompt_logprobs", f"must be in [0, {MAX_LOGPROBS}], "
+                                                         f"got {params.prompt_logprobs}")
+        if params.seed is not None and params.seed + params.n - 1 > _INT64_MAX:  # completion i: seed + i
+            raise InvalidRequestError("seed", f"must be at most 2^63 - n ({_INT64_MAX - params.n + 1}) with "
+                                              f"n {params.n}, got {params.seed}")
         if len(params.stop) > MAX_STOP_STRINGS:
             raise InvalidRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(params.stop)}")
         for stop in params.stop:
@@ -119,6 +134,22 @@ class RequestValidator:
         if len(params.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise InvalidRequestError("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} ids, "
                                                         f"got {len(params.stop_token_ids)}")
+        self._check_logits_fields(params)
+
+    def _check_logits_fields(self, params: SamplingParams) -> None:
+        """Bounds on bad_words, allowed_token_ids and logit_bias (one step's work per request),
+        and every token id they name in the vocabulary, as the engine checks."""
+        if len(params.bad_words) > MAX_BAD_WORDS:
+            raise InvalidRequestError("bad_words", f"at most {MAX_BAD_WORDS} words, got {len(params.bad_words)}")
+        for word in params.bad_words:
+            _check_text("bad_words", word, MAX_BAD_WORD_CHARS)
+        vocab = self.model.vocab_size
+        for name in ("allowed_token_ids", "logit_bias"):
+            if vocab and len(getattr(params, name) or ()) > vocab:
+                raise InvalidRequestError(name, f"at most {vocab} entries (the vocabulary), "
+                                                f"got {len(getattr(params, name))}")
+        if vocab:
+            validate_token_ids(params, vocab)
 
     def _prompt(self, prompt: str | tuple[int, ...]) -> tuple[int, ...]:
         if isinstance(prompt, str):
@@ -144,10 +175,22 @@ def _to_wire(params: SamplingParams) -> common_pb2.SamplingParams:
     send such values; a gRPC client's own wire is int32 already."""
     values = {name: [getattr(params, name)] for name in _INT32_FIELDS if getattr(params, name) is not None}
     values["stop_token_ids"] = params.stop_token_ids
+    values["allowed_token_ids"] = params.allowed_token_ids or []
+    values["logit_bias"] = list(params.logit_bias or ())
     for name, field_values in values.items():
         if any(not -_INT32_LIMIT <= v < _INT32_LIMIT for v in field_values):
             raise InvalidRequestError(name, "a value is out of range")
+    if not _as_float32(params.repetition_penalty) > 0 or math.isinf(_as_float32(params.repetition_penalty)):
+        raise InvalidRequestError("repetition_penalty", "is out of range of the workers' float32")
     return sampling_to_proto(params)
+
+
+def _as_float32(value: float) -> float:
+    """`value` as the hop to the workers carries it (protobuf float)."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.inf
 
 
 def shown(value: str) -> str:

@@ -5,7 +5,8 @@
     resumed:       ... [decode msg] | the worker fails | [msg from another worker] ... [final]
 
 A resumed request's new worker replays the tokens already sent through its detokenizer,
-so its first message's text continues exactly where the last one's ended.
+so its first message's text continues exactly where the last one's ended. With n > 1 each
+completion has a stream of its own (choices.py); its messages carry its index.
 
 The final message (finish_reason set) gets usage counted here, exactly as the client saw
 it, and timings merged from every hop: the router's queue time and TTFT, the prefill's
@@ -23,8 +24,10 @@ _TIMING_FIELDS = [f.name for f in common_pb2.Timings.DESCRIPTOR.fields]
 
 
 class ResponseStream:
-    def __init__(self, req: RoutedRequest, arrival: float, metrics: RouterMetrics):
+    def __init__(self, req: RoutedRequest, arrival: float, metrics: RouterMetrics, label_req_id: str = ""):
+        """`label_req_id`: the id its messages carry (a completion's, n > 1: its request's)."""
         self.req = req
+        self.label_req_id = label_req_id or req.req_id
         self.arrival = arrival
         self.metrics = metrics
         self.first_call: float | None = None
@@ -55,21 +58,31 @@ class ResponseStream:
             self.metrics.queue.labels(*self.labels).observe(self.first_call - self.arrival)
 
     def first_from_prefill(self, reply: prefill_pb2.PrefillResponse) -> common_pb2.GenerateResponse:
+        """The first token of completion req.index: the reply's own for n = 1, else its choice."""
         self._prefill_timings.CopyFrom(reply.timings)
-        self._cached_prompt_tokens = reply.num_cached_tokens
-        msg = common_pb2.GenerateResponse(req_id=self.req.req_id, token_ids=[reply.first_token_id],
-                                          text=reply.text, finish_reason=reply.finish_reason)
-        if reply.HasField("logprob"):
-            msg.logprobs.append(reply.logprob)
+        self._cached_prompt_tokens = reply.num_cached_tokens  # completion 0's: what was cached before
+        first = reply.choices[self.req.index] if reply.choices else None
+        msg = common_pb2.GenerateResponse(req_id=self.label_req_id,
+                                          token_ids=[first.token_id if first else reply.first_token_id],
+                                          text=first.text if first else reply.text,
+                                          finish_reason=first.finish_reason if first else reply.finish_reason)
+        logprob_of = first if first else reply
+        if logprob_of.HasField("logprob"):
+            msg.logprobs.append(logprob_of.logprob)
+        if reply.HasField("prompt_logprobs"):
+            msg.prompt_logprobs.CopyFrom(reply.prompt_logprobs)
         return self._account(msg)
 
     def forward(self, worker_msg: common_pb2.GenerateResponse) -> common_pb2.GenerateResponse:
         msg = common_pb2.GenerateResponse()
         msg.CopyFrom(worker_msg)
-        msg.req_id = self.req.req_id
+        msg.req_id = self.label_req_id
         return self._account(msg)
 
     def _account(self, msg: common_pb2.GenerateResponse) -> common_pb2.GenerateResponse:
+        msg.index = self.req.index  # which of the request's n completions (0 for n = 1)
+        if self.token_ids:  # the prompt's logprobs came with the first token: a retried worker's are dropped
+            msg.ClearField("prompt_logprobs")
         if msg.token_ids:
             self._observe_tokens(len(msg.token_ids))
             self.token_ids.extend(msg.token_ids)

@@ -2,6 +2,7 @@
 (core/front.py), which validates, runs and counts every request as the HTTP API's does."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import grpc
@@ -63,5 +64,7 @@ def _input(msg: router_pb2.GenerateRequest) -> GenerateInput:
     """Raises InvalidRequestError for a bad sampling field (the engine's own checks)."""
     which = msg.WhichOneof("prompt")
     prompt = msg.text if which == "text" else tuple(msg.token_ids.ids) if which == "token_ids" else ()
-    return GenerateInput(prompt, sampling_from_proto(msg.sampling), msg.req_id, msg.slo_class, msg.model,
-                         msg.cache_salt)
+    sampling = sampling_from_proto(msg.sampling)
+    if msg.n > 1:  # the engine's bound on n applies (SamplingParams validates it)
+        sampling = dataclasses.replace(sampling, n=msg.n)
+    return GenerateInput(prompt, sampling, msg.req_id, msg.slo_class, msg.model, msg.cache_salt)

@@ -128,3 +128,23 @@ def test_chunked_prefill_off_a_prompt_that_does_not_fit_waits_at_the_head():
     s.finish_requests(["a"], RequestStatus.FINISHED_STOPPED)  # the whole budget is free again
     assert _step(s).num_scheduled_tokens == {"long": 100}
     assert [r.req_id for r in s.waiting] == ["short"]
+
+
+def test_siblings_of_n_wait_for_the_first_chunks_then_hit_its_blocks():
+    """SamplingParams.n (engine/parallel_sampling.py): the first sibling's chunks of 4 allocate
+    the prompt's blocks; the siblings join once its full blocks (8 of the 10 tokens) are
+    allocated and hit both, computing only the last two tokens; a request behind them is
+    not held back."""
+    s = _scheduler(block_size=4, max_num_batched_tokens=100, long_prefill_token_threshold=4)
+    prompt = list(range(500, 510))
+    for i, req_id in enumerate(["fan", "fan#1", "fan#2"]):
+        s.add_request(Request(req_id, prompt, SamplingParams(max_tokens=4), index=i, parent_req_id="fan"))
+    _add(s, "other", 3)
+    assert _step(s).num_scheduled_tokens == {"fan": 4, "other": 3}
+    assert [r.req_id for r in s.waiting] == ["fan#1", "fan#2"]
+    out = _step(s)  # the first's chunk covers its second full block: the siblings join, hitting both
+    assert out.num_scheduled_tokens == {"fan": 4, "other": 1, "fan#1": 2, "fan#2": 2}
+    shared = s.kv.get_block_ids("fan")[:2]
+    assert s.kv.get_block_ids("fan#1")[:2] == shared == s.kv.get_block_ids("fan#2")[:2]
+    assert s.kv.num_hit_tokens == 2 * 8
+    assert s.requests["fan#1"].num_cached_tokens == 8

@@ -46,13 +46,18 @@ def sampling_bytes(draw) -> bytes:
     params = common_pb2.SamplingParams()
     for name, values in (("max_tokens", SMALL_INT), ("temperature", FLOAT), ("top_p", FLOAT),
                          ("top_k", SMALL_INT), ("min_p", FLOAT), ("logprobs", SMALL_INT),
-                         ("seed", st.integers(-(1 << 63), (1 << 63) - 1))):
+                         ("seed", st.integers(-(1 << 63), (1 << 63) - 1)), ("repetition_penalty", FLOAT),
+                         ("presence_penalty", FLOAT), ("frequency_penalty", FLOAT), ("min_tokens", SMALL_INT)):
         if draw(st.booleans()):
             setattr(params, name, draw(values))
     params.stop_token_ids.extend(draw(st.lists(INT32, max_size=5)))
     params.ignore_eos = draw(st.booleans())
-    stops = draw(st.lists(TEXT, max_size=20))
-    return params.SerializeToString() + b"".join(_string_field(7, s) for s in stops)
+    params.logit_bias.update(draw(st.dictionaries(SMALL_INT, FLOAT, max_size=4)))
+    if draw(st.booleans()):
+        params.allowed_token_ids.ids.extend(draw(st.lists(SMALL_INT, max_size=5)))
+    stops, bad_words = draw(st.lists(TEXT, max_size=20)), draw(st.lists(TEXT, max_size=3))
+    return (params.SerializeToString() + b"".join(_string_field(7, s) for s in stops)
+            + b"".join(_string_field(17, w) for w in bad_words))
 
 
 @st.composite

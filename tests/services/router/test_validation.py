@@ -95,3 +95,29 @@ def test_one_input_from_either_front_routes_the_same():
     assert (req.client_req_id, req.prompt_token_ids, req.slo_class) == ("r-1", tuple(GOOD), "batch")
     assert len(req.req_id) == 32 and req.req_id != "r-1"  # the router's own id: clients cannot collide
     assert req.sampling.max_tokens == 3 and req.sampling.seed == 7 and not req.sampling.HasField("logprobs")
+
+
+@pytest.mark.parametrize("sampling,field,vocab_size", [
+    (SamplingParams(logit_bias={49152: 1.0}), "logit_bias", 49152),
+    (SamplingParams(allowed_token_ids=[5, 49152]), "allowed_token_ids", 49152),
+    (SamplingParams(allowed_token_ids=[5] * 49153), "allowed_token_ids", 49152),
+    (SamplingParams(bad_words=["w"] * 129), "bad_words", 49152),
+    (SamplingParams(bad_words=["w" * 257]), "bad_words", 49152),
+    (SamplingParams(repetition_penalty=1e-50), "repetition_penalty", 49152),  # 0 as a float32
+    (SamplingParams(repetition_penalty=1e39), "repetition_penalty", 49152),   # inf as a float32
+    (SamplingParams(allowed_token_ids=[2**31]), "allowed_token_ids", 0),      # vocabulary unknown: the wire
+    (SamplingParams(logit_bias={2**31: 1.0}), "logit_bias", 0),
+])
+def test_logits_fields_are_bounded_and_named(sampling, field, vocab_size):
+    with pytest.raises(InvalidRequestError) as e:
+        _validator(vocab_size).validate(GenerateInput(tuple(GOOD), sampling))
+    assert e.value.field == field
+
+
+def test_logits_fields_travel_to_the_workers():
+    sampling = SamplingParams(repetition_penalty=1.25, presence_penalty=-0.5, frequency_penalty=0.75,
+                              logit_bias={7: -100.0}, min_tokens=2, bad_words=["no"], allowed_token_ids=[7, 8])
+    wire = _validator().validate(GenerateInput(tuple(GOOD), sampling)).sampling
+    assert (wire.repetition_penalty, wire.presence_penalty, wire.frequency_penalty) == (1.25, -0.5, 0.75)
+    assert dict(wire.logit_bias) == {7: -100.0} and wire.min_tokens == 2
+    assert list(wire.bad_words) == ["no"] and list(wire.allowed_token_ids.ids) == [7, 8]

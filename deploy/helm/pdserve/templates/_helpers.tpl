@@ -61,6 +61,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $e := include "pdserve.engine" . | fromYaml -}}
 - {{ .role }}
 - --model={{ $root.Values.model.name }}
+{{- with $root.Values.router.servedModelName }}
+{{- /* the workers label their vllm: metrics (model_name) with the name clients use */}}
+- --served-model-name
+{{- range (kindIs "string" . | ternary (list .) .) }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
 - --host={{ $root.Values.listenHost }}
 - --port={{ .pool.port }}
 - --metrics-port={{ $root.Values.metricsPort }}

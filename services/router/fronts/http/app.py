@@ -1,5 +1,5 @@
-"""The FastAPI app: OpenAI's completions, chat completions and models, plus /health and
-/metrics. One request's way:
+"""The FastAPI app: OpenAI's completions, chat completions and models, vLLM's /tokenize,
+/detokenize and /version (tokenize.py), plus /health and /metrics. One request's way:
 
     body (pydantic) ─▶ translate: Job (a GenerateInput per choice) ─▶ validate each,
     by the same Front as Router.Generate ─▶ RunGroup: every choice through the routing flow ─▶
@@ -24,17 +24,21 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from engine import InvalidRequestError
+from services.common.version import pdserve_version
 from services.router.errors import RouterError
 from services.router.fronts.http.auth import ApiKeyGuard
 from services.router.fronts.http.backend import Backend
 from services.router.fronts.http.config import HttpConfig
 from services.router.fronts.http.errors import (ApiError, from_invalid, from_router, install_handlers, model_not_found,
                                                 server_error)
+from services.router.fronts.http.fields import IgnoredFields
 from services.router.fronts.http.limits import BodyLimit
 from services.router.fronts.http.logprobs import TokenText
+from services.router.fronts.http.output_parsers import OutputParsers
 from services.router.fronts.http.replies import ChatReply, CompletionReply, Reply
 from services.router.fronts.http.runs import RunGroup
 from services.router.fronts.http.schemas import ChatCompletionRequest, CompletionRequest
+from services.router.fronts.http.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from services.router.fronts.http.translate import Job, chat_job, completion_job
 
 logger = logging.getLogger(__name__)
@@ -56,6 +60,10 @@ def create_app(backend: Backend, cfg: HttpConfig, executor: Executor) -> FastAPI
     app.add_api_route("/v1/chat/completions", api.chat_completions, methods=["POST"])
     app.add_api_route("/v1/models", api.models, methods=["GET"])
     app.add_api_route("/v1/models/{model:path}", api.model, methods=["GET"])
+    # vLLM's: tokenizing with the served model's tokenizer, and the server's version
+    app.add_api_route("/tokenize", api.tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", api.detokenize, methods=["POST"])
+    app.add_api_route("/version", api.version, methods=["GET"])
     app.add_api_route("/health", api.health, methods=["GET"])
     app.add_api_route("/metrics", api.metrics, methods=["GET"])
     return app
@@ -65,15 +73,18 @@ class _Api:
     def __init__(self, backend: Backend, cfg: HttpConfig, executor: Executor):
         self.backend, self.cfg, self.executor = backend, cfg, executor
         self.text_of = TokenText(backend.tokenizer)
+        self.ignored = IgnoredFields()  # each ignored or unknown body field logged once (fields.py)
+        self.parsers = OutputParsers.of(cfg)
+        self.parsers.warn_about(backend.tokenizer)
 
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
-        return await self._generate(request, CompletionReply, lambda: completion_job(
-            body, self.backend.model, request.headers.get(SLO_HEADER), self.cfg.max_choices))
+        return await self._generate(request, CompletionReply, lambda: self.ignored.noted(body, completion_job(
+            body, self.backend.model, request.headers.get(SLO_HEADER), self.cfg.max_choices)))
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
-        return await self._generate(request, ChatReply, lambda: chat_job(
+        return await self._generate(request, ChatReply, lambda: self.ignored.noted(body, chat_job(
             body, self.backend.model, self.backend.tokenizer, request.headers.get(SLO_HEADER), self.cfg.max_choices,
-            self.cfg.max_messages))
+            self.cfg.max_messages, self.parsers)))
 
     async def models(self) -> dict:
         """One card per --served-model-name (vLLM's), the first first; without: the model's."""
@@ -84,6 +95,17 @@ class _Api:
         if not self.backend.model.serves(model):
             raise model_not_found(model, self.backend.model.served_name)
         return self._card(model if self.backend.model.served_model_names else self.backend.model.name)
+
+    async def tokenize(self, body: TokenizeRequest) -> dict:
+        # a chat template and a long prompt are CPU work: off the event loop
+        return await run_in_threadpool(tokenize, body, self.backend.model, self.backend.tokenizer,
+                                       self.cfg.max_messages)
+
+    async def detokenize(self, body: DetokenizeRequest) -> dict:
+        return await run_in_threadpool(detokenize, body, self.backend.model, self.backend.tokenizer)
+
+    async def version(self) -> dict:
+        return {"version": pdserve_version()}
 
     async def health(self) -> JSONResponse:
         """200 when the router is ready (state/readiness.py: a decode worker is reachable), else 503."""
@@ -106,7 +128,7 @@ class _Api:
         # tokenizing (chat template, text prompts) is CPU work: off the event loop
         job, routed = await run_in_threadpool(self._prepare, make_job)
         group = RunGroup(self.backend, routed, arrival, self.executor)
-        reply = reply_type(job, self.backend.model.served_name, self.text_of)
+        reply = reply_type(job, self.backend.model.served_name, self.text_of, [r.prompt_token_ids for r in routed])
         try:
             if job.stream:
                 first = await _unless_disconnected(request, group.first_messages())

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from services.common.auth import parse_tokens
 from services.common.defaults import HOST, ROUTER_HTTP_PORT
 from services.common.tls import ServerTLS
+from services.router.fronts.http.parsing import REASONING_PARSERS, TOOL_PARSERS
 from services.router.config import max_request_bytes
 
 API_KEY_ENV = "PDSERVE_API_KEY"
@@ -24,6 +25,10 @@ class HttpConfig:
     # the largest body read (413 past it); None: the router's rule from the context length
     max_request_bytes: int | None = None
     max_messages: int = 1024      # of one chat request (each is at least a few tokens of the context)
+    # what is read out of chat outputs (output_parsers.py; vLLM's flags of the same names)
+    tool_call_parser: str | None = None   # a TOOL_PARSERS name: the model's tool-call format
+    enable_auto_tool_choice: bool = False  # tool_choice "auto" parses with it (else: 400)
+    reasoning_parser: str | None = None   # a REASONING_PARSERS name: <think>...</think>
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -35,8 +40,18 @@ class HttpConfig:
             raise ValueError("max_choices, max_threads and max_messages: must be >= 1")
         if self.max_request_bytes is not None and self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes: must be >= 1, got {self.max_request_bytes}")
+        _check_parsers(self.tool_call_parser, self.enable_auto_tool_choice, self.reasoning_parser)
 
     def request_bytes_limit(self, max_model_len: int) -> int:
         """The body bound: the same as the router's gRPC port (--max-request-bytes, else
         generous bytes per token of the context plus slack)."""
         return max_request_bytes(self.max_request_bytes, max_model_len)
+
+
+def _check_parsers(tool_call_parser: str | None, enable_auto_tool_choice: bool, reasoning_parser: str | None) -> None:
+    if tool_call_parser is not None and tool_call_parser not in TOOL_PARSERS:
+        raise ValueError(f"tool_call_parser: {tool_call_parser!r} is not one of {', '.join(TOOL_PARSERS)}")
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(f"reasoning_parser: {reasoning_parser!r} is not one of {', '.join(REASONING_PARSERS)}")
+    if enable_auto_tool_choice and tool_call_parser is None:  # vLLM refuses it at start too
+        raise ValueError("enable_auto_tool_choice: needs a tool_call_parser (--tool-call-parser NAME)")

@@ -4,20 +4,28 @@ to exactly the non-streamed text.
 
     completions  text_completion        choices[i] = {index, text, logprobs, finish_reason}
     chat         chat.completion(.chunk) choices[i] = {index, message|delta, logprobs, finish_reason}
-                 (tool calls, when the request forced them: tool_calls.py)
+                 (what the message holds besides content, tool calls and reasoning: choice_text.py)
+
+prompt_logprobs (vLLM's, when computed and not streamed): completions carry them in each
+choice, chat once beside the choices. Completions' echo puts the prompt (and with logprobs
+its tokens') before a choice's first message: the first chunk when streaming.
 
 Usage: completion_tokens is the sum over choices of what the router sent; a prompt is
 counted once however many choices (n) it has, as OpenAI does, and its cached tokens are
-the fewest any of its choices found cached (each choice is its own request on a worker).
+the fewest any of its choices found cached: the first completion's (the prompt is prefilled
+once for its n completions, the others read its KV; a completion resumed elsewhere may count more).
 """
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 from services.pb import common_pb2
-from services.router.fronts.http.logprobs import ChatLogprobs, LegacyLogprobs, TokenText
-from services.router.fronts.http.tool_calls import ToolCallReply, tool_call_reply
+from services.router.fronts.http.choice_text import ChoiceText, PlainText, WithReasoning
+from services.router.fronts.http.logprobs import (ChatLogprobs, LegacyLogprobs, TokenIdText, TokenText,
+                                                  prompt_logprobs_json)
+from services.router.fronts.http.tool_calls import AutoCalls, tool_call_reply
 from services.router.fronts.http.translate import Job
 
 
@@ -27,6 +35,8 @@ class _Choice:
         self.finish_reason: str | None = None
         self.usage = common_pb2.Usage()
         self.logprobs = logprobs  # LegacyLogprobs | ChatLogprobs | None
+        self.prompt_logprobs: common_pb2.PromptLogprobs | None = None  # from the first message
+        self.started = False  # its first message is in
 
 
 class Reply(ABC):
@@ -34,16 +44,23 @@ class Reply(ABC):
     object_whole: str
     object_chunk: str
 
-    def __init__(self, job: Job, model: str, text_of: TokenText):
+    def __init__(self, job: Job, model: str, text_of: TokenText, prompt_token_ids: Sequence[Sequence[int]] = ()):
+        """`prompt_token_ids`: each choice's prompt, as the router tokenized it (echo shows it)."""
         self.job = job
         self.model = model
-        self.id = f"{self.id_prefix}-{job.req_id}"
+        self.id = f"{self.id_prefix}-{job.reply_id or job.req_id}"
         self.created = int(time.time())
-        self.choices = [_Choice(None if job.logprobs is None else self._logprobs(text_of)) for _ in job.inputs]
+        self.text_of = text_of
+        self.prompt_token_ids = list(prompt_token_ids)
+        shown = TokenIdText() if job.tokens_as_ids else text_of
+        self.choices = [_Choice(None if job.logprobs is None else self._logprobs(shown)) for _ in job.prompt_of]
 
     def add(self, index: int, msg: common_pb2.GenerateResponse) -> dict:
         """Take one message of choice `index`; returns its chunk (for streaming)."""
         choice = self.choices[index]
+        choice.started = True
+        if msg.HasField("prompt_logprobs"):
+            choice.prompt_logprobs = msg.prompt_logprobs
         choice.text.append(msg.text)
         logprobs = choice.logprobs.add(msg.logprobs) if choice.logprobs is not None else None
         if msg.finish_reason:
@@ -73,6 +90,12 @@ class Reply(ABC):
         return {"prompt_tokens": sum(prompt.values()), "completion_tokens": completion,
                 "total_tokens": sum(prompt.values()) + completion,
                 "prompt_tokens_details": {"cached_tokens": sum(cached.values())}}
+
+    def _prompt_logprobs(self, choice: _Choice):
+        """vLLM's prompt_logprobs of a choice, when the job computed them."""
+        if choice.prompt_logprobs is None:
+            return None
+        return prompt_logprobs_json(choice.prompt_logprobs, self.text_of)
 
     def _envelope(self, obj: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
@@ -107,33 +130,93 @@ class CompletionReply(Reply):
 
     _delta = _choice
 
+    def add(self, index, msg):
+        echo = self.job.echo
+        if echo is None:
+            return super().add(index, msg)
+        if echo.only:  # max_tokens 0: the one token generated is not shown
+            msg = _without_output(msg)
+        if self.choices[index].started:
+            return super().add(index, msg)
+        return self._echoed(index, msg)
+
+    def _echoed(self, index: int, msg: common_pb2.GenerateResponse) -> dict:
+        """The choice's first chunk, its prompt before it: the text (a token-id prompt decoded)
+        and with logprobs the prompt tokens' (from the message's prompt_logprobs)."""
+        choice, ids = self.choices[index], self.prompt_token_ids[index]
+        text = self.job.echo.texts[self.job.prompt_of[index]]
+        text = self.text_of.text(ids) if text is None else text
+        choice.text.append(text)
+        part = None
+        if choice.logprobs is not None:
+            part = choice.logprobs.add_prompt(ids, msg.prompt_logprobs, self.job.logprobs)
+        chunk = super().add(index, msg)
+        delta = chunk["choices"][0]
+        delta["text"] = text + delta["text"]
+        if part is not None:
+            delta["logprobs"] = {key: part[key] + delta["logprobs"][key] for key in part}
+        return chunk
+
+    def whole(self) -> dict:
+        body = super().whole()
+        if self.job.prompt_logprobs:  # vLLM's: in each choice
+            for choice, reply in zip(self.choices, body["choices"]):
+                reply["prompt_logprobs"] = self._prompt_logprobs(choice)
+        return body
+
 
 class ChatReply(Reply):
     id_prefix, object_whole, object_chunk = "chatcmpl", "chat.completion", "chat.completion.chunk"
 
-    def __init__(self, job: Job, model: str, text_of: TokenText):
-        super().__init__(job, model, text_of)
-        choice = job.tool_choice
-        self.tool_calls: list[ToolCallReply] | None = (
-            None if choice is None else [tool_call_reply(choice) for _ in job.inputs])
+    def __init__(self, job: Job, model: str, text_of: TokenText, prompt_token_ids: Sequence[Sequence[int]] = ()):
+        super().__init__(job, model, text_of, prompt_token_ids)
+        self.texts = [_choice_text(job) for _ in job.prompt_of]
+        self.so_far = ["" for _ in job.prompt_of]  # each choice's output text (its parsers read all of it)
 
     def _logprobs(self, text_of):
         return ChatLogprobs(text_of)
 
     def opening(self) -> list[dict]:
-        content = "" if self.tool_calls is None else None  # tool calls: no content, as OpenAI streams them
-        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": content}, "logprobs": None,
-                              "finish_reason": None}]) for i in range(len(self.choices))]
+        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": t.opening_content},
+                              "logprobs": None, "finish_reason": None}]) for i, t in enumerate(self.texts)]
 
     def _choice(self, index, text, logprobs, finish_reason):
-        message = {"role": "assistant", "content": text}
-        if self.tool_calls is not None:
-            message, finish_reason = self.tool_calls[index].message(text, finish_reason)
+        message, finish_reason = self.texts[index].message(text, finish_reason)
+        if not self.job.include_reasoning:
+            message.pop("reasoning_content", None)
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def _delta(self, index, text, logprobs, finish_reason):
-        delta = {"content": text} if text else {}
-        if self.tool_calls is not None:
-            whole = "".join(self.choices[index].text)
-            delta, finish_reason = self.tool_calls[index].delta(text, whole, finish_reason)
+        self.so_far[index] += text
+        delta, finish_reason = self.texts[index].delta(text, self.so_far[index], finish_reason)
+        if not self.job.include_reasoning:
+            delta.pop("reasoning_content", None)
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def whole(self) -> dict:
+        body = super().whole()
+        if self.job.prompt_logprobs:  # vLLM's: once, beside the choices (every choice has the one prompt)
+            body["prompt_logprobs"] = self._prompt_logprobs(self.choices[0])
+        return body
+
+
+def _choice_text(job: Job) -> ChoiceText:
+    """A grammar-forced call, calls read by the tool parser, or plain text; reasoning before it."""
+    if job.tool_choice is not None:
+        inner = tool_call_reply(job.tool_choice)
+    elif job.auto_tools is not None:
+        inner = AutoCalls(job.auto_tools)
+    else:
+        inner = PlainText()
+    return inner if job.reasoning is None else WithReasoning(job.reasoning, inner)
+
+
+def _without_output(msg: common_pb2.GenerateResponse) -> common_pb2.GenerateResponse:
+    """The message less its tokens (an echo with max_tokens 0): no text, logprobs or count."""
+    out = common_pb2.GenerateResponse()
+    out.CopyFrom(msg)
+    out.text = ""
+    out.ClearField("token_ids")
+    out.ClearField("logprobs")
+    out.usage.completion_tokens = 0
+    return out

@@ -1,14 +1,16 @@
 """The choices of one HTTP request running side by side, between threads and the event loop.
 
-The routing flow blocks (admission waits, gRPC calls), so each choice runs it in a worker
-thread; its messages come to the event loop through one queue, tagged with the choice's
-index. Cancelling the group cancels every choice's `Cancellation`, which is exactly what
-a gRPC client's cancel does: the admission wait ends, worker calls are cancelled (the
-workers free their blocks) and a lease no decode took over is released.
+The routing flow blocks (admission waits, gRPC calls), so each prompt's run (its n
+completions, the prompt prefilled once: core/choices.py) runs it in a worker thread; its
+messages come to the event loop through one queue, tagged with the choice's index (the
+run's first choice plus the message's completion index). Cancelling the group cancels
+every run's `Cancellation`, which is exactly what a gRPC client's cancel does: the
+admission wait ends, worker calls are cancelled (the workers free their blocks) and a
+lease no decode took over is released.
 
-    thread 0: flow.run(choice 0) ──┐
-    thread 1: flow.run(choice 1) ──┼─▶ queue[(index, msg | error | END)] ─▶ next()
-    ...                            ┘
+    thread 0: flow.run(prompt 0, n) ──┐
+    thread 1: flow.run(prompt 1, n) ──┼─▶ queue[(choice, msg | error | END)] ─▶ next()
+    ...                               ┘
 """
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ class RunGroup:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._cancels = [Cancellation() for _ in requests]
         self._num_open = len(requests)
+        # a run is one prompt's n completions: its messages' index counts from its first choice
+        self._first_choice = [sum(r.n for r in requests[:i]) for i in range(len(requests))]
+        self._num_choices = sum(r.n for r in requests)
         try:
             for index, req in enumerate(requests):
                 executor.submit(self._pump, index, req, arrival)
@@ -43,7 +48,8 @@ class RunGroup:
             raise
 
     def __len__(self) -> int:
-        return len(self._cancels)
+        """The choices (each run's n completions)."""
+        return self._num_choices
 
     def cancel(self) -> None:
         """Abort every choice still running (a no-op for those that finished)."""
@@ -82,7 +88,7 @@ class RunGroup:
         cancel = self._cancels[index]
         try:
             for msg in self._backend.run(req, arrival, cancel):
-                if not self._put(index, msg):
+                if not self._put(self._first_choice[index] + msg.index, msg):
                     cancel.cancel()  # the event loop is gone: nobody will read the rest
             item = _END
         except Exception as e:

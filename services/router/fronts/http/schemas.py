@@ -1,10 +1,11 @@
 """The request bodies of POST /v1/completions and /v1/chat/completions (pydantic).
 
-Unknown fields are ignored, as OpenAI clients and agent frameworks send many; the fields
-pdserve cannot honour are listed here and refused by translate.py when they are set to
-anything but their neutral value. Extensions (vLLM's names): top_k, min_p, ignore_eos,
-stop_token_ids, slo_class (also the `x-pdserve-slo` header) and structured_outputs (guided
-decoding: what OpenAI's response_format and tools have no field for).
+Every field of vLLM's ChatCompletionRequest and CompletionRequest is typed here; fields.py
+says which are refused unless neutral (by translate.py) and which are ignored. Unknown
+fields pass, as OpenAI clients and agent frameworks send many, and are logged once by name. Extensions (vLLM's names): top_k, min_p, ignore_eos,
+stop_token_ids, repetition_penalty, min_tokens, bad_words, allowed_token_ids, slo_class (also
+the `x-pdserve-slo` header) and structured_outputs (guided decoding: what OpenAI's
+response_format and tools have no field for).
 
 Every string is `Text`: JSON may carry half of a UTF-16 pair ("\\ud800") that Python keeps
 as a lone surrogate, which no tokenizer, protobuf or response encoder accepts; it is
@@ -31,6 +32,7 @@ Text = Annotated[str, AfterValidator(_whole_text)]
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None  # vLLM's; refused when true (fields.py)
 
 
 class JsonSchemaFormat(BaseModel):
@@ -62,7 +64,7 @@ class StructuredOutputs(BaseModel):
 
 class _GenerateRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
-    model: Text
+    model: Text | None = None  # unset: the served model (vLLM's)
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -72,29 +74,55 @@ class _GenerateRequest(BaseModel):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: Text | None = None  # accepted; the router has no use for it
-    # not in the engine: refused unless neutral
+    # on the logits before temperature (engine/sample/logits_processors.py)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token ids as strings of ints (JSON keys) -> bias
     # extensions
     top_k: int | None = None
     min_p: float | None = None
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    bad_words: list[Text] | None = None
+    allowed_token_ids: list[int] | None = None
     slo_class: Text | None = None
     cache_salt: Text | None = None  # vLLM's: shares cached KV only with requests of the same salt
     # guided decoding (at most one of the two; see structured.py)
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
+    # the rest of vLLM's fields (its protocol.py), each honoured, refused unless neutral or
+    # ignored: see fields.py and docs/openai.md ("Every field")
+    prompt_logprobs: int | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    request_id: Text | None = None  # names the response (its id), not the request on the workers
+    return_tokens_as_token_ids: bool | None = None
+    return_token_ids: bool | None = None
+    use_beam_search: bool | None = None
+    length_penalty: float | None = None
+    truncate_prompt_tokens: int | None = None
+    add_special_tokens: bool | None = None
+    priority: int | None = None
+    logits_processors: list[Text | dict[str, Any]] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    vllm_xargs: dict[str, Any] | None = None
+    # OpenAI's, beside vLLM's: none changes an output
+    service_tier: Text | None = None
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
 
 
 class CompletionRequest(_GenerateRequest):
     # a text, token ids, or a batch of either: one choice per prompt (times n)
     prompt: Text | list[int] | list[Text] | list[list[int]]
     logprobs: int | None = None  # top-N per token, legacy format
-    echo: bool | None = None
+    echo: bool | None = None  # the prompt before each choice's text (and its tokens' logprobs)
     best_of: int | None = None
     suffix: Text | None = None
+    prompt_embeds: Text | list[Text] | None = None
 
 
 class ContentPart(BaseModel):
@@ -103,10 +131,27 @@ class ContentPart(BaseModel):
     text: Text | None = None
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: Text
+    arguments: Text | dict[str, Any] | None = None  # OpenAI sends JSON text; the template gets the object
+
+
+class MessageToolCall(BaseModel):
+    """A call an earlier assistant turn made (the reply's tool_calls, sent back)."""
+    model_config = ConfigDict(extra="allow")
+    id: Text | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "user", "assistant", "tool"]  # any other: 400 naming messages[i].role
     content: Text | list[ContentPart] | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant: the calls it made
+    tool_call_id: Text | None = None                 # tool: the call this is the result of
+    name: Text | None = None
 
 
 class FunctionDefinition(BaseModel):
@@ -143,3 +188,12 @@ class ChatCompletionRequest(_GenerateRequest):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
+    include_reasoning: bool | None = None  # false: no reasoning_content (the thinking is still cut out)
+    reasoning_effort: Text | None = None
+    echo: bool | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    documents: list[dict[str, Any]] | None = None
+    chat_template: Text | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None

@@ -8,17 +8,18 @@
     tools + tool_choice "required"                                  json = one call {"name", "arguments"}
                                                                     of any tool (a list of them unless
                                                                     parallel_tool_calls is false)
-    tools + tool_choice "none"                                      tools ignored
+    tools + tool_choice "none" or "auto"                            no grammar (the tools are still
+                                                                    rendered into the prompt)
 
 At most one of response_format, structured_outputs and a forcing tool_choice: two are
 refused naming the second. structured_outputs.disable_any_whitespace alone is an option for
 whichever JSON spec is given (JSON with no whitespace between tokens: a small model may
 otherwise pad forever); tool calls default to it, their arguments being read by programs.
 
-tool_choice "auto" (also the default when tools are given) is refused: telling a tool call
-from text needs a tool-call parser for the model's own format, which this server does not
-have; "required" and a named function need none, since the grammar makes the whole output
-the call. The reply turns it into `tool_calls` (tool_calls.py).
+tool_choice "auto" (also the default when tools are given) is no grammar: the model writes
+calls in its own format, or text, and the tool-call parser tells them apart
+(output_parsers.py); "required" and a named function need no parser, since the grammar
+makes the whole output the call. The reply turns it into `tool_calls` (tool_calls.py).
 """
 from __future__ import annotations
 
@@ -123,14 +124,8 @@ def _from_tools(body: _GenerateRequest) -> Guide | None:
     if body.functions:
         raise bad_request("functions", "is not supported; use tools with tool_choice")
     choice, tools = body.tool_choice, body.tools or []
-    if choice == "none" or (choice is None and not tools):
+    if choice in (None, "none", "auto"):  # "auto" (the default): output_parsers.py
         return None
-    if choice is None:
-        raise bad_request("tools", 'given without tool_choice, which then defaults to "auto": not supported here '
-                                   '(no tool-call parser); set tool_choice to "required", a named function or "none"')
-    if choice == "auto":
-        raise bad_request("tool_choice", '"auto" is not supported (no tool-call parser); use "required", '
-                                         '{"type": "function", "function": {"name": ...}} or "none"')
     if not tools:
         raise bad_request("tools", "must hold at least one tool when tool_choice forces a call")
     names = [t.function.name for t in tools]

@@ -1,5 +1,7 @@
-"""A chat choice whose output is tool calls (structured.py forced it with a grammar): told
-to the client as OpenAI's `message.tool_calls`, `content` null, `finish_reason` "tool_calls".
+"""Chat choices whose output holds tool calls, told to the client as OpenAI's
+`message.tool_calls` with `finish_reason` "tool_calls" (choice_text.py's contract).
+
+Forced by a grammar (structured.py), `content` null:
 
     named function:  the output is the arguments object itself
         stream: {"tool_calls": [{"index": 0, "id", "type", "function": {"name", "arguments": piece}}]}
@@ -11,22 +13,33 @@ to the client as OpenAI's `message.tool_calls`, `content` null, `finish_reason` 
 An output that did not finish (max_tokens, a stop string) is not a complete call: a named
 call keeps its partial arguments (as OpenAI sends them with finish_reason "length"); a
 "required" output that does not parse is sent as the plain content it is.
+
+Read by the model's own format (tool_choice "auto", AutoCalls): the tool-call parser splits
+the output into content and calls. Content streams as it is decided; each call is sent whole
+(id, name and all its arguments in one delta) once the parser has decided it, which for
+hermes is when its </tool_call> arrives and for the all-or-nothing formats when the output
+ends:
+
+    {"content": "Let me check."}  ...  {"tool_calls": [{"index": 0, "id", "type", "function": {"name", "arguments"}}]}
+
+`finish_reason` is "tool_calls" when the output holds calls and ended by itself ("stop");
+"length" stays "length" (the client should know it was cut). With parallel_tool_calls false
+only the first call is kept, as vLLM does.
 """
 from __future__ import annotations
 
 import json
-import uuid
-from abc import ABC, abstractmethod
 
+from services.router.fronts.http.choice_text import ChoiceText
+from services.router.fronts.http.output_parsers import AutoTools
+from services.router.fronts.http.parsing.stream import ToolCallStream
+from services.router.fronts.http.parsing.tool_parser import call_id, parse_output
 from services.router.fronts.http.structured import ToolChoice
 
 
-def call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-def _call(index: int, name: str, arguments: str) -> dict:
-    return {"index": index, "id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+def _call(index: int, name: str, arguments: str, id_: str | None = None) -> dict:
+    return {"index": index, "id": id_ or call_id(), "type": "function",
+            "function": {"name": name, "arguments": arguments}}
 
 
 def _finish(finish_reason: str | None) -> str | None:
@@ -34,16 +47,9 @@ def _finish(finish_reason: str | None) -> str | None:
     return "tool_calls" if finish_reason == "stop" else finish_reason
 
 
-class ToolCallReply(ABC):
-    """One choice's tool calls, as deltas while streaming and as the whole message."""
-
-    @abstractmethod
-    def delta(self, piece: str, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
-        """The delta for one more piece of output (`text`: all of it so far), and the finish reason."""
-
-    @abstractmethod
-    def message(self, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
-        """The whole message and its finish reason."""
+class ToolCallReply(ChoiceText):
+    """One choice's tool calls: its first delta has no content (as OpenAI streams calls)."""
+    opening_content = None
 
 
 def tool_call_reply(choice: ToolChoice) -> ToolCallReply:
@@ -104,3 +110,35 @@ class RequiredCalls(ToolCallReply):
 
 def _is_call(item) -> bool:
     return isinstance(item, dict) and isinstance(item.get("name"), str) and "arguments" in item
+
+
+class AutoCalls(ToolCallReply):
+    """tool_choice "auto": the calls the model wrote in its own format, and its other text."""
+
+    def __init__(self, auto: AutoTools):
+        self.auto = auto
+        self.stream = ToolCallStream(auto.parser, auto.names)
+        self.num_sent = 0
+
+    def delta(self, piece, text, finish_reason):
+        content, calls = self.stream.feed(text, final=finish_reason is not None)
+        delta = {"content": content} if content else {}
+        if not self.auto.parallel:
+            calls = calls[:1 - min(1, self.num_sent)]
+        if calls:
+            delta["tool_calls"] = [_call(self.num_sent + i, c.name, c.arguments, c.id) for i, c in enumerate(calls)]
+            self.num_sent += len(calls)
+        return delta, _auto_finish(finish_reason, self.num_sent)
+
+    def message(self, text, finish_reason):
+        parsed = parse_output(self.auto.parser, text, self.auto.names)
+        calls = parsed.calls if self.auto.parallel else parsed.calls[:1]
+        message = {"role": "assistant", "content": parsed.content}
+        if calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+        return message, _auto_finish(finish_reason, len(calls))
+
+
+def _auto_finish(finish_reason: str | None, num_calls: int) -> str | None:
+    return "tool_calls" if num_calls and finish_reason == "stop" else finish_reason

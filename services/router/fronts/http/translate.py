@@ -1,11 +1,13 @@
-"""An OpenAI request as the router's requests: one `GenerateInput` per choice, built
+"""An OpenAI request as the router's requests: one `GenerateInput` per prompt, asking for
+its n completions (the router prefills the prompt once for them: core/choices.py), built
 straight from the pydantic body (no protobuf on this path: the router's validator takes
 the same typed input from both fronts).
 
     completions: prompt (text | ids | a batch of either) × n  ->  choices, prompt-major:
-                 choice i = prompt i // n, run i % n (seed + i % n when a seed is given)
-    chat:        messages -> the model's chat template -> token ids (engine.chat, the same
-                 function as engine.LLM.chat), × n
+                 choice i = prompt i // n, completion i % n (seed + i % n when a seed is given)
+    chat:        messages (and tools) -> the model's chat template -> token ids (engine.chat,
+                 the same function as engine.LLM.chat), × n; tool_choice "auto" and the
+                 reasoning parser (output_parsers.py) go to the reply
     both:        response_format / structured_outputs / forcing tools -> structured_outputs
                  (structured.py), the same spec for every choice
 
@@ -13,14 +15,18 @@ Everything the engine cannot honour is refused here, naming the field (400).
 """
 from __future__ import annotations
 
+import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine import InvalidRequestError, SamplingParams
 from engine.chat import encode_chat_prompt
 from services.router.core.model_info import ModelInfo
 from services.router.core.request import GenerateInput
 from services.router.fronts.http.errors import bad_request, from_invalid, model_not_found
+from services.router.fronts.http.fields import refuse_unsupported
+from services.router.fronts.http.output_parsers import AutoTools, OutputParsers
+from services.router.fronts.http.parsing.reasoning import ReasoningParser
 from services.router.fronts.http.schemas import ChatCompletionRequest, CompletionRequest, _GenerateRequest
 from services.router.fronts.http.structured import Guide, ToolChoice, guide
 
@@ -33,21 +39,34 @@ _INT64_MAX = (1 << 63) - 1
 class Job:
     """What one HTTP request asks of the router."""
     req_id: str
-    inputs: tuple[GenerateInput, ...]                  # one per choice, in choice order
+    inputs: tuple[GenerateInput, ...]                  # one per prompt, each with sampling.n completions
     prompt_of: tuple[int, ...]                         # each choice's prompt (usage counts a prompt once)
     stream: bool
     include_usage: bool
     logprobs: int | None                               # top-N to report; None: no logprobs
     rename: dict[str, str] = field(default_factory=dict)  # the router's field names -> this API's
     tool_choice: ToolChoice | None = None              # chat: the output is tool calls (tool_calls.py)
+    auto_tools: AutoTools | None = None                # chat: tool calls read from the output, if any
+    reasoning: ReasoningParser | None = None           # chat: <think>...</think> to reasoning_content
+    echo: Echo | None = None                           # completions: the prompt before the output
+    prompt_logprobs: bool = False                      # the engine computes them: the reply carries them
+    reply_id: str = ""                                 # vLLM's request_id: the response's id (else req_id)
+    tokens_as_ids: bool = False                        # return_tokens_as_token_ids: "token_id:N" in logprobs
+    include_reasoning: bool = True                     # chat: false drops reasoning_content
+
+
+@dataclass(frozen=True)
+class Echo:
+    """Completions' echo: each prompt's text before its choices' (with logprobs, its tokens'
+    logprobs before theirs: the first token's null). `only` (max_tokens 0): the prompt and
+    nothing else; one token is generated and dropped, as vLLM does."""
+    texts: tuple[str | None, ...]  # per prompt; None: token ids, decoded for the reply
+    only: bool
 
 
 def completion_job(body: CompletionRequest, model: ModelInfo, slo_header: str | None, max_choices: int) -> Job:
     _check_common(body, model)
-    if body.echo:
-        raise bad_request("echo", "is not supported")
-    if body.suffix:
-        raise bad_request("suffix", "is not supported")
+    refuse_unsupported(body, "completions")
     n = body.n if body.n is not None else 1
     if body.best_of is not None and body.best_of != n:
         raise bad_request("best_of", f"must equal n ({n}) when set: runs are not ranked")
@@ -55,16 +74,24 @@ def completion_job(body: CompletionRequest, model: ModelInfo, slo_header: str | 
         raise bad_request("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {body.logprobs}")
     prompts = _prompts(body.prompt)
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETION_MAX_TOKENS
+    echo = None
+    if body.echo:
+        echo = Echo(tuple(p if isinstance(p, str) else None for p in prompts), only=max_tokens == 0)
+        max_tokens = max(max_tokens, 1)
+    prompt_logprobs = _prompt_logprobs(body, body.logprobs if body.echo else None)
     guided = guide(body)
-    sampling = _sampling(body, max_tokens, body.logprobs, guided)
-    return _job(body, prompts, sampling, slo_header, max_choices, body.logprobs,
-                {"prompt_token_ids": "prompt", **guided.rename})
+    sampling = _sampling(body, max_tokens, body.logprobs, guided, prompt_logprobs)
+    job = _job(body, prompts, sampling, slo_header, max_choices, body.logprobs,
+               {"prompt_token_ids": "prompt", **guided.rename})
+    return replace(job, echo=echo)
 
 
 def chat_job(body: ChatCompletionRequest, model: ModelInfo, tokenizer, slo_header: str | None,
-             max_choices: int, max_messages: int) -> Job:
+             max_choices: int, max_messages: int, parsers: OutputParsers = OutputParsers()) -> Job:
     _check_common(body, model)
+    refuse_unsupported(body, "chat")
     guided = guide(body)
+    auto_tools = parsers.auto_tools(body)
     top = _chat_top_logprobs(body)
     token_ids = chat_prompt(body, tokenizer, max_messages)
     max_name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -73,22 +100,41 @@ def chat_job(body: ChatCompletionRequest, model: ModelInfo, tokenizer, slo_heade
         max_tokens = max(1, model.max_model_len - len(token_ids))
     rename = {"prompt": "messages", "prompt_token_ids": "messages", "logprobs": "top_logprobs",
               "max_tokens": max_name, **guided.rename}
-    return _job(body, [token_ids], _sampling(body, max_tokens, top, guided), slo_header, max_choices, top, rename,
-                guided.tool_choice)
+    sampling = _sampling(body, max_tokens, top, guided, _prompt_logprobs(body, None))
+    job = _job(body, [token_ids], sampling, slo_header, max_choices, top, rename, guided.tool_choice)
+    # a guided output is constrained from its first token: there is no thinking in it to parse
+    reasoning = parsers.reasoning if guided.params is None else None
+    return replace(job, auto_tools=auto_tools, reasoning=reasoning,
+                   include_reasoning=body.include_reasoning is not False)
 
 
 def chat_prompt(body: ChatCompletionRequest, tokenizer, max_messages: int) -> list[int]:
     """Refused before the template runs: too many messages, a role the API does not know, and
-    (engine.chat) control-token text in a content that cannot be kept plain text."""
+    (engine.chat) control-token text in a content that cannot be kept plain text. The tools
+    are rendered whatever tool_choice says (as vLLM does)."""
     if not body.messages:
         raise bad_request("messages", "must hold at least one message")
     if len(body.messages) > max_messages:
         raise bad_request("messages", f"at most {max_messages} messages, got {len(body.messages)}")
-    conversation = [{"role": m.role, "content": _text(m.content, i)} for i, m in enumerate(body.messages)]
+    conversation = [_message(m, i) for i, m in enumerate(body.messages)]
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     try:
-        return encode_chat_prompt(tokenizer, conversation)[1]
+        return encode_chat_prompt(tokenizer, conversation, tools)[1]
     except InvalidRequestError as e:
         raise from_invalid(e, {}) from None
+
+
+def _message(m, index: int) -> dict:
+    """A message as chat templates take it: earlier tool calls and tool results included."""
+    message = {"role": m.role, "content": _text(m.content, index)}
+    if m.tool_calls:
+        if m.role != "assistant":
+            raise bad_request(f"messages[{index}].tool_calls", "only an assistant message makes tool calls")
+        message["tool_calls"] = [c.model_dump(exclude_none=True) for c in m.tool_calls]
+    for name in ("tool_call_id", "name"):
+        if getattr(m, name) is not None:
+            message[name] = getattr(m, name)
+    return message
 
 
 def _text(content, index: int) -> str:
@@ -114,13 +160,8 @@ def _chat_top_logprobs(body: ChatCompletionRequest) -> int | None:
 
 
 def _check_common(body: _GenerateRequest, model: ModelInfo) -> None:
-    if not model.serves(body.model):
+    if body.model is not None and not model.serves(body.model):
         raise model_not_found(body.model, model.served_name)
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name):  # 0 and unset are neutral
-            raise bad_request(name, "is not supported by this engine (only 0)")
-    if body.logit_bias:
-        raise bad_request("logit_bias", "is not supported")
     if body.stream_options is not None and not body.stream:
         raise bad_request("stream_options", "is only allowed with stream: true")
 
@@ -133,13 +174,47 @@ def _prompts(prompt) -> list[str | list[int]]:
     return list(prompt)
 
 
-def _sampling(body: _GenerateRequest, max_tokens: int, logprobs: int | None, guided: Guide) -> dict:
+def _prompt_logprobs(body: _GenerateRequest, echoed: int | None) -> int | None:
+    """What the engine computes: prompt_logprobs as asked, else an echoed prompt's logprobs
+    (completions' `logprobs`). As vLLM: N > 0 is refused with a stream (no chunk carries
+    them); 0 streamed would reach nobody, so nothing is computed for it."""
+    asked = body.prompt_logprobs
+    if asked is not None:
+        if not 0 <= asked <= MAX_LOGPROBS:
+            raise bad_request("prompt_logprobs", f"must be in [0, {MAX_LOGPROBS}], got {asked}")
+        if body.stream and asked > 0:
+            raise bad_request("prompt_logprobs", "is not available with stream: true")
+        if body.stream:
+            asked = None
+    return echoed if asked is None else asked
+
+
+def _sampling(body: _GenerateRequest, max_tokens: int, logprobs: int | None, guided: Guide,
+              prompt_logprobs: int | None = None) -> dict:
     """The sampling fields that are set (unset ones take SamplingParams' defaults, the engine's)."""
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     values = dict(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                  min_p=body.min_p, seed=body.seed, logprobs=logprobs, structured_outputs=guided.params)
+                  min_p=body.min_p, seed=body.seed, logprobs=logprobs, structured_outputs=guided.params,
+                  prompt_logprobs=prompt_logprobs, include_stop_str_in_output=body.include_stop_str_in_output,
+                  skip_special_tokens=body.skip_special_tokens,
+                  repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
+                  frequency_penalty=body.frequency_penalty, min_tokens=body.min_tokens,
+                  allowed_token_ids=body.allowed_token_ids, logit_bias=_logit_bias(body.logit_bias))
     return dict({k: v for k, v in values.items() if v is not None}, stop=stop,
-                stop_token_ids=list(body.stop_token_ids or []), ignore_eos=bool(body.ignore_eos))
+                stop_token_ids=list(body.stop_token_ids or []), ignore_eos=bool(body.ignore_eos),
+                bad_words=list(body.bad_words or []))
+
+
+def _logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+    """JSON keys are strings: each must spell a token id (OpenAI's and vLLM's form)."""
+    if logit_bias is None:
+        return None
+    biases = {}
+    for key, bias in logit_bias.items():
+        if not re.fullmatch(r"\s*-?[0-9]{1,12}\s*", key):
+            raise bad_request("logit_bias", f"keys must be token ids, got {key[:20]!r}")
+        biases[int(key)] = bias
+    return biases
 
 
 def _job(body: _GenerateRequest, prompts: list, sampling: dict, slo_header: str | None, max_choices: int,
@@ -150,23 +225,22 @@ def _job(body: _GenerateRequest, prompts: list, sampling: dict, slo_header: str 
     if n * len(prompts) > max_choices:
         raise bad_request("n" if len(prompts) == 1 else "prompt",
                           f"{n * len(prompts)} choices asked for; at most {max_choices} per request")
-    # run i gets seed + i, and the workers' wire carries seeds as int64
+    # completion i gets seed + i (the router's rule), and the workers' wire carries seeds as int64
     if body.seed is not None and not 0 <= body.seed <= _INT64_MAX - n:
         raise bad_request("seed", f"must be in [0, 2^63 - n), got {body.seed}")
     req_id = uuid.uuid4().hex
     num_choices = n * len(prompts)
     slo_class = body.slo_class or slo_header or ""
+    params = _params(dict(sampling, n=n), rename)  # n completions of each prompt, its prefill shared
     inputs = []
-    for i in range(num_choices):
-        run_sampling = dict(sampling, seed=sampling["seed"] + i % n) if "seed" in sampling else sampling
-        run_id = req_id if num_choices == 1 else f"{req_id}-{i}"
-        prompt = prompts[i // n]
-        inputs.append(GenerateInput(prompt if isinstance(prompt, str) else tuple(prompt),
-                                    _params(run_sampling, rename), run_id, slo_class, body.model,
-                                    body.cache_salt or ""))
+    for i, prompt in enumerate(prompts):
+        run_id = req_id if len(prompts) == 1 else f"{req_id}-{i}"
+        inputs.append(GenerateInput(prompt if isinstance(prompt, str) else tuple(prompt), params, run_id,
+                                    slo_class, body.model or "", body.cache_salt or ""))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return Job(req_id, tuple(inputs), tuple(i // n for i in range(num_choices)), bool(body.stream),
-               include_usage, logprobs, rename, tool_choice)
+               include_usage, logprobs, rename, tool_choice, prompt_logprobs="prompt_logprobs" in sampling,
+               reply_id=body.request_id or "", tokens_as_ids=bool(body.return_tokens_as_token_ids))
 
 
 def _params(sampling: dict, rename: dict[str, str]) -> SamplingParams:

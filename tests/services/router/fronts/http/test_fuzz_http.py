@@ -12,12 +12,14 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
+from services.router.fronts.http import fields
 from services.router.fronts.http.config import HttpConfig
 from tests.services.router.fronts.http.support import start_router
 
 MAX_EXAMPLES = 12  # per operation and mode
 OPERATIONS = {"POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models",
-              "GET /v1/models/{model}", "GET /health", "GET /metrics"}
+              "GET /v1/models/{model}", "GET /health", "GET /metrics",
+              "POST /tokenize", "POST /detokenize", "GET /version"}
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +32,19 @@ def fuzz_router(shared_cluster, tiny, tiny_llama_dir):
 
 # refused by design unless neutral (translate.py), or unknown to this router (slo_class):
 # left out, so valid bodies get further
-REFUSED = ("presence_penalty", "frequency_penalty", "logit_bias", "tools", "functions", "response_format",
-           "echo", "suffix", "best_of", "stream_options", "slo_class")
+REFUSED = ("tools", "functions", "response_format", "echo", "suffix", "best_of", "stream_options", "slo_class",
+           *fields.REFUSED["chat"], *fields.REFUSED["completions"])
 # numbers folded into their valid ranges: the random texts (prompts, messages, stop strings)
 # are what reaches the tokenizer and the workers
 FOLD = {"max_tokens": lambda v: 1 + abs(v) % 8, "max_completion_tokens": lambda v: 1 + abs(v) % 8,
         "n": lambda v: 1 + abs(v) % 2, "temperature": lambda v: abs(v) % 2, "top_p": lambda v: 0.5 + abs(v) % 0.5,
         "min_p": lambda v: abs(v) % 1, "top_k": lambda v: abs(v) % 50, "seed": lambda v: abs(v) % 1000,
         "logprobs": lambda v: v if isinstance(v, bool) else abs(v) % 3, "top_logprobs": lambda v: abs(v) % 3,
-        "stop_token_ids": lambda v: [abs(t) % 49152 for t in v]}
+        "stop_token_ids": lambda v: [abs(t) % 49152 for t in v],
+        "presence_penalty": lambda v: abs(v) % 2, "frequency_penalty": lambda v: -(abs(v) % 2),
+        "repetition_penalty": lambda v: 0.5 + abs(v) % 1, "min_tokens": lambda v: abs(v) % 2,
+        "allowed_token_ids": lambda v: [abs(t) % 49152 for t in v] or None,
+        "logit_bias": lambda v: {str(sum(map(ord, k)) % 49152): abs(b) % 100 for k, b in v.items()}}
 
 
 def _servable(name: str):

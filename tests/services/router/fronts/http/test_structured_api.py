@@ -66,7 +66,7 @@ NAMED = {"type": "function", "function": {"name": "search"}}
     ("chat", dict(extra_body=COMPACT), "structured_outputs.disable_any_whitespace"),
     ("chat", dict(extra_body={"structured_outputs": {"regex": "a+", "disable_any_whitespace": True}}),
      "structured_outputs.disable_any_whitespace"),
-    ("chat", dict(tools=TOOLS), "tools"),  # tool_choice defaults to "auto"
+    ("chat", dict(tools=TOOLS), "tool_choice"),  # defaults to "auto": no --enable-auto-tool-choice here
     ("chat", dict(tools=TOOLS, tool_choice="auto"), "tool_choice"),
     ("chat", dict(tool_choice="required"), "tools"),
     ("chat", dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
