@@ -9,10 +9,8 @@ engines (the names are vLLM's):
     plain      nothing: the batch skips logits processing entirely
     penalties  repetition_penalty 1.1, presence_penalty 0.5, frequency_penalty 0.5,
                logit_bias on 50 random ids (biases in [-5, 5])
-    masks      min_tokens = max_tokens with the EOS ids as stop_token_ids (masked every step;
-               vLLM masks EOS under min_tokens even with ignore_eos, pdserve only when EOS is
-               a stop token, so it is named on both), and 16 bad_words (single- and
-               multi-token)
+    masks      min_tokens = max_tokens with the EOS ids as stop_token_ids (masked every step),
+               and 16 bad_words (single- and multi-token)
     allowed    allowed_token_ids: 1,024 random ids
 
 Prefix caching is off on both sides (every run prefills its prompts). Both engines are warmed

@@ -22,10 +22,50 @@ from __future__ import annotations
 import copy
 import json
 import uuid
+from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
 
 ROLES = ("system", "user", "assistant", "tool")
+# apply_chat_template's own parameters, and what it is given here: no template variable may
+# take their place (vLLM refuses chat_template and tokenize the same way)
+RESERVED_VARIABLES = frozenset({"conversation", "messages", "tools", "documents", "chat_template", "tokenize",
+                                "add_generation_prompt", "continue_final_message", "return_dict", "return_tensors",
+                                "padding", "truncation", "max_length", "return_assistant_tokens_mask",
+                                "tokenizer_kwargs"})
+
+
+@dataclass(frozen=True)
+class TemplateOptions:
+    """The template's inputs besides the messages and tools, as vLLM's chat requests set them:
+    `add_generation_prompt` opens the assistant's turn; `continue_final_message` leaves the
+    last message open instead, for the model to go on with it (the two exclude each other);
+    `documents` go to templates that render them (RAG); `variables` are vLLM's
+    chat_template_kwargs (enable_thinking, reasoning_effort ...), each a variable of the
+    template, which one that does not read it ignores."""
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    documents: list[dict] | None = None
+    variables: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.add_generation_prompt and self.continue_final_message:
+            raise InvalidRequestError("continue_final_message", "cannot be true with add_generation_prompt true "
+                                                                "(set add_generation_prompt: false)")
+        for name in self.variables:
+            if name in RESERVED_VARIABLES:
+                raise InvalidRequestError(f"chat_template_kwargs.{name}", "is set by the request itself, "
+                                                                          "not a template variable")
+
+    def kwargs(self) -> dict:
+        """apply_chat_template's keyword arguments (those left at transformers' defaults unsaid)."""
+        extra = {"documents": self.documents} if self.documents else {}
+        if self.continue_final_message:
+            extra["continue_final_message"] = True
+        return dict(self.variables, add_generation_prompt=self.add_generation_prompt, **extra)
+
+
+DEFAULT_OPTIONS = TemplateOptions()
 _JINJA_CHARS = "{}\n"  # a value with none of them is meant as a file name
 
 
@@ -76,9 +116,10 @@ def _check_jinja(template: str) -> None:
         raise ValueError(f"chat_template: not a Jinja template: {e.message} (line {e.lineno})") from None
 
 
-def render_chat_prompt(tokenizer, conversation: list[dict], tools: list[dict] | None = None) -> str:
+def render_chat_prompt(tokenizer, conversation: list[dict], tools: list[dict] | None = None,
+                       options: TemplateOptions = DEFAULT_OPTIONS) -> str:
     """The prompt text for `conversation` ([{"role", "content"}, ...]) with the assistant's turn
-    opened; `tools` (OpenAI's [{"type": "function", "function": {...}}]) go to the template as
+    opened (unless `options` say otherwise); `tools` (OpenAI's [{"type": "function", "function": {...}}]) go to the template as
     transformers passes them, for the templates that render them. An assistant message may
     carry OpenAI's `tool_calls`, whose JSON-text arguments the template gets as objects (what
     HF templates expect: `tool_call.arguments | tojson`), and a tool message its `tool_call_id`.
@@ -93,24 +134,24 @@ def render_chat_prompt(tokenizer, conversation: list[dict], tools: list[dict] | 
     messages = [_with_call_objects(i, m) for i, m in enumerate(conversation)]
     extra = {"tools": tools} if tools else {}
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
+        return tokenizer.apply_chat_template(messages, tokenize=False, **extra, **options.kwargs())
     except Exception as e:  # the template's own checks (e.g. role order) raise from Jinja
         raise InvalidRequestError("messages", f"the chat template refused them: {e}") from None
 
 
-def encode_chat_prompt(tokenizer, conversation: list[dict],
-                       tools: list[dict] | None = None) -> tuple[str, list[int]]:
+def encode_chat_prompt(tokenizer, conversation: list[dict], tools: list[dict] | None = None,
+                       options: TemplateOptions = DEFAULT_OPTIONS) -> tuple[str, list[int]]:
     """The rendered prompt and its token ids. No special tokens are added: the template
     already wrote them (a second BOS would change the model's answer). Tool definitions and
     earlier tool calls are rendered by the template itself (tojson), where no marker can
     keep them apart from its own text: one that spells a control token is refused."""
-    text = render_chat_prompt(tokenizer, conversation, tools)
+    text = render_chat_prompt(tokenizer, conversation, tools, options)
     specials = _special_tokens(tokenizer)
-    _refuse_control_text_outside_contents(specials, conversation, tools)
+    _refuse_control_text_outside_contents(specials, conversation, tools, options)
     spelled = [_control_text(specials, m["content"]) for m in conversation]
     if not any(spelled):
         return text, list(tokenizer.encode(text, add_special_tokens=False))
-    return text, _encode_contents_plain(tokenizer, conversation, text, spelled, tools)
+    return text, _encode_contents_plain(tokenizer, conversation, text, spelled, tools, options)
 
 
 def _with_call_objects(index: int, message: dict) -> dict:
@@ -138,9 +179,11 @@ def _call_object(index: int, j: int, call: dict) -> dict:
     return dict(call, function=dict(call["function"], arguments=arguments))
 
 
-def _refuse_control_text_outside_contents(specials: list[str], conversation: list[dict],
-                                          tools: list[dict] | None) -> None:
+def _refuse_control_text_outside_contents(specials: list[str], conversation: list[dict], tools: list[dict] | None,
+                                          options: TemplateOptions = DEFAULT_OPTIONS) -> None:
     fields = [("tools", tools)] if tools else []
+    fields += [("documents", options.documents)] if options.documents else []
+    fields += [(f"chat_template_kwargs.{k}", v) for k, v in options.variables.items()]
     for i, message in enumerate(conversation):
         fields += [(f"messages[{i}].{k}", v) for k, v in message.items() if k not in ("role", "content")]
     for name, value in fields:
@@ -176,13 +219,13 @@ def _special_tokens(tokenizer) -> list[str]:
 
 
 def _encode_contents_plain(tokenizer, conversation: list[dict], text: str, spelled: list[str | None],
-                           tools: list[dict] | None = None) -> list[int]:
+                           tools: list[dict] | None = None, options: TemplateOptions = DEFAULT_OPTIONS) -> list[int]:
     """Render with a unique marker in place of each content; the pieces between markers are
     the template's own. Exact only if those pieces and the contents rebuild `text`."""
     nonce = uuid.uuid4().hex
     markers = [f"\x00{nonce}:{i}\x00" for i in range(len(conversation))]
     marked = [dict(m, content=markers[i]) if isinstance(m["content"], str) else m for i, m in enumerate(conversation)]
-    pieces = _split_at_markers(render_chat_prompt(tokenizer, marked, tools), markers)
+    pieces = _split_at_markers(render_chat_prompt(tokenizer, marked, tools, options), markers)
     if pieces is None or "".join(p if i is None else conversation[i]["content"] for p, i in pieces) != text:
         index = next(i for i, token in enumerate(spelled) if token)
         raise InvalidRequestError(f"messages[{index}].content", f"spells the control token {spelled[index]!r}, "

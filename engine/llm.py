@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
-from engine.chat import encode_chat_prompt, load_chat_template, render_chat_prompt, with_chat_template
+from engine.chat import (DEFAULT_OPTIONS, TemplateOptions, encode_chat_prompt, load_chat_template,
+                         render_chat_prompt, with_chat_template)
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.core.block_hash import check_cache_salt
 from engine.engine_core import EngineCore
@@ -99,17 +100,21 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = False, tools: list[dict] | None = None) -> list[RequestOutput]:
+             use_tqdm: bool = False, tools: list[dict] | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"} dicts, assistant ones may carry
         OpenAI's `tool_calls`) or a list of them; `tools` (OpenAI's form) are rendered by the
-        chat template into every prompt, as vLLM's LLM.chat does."""
+        chat template into every prompt, and the other arguments go to the template, as vLLM's
+        LLM.chat does (engine.chat.TemplateOptions)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         params = self._params_per_prompt(sampling_params, len(conversations))
-        encoded = [encode_chat_prompt(self.tokenizer, conversation, tools) for conversation in conversations]
+        options = TemplateOptions(add_generation_prompt, continue_final_message, variables=chat_template_kwargs or {})
+        encoded = [encode_chat_prompt(self.tokenizer, conversation, tools, options) for conversation in conversations]
         return self._run(encoded, params, use_tqdm)
 
-    def apply_chat_template(self, conversation: list[dict], tools: list[dict] | None = None) -> str:
-        return render_chat_prompt(self.tokenizer, conversation, tools)
+    def apply_chat_template(self, conversation: list[dict], tools: list[dict] | None = None,
+                            options: TemplateOptions = DEFAULT_OPTIONS) -> str:
+        return render_chat_prompt(self.tokenizer, conversation, tools, options)
 
     def _params_per_prompt(self, sampling_params, n: int) -> list[SamplingParams]:
         if sampling_params is None:

@@ -6,7 +6,8 @@ step's rows, in vLLM's order (vllm/v1/sample/sampler.py) and with its definition
 
     allowed_token_ids   every other token -inf
     bad_words           a word's last token -inf where the output ends with the rest of it
-    min_tokens          EOS (unless ignore_eos) and stop_token_ids -inf while the output is shorter
+    min_tokens          EOS and stop_token_ids -inf while the output is shorter (EOS even under
+                        ignore_eos, as vLLM's all_stop_token_ids)
     logit_bias          added
     repetition_penalty  tokens of the prompt or the output: logit / p if logit > 0, else logit * p
     frequency_penalty   minus p * (times the token is in the output)
@@ -44,10 +45,13 @@ def process_logits(logits: torch.Tensor, rows: list[RowHistory], eos_token_ids: 
     all; min_tokens where the grammar allows only EOS) keeps its logits unprocessed rather
     than sampling from nothing."""
     out = logits.clone()
-    _mask_disallowed(out, rows)
-    _ban(out, _bad_word_bans(rows) + _min_tokens_bans(rows, eos_token_ids))
+    bans = _bad_word_bans(rows) + _min_tokens_bans(rows, eos_token_ids)
+    masked = _mask_disallowed(out, rows) or bool(bans)
+    _ban(out, bans)
     _add_bias(out, rows)
     _penalise(out, rows)
+    if not masked:  # biases and penalties are finite: only a mask can leave a row nothing
+        return out
     empty = torch.isneginf(out).all(dim=-1, keepdim=True)
     return torch.where(empty, logits, out)
 
@@ -56,16 +60,18 @@ def _indices(rows: list[RowHistory], wanted) -> list[int]:
     return [i for i, row in enumerate(rows) if wanted(row.params)]
 
 
-def _mask_disallowed(out: torch.Tensor, rows: list[RowHistory]) -> None:
+def _mask_disallowed(out: torch.Tensor, rows: list[RowHistory]) -> bool:
+    """Whether any row has allowed_token_ids (and so was masked)."""
     idx = _indices(rows, lambda p: p.allowed_token_ids is not None)
     if not idx:
-        return
+        return False
     row_of = [n for n, i in enumerate(idx) for _ in rows[i].params.allowed_token_ids]
     token_ids = [t for i in idx for t in rows[i].params.allowed_token_ids]
     keep = torch.zeros(len(idx), out.shape[-1], dtype=torch.bool, device=out.device)
     keep[torch.tensor(row_of, device=out.device), torch.tensor(token_ids, device=out.device)] = True
     at = torch.tensor(idx, device=out.device)
     out[at] = out[at].masked_fill(~keep, _NEG_INF)
+    return True
 
 
 def _bad_word_bans(rows: list[RowHistory]) -> list[tuple[int, int]]:
@@ -86,7 +92,7 @@ def _min_tokens_bans(rows: list[RowHistory], eos_token_ids: frozenset[int]) -> l
     for i, row in enumerate(rows):
         p = row.params
         if len(row.output_token_ids) < p.min_tokens:
-            stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
+            stops = set(p.stop_token_ids) | set(eos_token_ids)
             bans += [(i, t) for t in sorted(stops)]
     return bans
 
@@ -106,36 +112,44 @@ def _add_bias(out: torch.Tensor, rows: list[RowHistory]) -> None:
 
 
 def _penalise(out: torch.Tensor, rows: list[RowHistory]) -> None:
+    """The three penalties, on the (row, token) entries they can change only: the tokens of a
+    row's output, and of its prompt under a repetition penalty; every other entry is left as
+    it is, which is what the dense definition does to it (a few thousand entries a step
+    instead of batch x vocabulary)."""
     idx = _indices(rows, lambda p: p.repetition_penalty != 1.0 or p.frequency_penalty != 0
                    or p.presence_penalty != 0)
     if not idx:
         return
     dev, vocab = out.device, out.shape[-1]
     params = [rows[i].params for i in idx]
-    counts = _counts([torch.tensor(list(rows[i].output_token_ids), dtype=torch.long, device=dev) for i in idx],
-                     vocab, out.dtype)
-    at = torch.tensor(idx, device=dev)
-    logits = out[at]
-    if any(p.repetition_penalty != 1.0 for p in params):
-        prompts = [rows[i].prompt_token_ids if p.repetition_penalty != 1.0 else None for i, p in zip(idx, params)]
-        empty = torch.empty(0, dtype=torch.long, device=dev)
-        seen = (counts > 0) | (_counts([empty if t is None else t for t in prompts], vocab, out.dtype) > 0)
-        penalty = _column([p.repetition_penalty for p in params], out)
-        penalty = torch.where(seen, penalty, torch.ones_like(penalty))
-        logits = torch.where(logits > 0, logits / penalty, logits * penalty)
-    logits = logits - _column([p.frequency_penalty for p in params], out) * counts
-    logits = logits - _column([p.presence_penalty for p in params], out) * (counts > 0).to(out.dtype)
-    out[at] = logits
+    output = _keys([torch.tensor(list(rows[i].output_token_ids), dtype=torch.long, device=dev) for i in idx],
+                   idx, vocab, dev)
+    repeating = [i for i, p in zip(idx, params) if p.repetition_penalty != 1.0 and rows[i].prompt_token_ids is not None]
+    prompt = _keys([rows[i].prompt_token_ids.to(dev) for i in repeating], repeating, vocab, dev)
+    keys, inverse = torch.unique(torch.cat([output, prompt]), return_inverse=True)
+    if not len(keys):
+        return
+    counts = torch.zeros(len(keys), dtype=out.dtype, device=dev)
+    counts.index_add_(0, inverse[:len(output)], torch.ones(len(output), dtype=out.dtype, device=dev))
+    row, token = keys // vocab, keys % vocab
+    where = torch.full((len(rows),), -1, dtype=torch.long, device=dev)
+    where[torch.tensor(idx, device=dev)] = torch.arange(len(idx), device=dev)
+    of = where[row]  # each entry's place among the penalised rows
+    values = out[row, token]
+    repetition = _column([p.repetition_penalty for p in params], out)[of, 0]
+    values = torch.where(values > 0, values / repetition, values * repetition)
+    values = values - _column([p.frequency_penalty for p in params], out)[of, 0] * counts
+    values = values - _column([p.presence_penalty for p in params], out)[of, 0] * (counts > 0).to(out.dtype)
+    out[row, token] = values
 
 
-def _counts(token_ids: list[torch.Tensor], vocab: int, dtype: torch.dtype) -> torch.Tensor:
-    """[len(token_ids), vocab]: how often each token occurs in each row's ids."""
-    dev = token_ids[0].device
-    lengths = torch.tensor([len(t) for t in token_ids], device=dev)
-    row_of = torch.repeat_interleave(torch.arange(len(token_ids), device=dev), lengths)
-    counts = torch.zeros(len(token_ids), vocab, dtype=dtype, device=dev)
-    flat = torch.cat(token_ids)
-    return counts.index_put_((row_of, flat), torch.ones_like(flat, dtype=dtype), accumulate=True)
+def _keys(token_ids: list[torch.Tensor], row_of: list[int], vocab: int, dev: torch.device) -> torch.Tensor:
+    """row * vocab + token for every id of each row's ids (repeats kept: they are counted)."""
+    if not token_ids:
+        return torch.empty(0, dtype=torch.long, device=dev)
+    lengths = torch.tensor([len(t) for t in token_ids], dtype=torch.long, device=dev)
+    rows = torch.repeat_interleave(torch.tensor(row_of, dtype=torch.long, device=dev), lengths)
+    return rows * vocab + torch.cat(token_ids).long()
 
 
 def _column(values: list[float], like: torch.Tensor) -> torch.Tensor:

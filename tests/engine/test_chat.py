@@ -101,3 +101,54 @@ def test_control_token_text_is_refused_when_the_template_rewrites_content():
     with pytest.raises(InvalidRequestError) as e:
         encode_chat_prompt(_SpecialTokenizer(trims=True), [{"role": "user", "content": " Hi<s>system:x "}])
     assert e.value.field == "messages[0].content" and "'<s>'" in str(e.value)
+
+
+READS_OPTIONS = (  # a template that reads each option: what it was given is in the text
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% if not loop.last or not continue_final_message %}"
+    "</{{ m.role }}>{% endif %}{% endfor %}"
+    "{% for d in documents or [] %}[doc {{ d.title }}: {{ d.text }}]{% endfor %}"
+    "{% if enable_thinking is defined %}[thinking {{ enable_thinking }}]{% endif %}"
+    "{% if reasoning_effort is defined %}[effort {{ reasoning_effort }}]{% endif %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.fixture
+def reading_tokenizer():
+    from bench.tiny_checkpoints import word_level_tokenizer
+    tokenizer = word_level_tokenizer(16)
+    tokenizer.chat_template = READS_OPTIONS
+    return tokenizer
+
+
+def test_each_template_option_reaches_the_template(reading_tokenizer):
+    from engine.chat import TemplateOptions
+    render = lambda conversation, **o: render_chat_prompt(reading_tokenizer, conversation, None, TemplateOptions(**o))
+    assert render(HI) == "<user>Hi</user><assistant>"
+    assert render(HI, add_generation_prompt=False) == "<user>Hi</user>"
+    go_on = HI + [{"role": "assistant", "content": "Hello"}]
+    assert render(go_on, add_generation_prompt=False, continue_final_message=True) == "<user>Hi</user><assistant>Hello"
+    assert render(HI, documents=[{"title": "a", "text": "b"}]) == "<user>Hi</user>[doc a: b]<assistant>"
+    assert render(HI, variables={"enable_thinking": False, "reasoning_effort": "low"}) == \
+        "<user>Hi</user>[thinking False][effort low]<assistant>"
+
+
+@pytest.mark.parametrize("options,field", [
+    (dict(add_generation_prompt=True, continue_final_message=True), "continue_final_message"),
+    (dict(variables={"tokenize": True}), "chat_template_kwargs.tokenize"),
+    (dict(variables={"add_generation_prompt": False}), "chat_template_kwargs.add_generation_prompt"),
+])
+def test_contradicting_or_reserved_options_are_refused_naming_them(options, field):
+    from engine.chat import TemplateOptions
+    with pytest.raises(InvalidRequestError) as e:
+        TemplateOptions(**options)
+    assert e.value.field == field
+
+
+def test_control_token_text_in_documents_or_variables_is_refused_naming_them(reading_tokenizer):
+    from engine.chat import TemplateOptions
+    reading_tokenizer.add_special_tokens({"additional_special_tokens": ["<ctl>"]})
+    for options, field in ((TemplateOptions(documents=[{"title": "<ctl>", "text": "x"}]), "documents"),
+                           (TemplateOptions(variables={"note": "a <ctl> b"}), "chat_template_kwargs.note")):
+        with pytest.raises(InvalidRequestError) as e:
+            encode_chat_prompt(reading_tokenizer, HI, None, options)
+        assert e.value.field == field

@@ -59,6 +59,9 @@ class GenerateInput:
     slo_class: str = ""            # "": the router's default class
     model: str = ""                # "": the served model
     cache_salt: str = ""           # shares cached KV only with requests of the same salt ("": none)
+    # vLLM's truncate_prompt_tokens: keep the prompt's last k tokens (-1: the context's
+    # max_model_len); None keeps it whole
+    truncate_prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,7 @@ class RequestValidator:
                                                    f"known: {sorted(self.slo_classes)}")
         self._check_sampling(inp.sampling)
         sampling = _to_wire(inp.sampling)
-        prompt = self._prompt(inp.prompt)
+        prompt = self._prompt(inp.prompt, inp.truncate_prompt_tokens)
         if inp.sampling.structured_outputs is not None:  # last: the costliest check (a compile)
             self.grammars.check(inp.sampling.structured_outputs)
         return RoutedRequest(uuid.uuid4().hex, prompt, sampling, slo_class, self.slo_classes[slo_class],
@@ -151,18 +154,25 @@ class RequestValidator:
         if vocab:
             validate_token_ids(params, vocab)
 
-    def _prompt(self, prompt: str | tuple[int, ...]) -> tuple[int, ...]:
+    def _prompt(self, prompt: str | tuple[int, ...], truncate: int | None = None) -> tuple[int, ...]:
+        limit = self.model.max_model_len
+        if truncate is not None and not (truncate == -1 or 1 <= truncate <= limit):
+            raise InvalidRequestError("truncate_prompt_tokens", f"must be -1 (the context) or in [1, {limit}] "
+                                                                f"(max_model_len), got {truncate}")
         if isinstance(prompt, str):
-            _check_text("prompt", prompt, MAX_PROMPT_CHARS_PER_TOKEN * self.model.max_model_len)
+            # a prompt to truncate may be longer than the context: it is cut after tokenizing
+            chars = MAX_PROMPT_CHARS_PER_TOKEN * limit * (1 if truncate is None else 4)
+            _check_text("prompt", prompt, chars)
             token_ids = tuple(self.tokenizer.encode(prompt)) if prompt else ()
         else:
             token_ids = tuple(prompt)
+        if truncate is not None:  # vLLM's side: the last k tokens
+            token_ids = token_ids[-(limit if truncate == -1 else truncate):]
         if not token_ids:
             raise InvalidRequestError("prompt", "is empty")
         vocab = self.model.vocab_size or _INT32_LIMIT  # unknown: at least what the workers' wire carries
         if any(not 0 <= t < vocab for t in token_ids):
             raise InvalidRequestError("prompt_token_ids", f"every id must be an integer in [0, {vocab})")
-        limit = self.model.max_model_len
         if len(token_ids) >= limit:  # as the engine: at least one position must remain to generate
             raise InvalidRequestError("prompt", f"has {len(token_ids)} tokens; the context (max_model_len) is "
                                                 f"{limit}, leaving no room to generate")

@@ -25,20 +25,17 @@ logger = logging.getLogger(__name__)
 # field -> its neutral values (the defaults: what a client that does not mean the feature sends)
 _REFUSED_BOTH = {
     "use_beam_search": (None, False),
-    "truncate_prompt_tokens": (None,),
     "spaces_between_special_tokens": (None, True),
     "priority": (None, 0),
     "logits_processors": (None, []),
-    "return_token_ids": (None, False),
     "kv_transfer_params": (None, {}),
     "vllm_xargs": (None, {}),
 }
 REFUSED = {
     "completions": dict(_REFUSED_BOTH, suffix=(None, ""), prompt_embeds=(None, []),
                         add_special_tokens=(None, True)),
-    "chat": dict(_REFUSED_BOTH, echo=(None, False), add_special_tokens=(None, False),
-                 add_generation_prompt=(None, True), continue_final_message=(None, False), documents=(None, []),
-                 chat_template=(None,), chat_template_kwargs=(None, {}), reasoning_effort=(None,)),
+    # a request's own chat_template is refused as vLLM refuses it without --trust-request-chat-template
+    "chat": dict(_REFUSED_BOTH, add_special_tokens=(None, False), chat_template=(None,)),
 }  # also refused, by the code that reads them: best_of other than n (translate.py), functions (structured.py)
 # refused in stream_options, unless neutral
 REFUSED_STREAM_OPTIONS = {"continuous_usage_stats": (None, False)}

@@ -1,6 +1,6 @@
 """What this server reads out of chat outputs, as configured (vLLM's flags):
 
-    --tool-call-parser NAME     the model's tool-call format (parsing/: hermes, llama3_json, pythonic)
+    --tool-call-parser NAME     the model's tool-call format (parsing/: hermes, llama3_json, mistral, pythonic)
     --enable-auto-tool-choice   tool_choice "auto" (the default when tools are given) parses
                                 the output with it; without, such a request is a 400 naming
                                 tool_choice, with vLLM's message

@@ -8,7 +8,12 @@ to exactly the non-streamed text.
 
 prompt_logprobs (vLLM's, when computed and not streamed): completions carry them in each
 choice, chat once beside the choices. Completions' echo puts the prompt (and with logprobs
-its tokens') before a choice's first message: the first chunk when streaming.
+its tokens') before a choice's first message: the first chunk when streaming; chat's echo
+puts the last message's content (an assistant's, continued) before the reply's.
+
+return_token_ids (vLLM's): every choice and chunk carries its `token_ids`; the prompt's ids
+are `prompt_token_ids`, in each choice (completions) or once beside the choices (chat),
+and when streaming in a choice's first chunk (completions) or the first chunk (chat).
 
 Usage: completion_tokens is the sum over choices of what the router sent; a prompt is
 counted once however many choices (n) it has, as OpenAI does, and its cached tokens are
@@ -35,6 +40,7 @@ class _Choice:
         self.finish_reason: str | None = None
         self.usage = common_pb2.Usage()
         self.logprobs = logprobs  # LegacyLogprobs | ChatLogprobs | None
+        self.token_ids: list[int] = []  # return_token_ids: what it generated
         self.prompt_logprobs: common_pb2.PromptLogprobs | None = None  # from the first message
         self.started = False  # its first message is in
 
@@ -45,7 +51,7 @@ class Reply(ABC):
     object_chunk: str
 
     def __init__(self, job: Job, model: str, text_of: TokenText, prompt_token_ids: Sequence[Sequence[int]] = ()):
-        """`prompt_token_ids`: each choice's prompt, as the router tokenized it (echo shows it)."""
+        """`prompt_token_ids`: each prompt, as the router tokenized it (echo shows it)."""
         self.job = job
         self.model = model
         self.id = f"{self.id_prefix}-{job.reply_id or job.req_id}"
@@ -62,11 +68,19 @@ class Reply(ABC):
         if msg.HasField("prompt_logprobs"):
             choice.prompt_logprobs = msg.prompt_logprobs
         choice.text.append(msg.text)
+        choice.token_ids += msg.token_ids
         logprobs = choice.logprobs.add(msg.logprobs) if choice.logprobs is not None else None
         if msg.finish_reason:
             choice.finish_reason = msg.finish_reason
             choice.usage.CopyFrom(msg.usage)
-        return self._chunk([self._delta(index, msg.text, logprobs, msg.finish_reason or None)])
+        delta = self._delta(index, msg.text, logprobs, msg.finish_reason or None)
+        if self.job.return_token_ids:
+            delta["token_ids"] = list(msg.token_ids)
+        return self._chunk([delta])
+
+    def prompt_of(self, index: int) -> list[int]:
+        """Choice `index`'s prompt token ids."""
+        return list(self.prompt_token_ids[self.job.prompt_of[index]])
 
     def opening(self) -> list[dict]:
         """Chunks sent before any token (chat: each choice's role)."""
@@ -75,6 +89,9 @@ class Reply(ABC):
     def whole(self) -> dict:
         choices = [self._choice(i, "".join(c.text), c.logprobs.whole if c.logprobs else None, c.finish_reason)
                    for i, c in enumerate(self.choices)]
+        if self.job.return_token_ids:
+            for choice, reply in zip(self.choices, choices):
+                reply["token_ids"] = list(choice.token_ids)
         return dict(self._envelope(self.object_whole, choices), usage=self.usage())
 
     def usage_chunk(self) -> dict:
@@ -132,18 +149,18 @@ class CompletionReply(Reply):
 
     def add(self, index, msg):
         echo = self.job.echo
-        if echo is None:
-            return super().add(index, msg)
-        if echo.only:  # max_tokens 0: the one token generated is not shown
+        first = not self.choices[index].started
+        if echo is not None and echo.only:  # max_tokens 0: the one token generated is not shown
             msg = _without_output(msg)
-        if self.choices[index].started:
-            return super().add(index, msg)
-        return self._echoed(index, msg)
+        chunk = self._echoed(index, msg) if echo is not None and first else super().add(index, msg)
+        if first and self.job.return_token_ids:
+            chunk["choices"][0]["prompt_token_ids"] = self.prompt_of(index)
+        return chunk
 
     def _echoed(self, index: int, msg: common_pb2.GenerateResponse) -> dict:
         """The choice's first chunk, its prompt before it: the text (a token-id prompt decoded)
         and with logprobs the prompt tokens' (from the message's prompt_logprobs)."""
-        choice, ids = self.choices[index], self.prompt_token_ids[index]
+        choice, ids = self.choices[index], self.prompt_of(index)
         text = self.job.echo.texts[self.job.prompt_of[index]]
         text = self.text_of.text(ids) if text is None else text
         choice.text.append(text)
@@ -162,6 +179,9 @@ class CompletionReply(Reply):
         if self.job.prompt_logprobs:  # vLLM's: in each choice
             for choice, reply in zip(self.choices, body["choices"]):
                 reply["prompt_logprobs"] = self._prompt_logprobs(choice)
+        if self.job.return_token_ids:
+            for i, reply in enumerate(body["choices"]):
+                reply["prompt_token_ids"] = self.prompt_of(i)
         return body
 
 
@@ -177,13 +197,21 @@ class ChatReply(Reply):
         return ChatLogprobs(text_of)
 
     def opening(self) -> list[dict]:
-        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": t.opening_content},
-                              "logprobs": None, "finish_reason": None}]) for i, t in enumerate(self.texts)]
+        chunks = [self._chunk([{"index": i, "delta": {"role": "assistant", "content": t.opening_content},
+                                "logprobs": None, "finish_reason": None}]) for i, t in enumerate(self.texts)]
+        if self.job.chat_echo:  # vLLM's: one chunk per choice with the echoed content, after the role
+            chunks += [self._chunk([{"index": i, "delta": {"content": self.job.chat_echo}, "logprobs": None,
+                                     "finish_reason": None}]) for i in range(len(self.texts))]
+        if self.job.return_token_ids:
+            chunks[0]["prompt_token_ids"] = self.prompt_of(0)
+        return chunks
 
     def _choice(self, index, text, logprobs, finish_reason):
         message, finish_reason = self.texts[index].message(text, finish_reason)
         if not self.job.include_reasoning:
             message.pop("reasoning_content", None)
+        if self.job.chat_echo:
+            message["content"] = self.job.chat_echo + (message.get("content") or "")
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def _delta(self, index, text, logprobs, finish_reason):
@@ -197,6 +225,8 @@ class ChatReply(Reply):
         body = super().whole()
         if self.job.prompt_logprobs:  # vLLM's: once, beside the choices (every choice has the one prompt)
             body["prompt_logprobs"] = self._prompt_logprobs(self.choices[0])
+        if self.job.return_token_ids:
+            body["prompt_token_ids"] = self.prompt_of(0)
         return body
 
 

@@ -189,8 +189,8 @@ class ChatCompletionRequest(_GenerateRequest):
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     include_reasoning: bool | None = None  # false: no reasoning_content (the thinking is still cut out)
-    reasoning_effort: Text | None = None
-    echo: bool | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None  # vLLM's
+    echo: bool | None = None  # the last message's content before the reply, when it is an assistant's
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
     documents: list[dict[str, Any]] | None = None

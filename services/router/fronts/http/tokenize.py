@@ -1,16 +1,19 @@
 """vLLM's tokenizer endpoints, with the router's own tokenizer (no worker is asked):
 
     POST /tokenize    {"model"?, "prompt", "add_special_tokens"?: true}
-                      {"model"?, "messages", "tools"?, "add_generation_prompt"?: true, "add_special_tokens"?: false}
+                      {"model"?, "messages", "tools"?, "add_generation_prompt"?: true, "continue_final_message"?,
+                       "chat_template_kwargs"?, "add_special_tokens"?: false}
                       -> {"count", "max_model_len", "tokens", "token_strs"?}
     POST /detokenize  {"model"?, "tokens"} -> {"prompt"}
 
 A prompt's tokens are those /v1/completions sends for it; messages' are those
-/v1/chat/completions sends (the same chat_prompt: template, tools, control-token text kept
-plain), the generation prompt included unless asked otherwise. `model`, when given, must be
+/v1/chat/completions sends (the same chat_prompt: template, its options, tools, control-token
+text kept plain), the generation prompt included unless asked otherwise. `model`, when given, must be
 a served name (404 otherwise, as the other endpoints). Every refusal is a 400 naming its field.
 """
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, StrictInt
 
@@ -32,6 +35,7 @@ class TokenizeRequest(BaseModel):
     add_special_tokens: bool | None = None  # None: vLLM's default, true for a prompt, false for messages
     return_token_strs: bool = False
     chat_template: Text | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(BaseModel):
@@ -72,30 +76,13 @@ def _prompt_ids(body: TokenizeRequest, tokenizer) -> list[int]:
 
 
 def _chat_ids(body: TokenizeRequest, tokenizer, max_messages: int) -> list[int]:
-    if body.continue_final_message:
-        raise bad_request("continue_final_message", "is not supported")
     if body.chat_template is not None:
         raise bad_request("chat_template", "is not supported: the router's --chat-template (or the model's) applies")
-    rendering = tokenizer if body.add_generation_prompt else _WithoutGenerationPrompt(tokenizer)
-    ids = chat_prompt(body, rendering, max_messages)
+    ids = chat_prompt(body, tokenizer, max_messages)
     if not body.add_special_tokens:
         return ids
     before, after = _special_wrapping(tokenizer)
     return before + ids + after
-
-
-class _WithoutGenerationPrompt:
-    """The tokenizer, except that it renders a chat without opening the assistant's turn
-    (add_generation_prompt: false), so that chat_prompt's rules apply unchanged."""
-
-    def __init__(self, tokenizer):
-        self._tokenizer = tokenizer
-
-    def __getattr__(self, name: str):
-        return getattr(self._tokenizer, name)
-
-    def apply_chat_template(self, conversation, **kwargs):
-        return self._tokenizer.apply_chat_template(conversation, **{**kwargs, "add_generation_prompt": False})
 
 
 def _special_wrapping(tokenizer) -> tuple[list[int], list[int]]:

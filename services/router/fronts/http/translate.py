@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 
 from engine import InvalidRequestError, SamplingParams
-from engine.chat import encode_chat_prompt
+from engine.chat import TemplateOptions, encode_chat_prompt
 from services.router.core.model_info import ModelInfo
 from services.router.core.request import GenerateInput
 from services.router.fronts.http.errors import bad_request, from_invalid, model_not_found
@@ -53,6 +53,8 @@ class Job:
     reply_id: str = ""                                 # vLLM's request_id: the response's id (else req_id)
     tokens_as_ids: bool = False                        # return_tokens_as_token_ids: "token_id:N" in logprobs
     include_reasoning: bool = True                     # chat: false drops reasoning_content
+    return_token_ids: bool = False                     # vLLM's: prompt_token_ids and each choice's token_ids
+    chat_echo: str = ""                                # chat echo: the last (assistant) message, before the reply
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class Echo:
     """Completions' echo: each prompt's text before its choices' (with logprobs, its tokens'
     logprobs before theirs: the first token's null). `only` (max_tokens 0): the prompt and
     nothing else; one token is generated and dropped, as vLLM does."""
-    texts: tuple[str | None, ...]  # per prompt; None: token ids, decoded for the reply
+    texts: tuple[str | None, ...]  # per prompt; None: its token ids (truncated ones too), decoded
     only: bool
 
 
@@ -76,7 +78,9 @@ def completion_job(body: CompletionRequest, model: ModelInfo, slo_header: str | 
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETION_MAX_TOKENS
     echo = None
     if body.echo:
-        echo = Echo(tuple(p if isinstance(p, str) else None for p in prompts), only=max_tokens == 0)
+        # a truncated prompt is echoed as what the model saw: its kept tokens, decoded
+        texts = tuple(p if isinstance(p, str) and body.truncate_prompt_tokens is None else None for p in prompts)
+        echo = Echo(texts, only=max_tokens == 0)
         max_tokens = max(max_tokens, 1)
     prompt_logprobs = _prompt_logprobs(body, body.logprobs if body.echo else None)
     guided = guide(body)
@@ -101,17 +105,23 @@ def chat_job(body: ChatCompletionRequest, model: ModelInfo, tokenizer, slo_heade
     rename = {"prompt": "messages", "prompt_token_ids": "messages", "logprobs": "top_logprobs",
               "max_tokens": max_name, **guided.rename}
     sampling = _sampling(body, max_tokens, top, guided, _prompt_logprobs(body, None))
+    if auto_tools is not None and auto_tools.parser.keeps_special_tokens and body.skip_special_tokens is None:
+        sampling["skip_special_tokens"] = False  # the parser's markers are special tokens (vLLM's mistral)
     job = _job(body, [token_ids], sampling, slo_header, max_choices, top, rename, guided.tool_choice)
+    last = body.messages[-1]
+    # vLLM's chat echo: the last message's content before the reply's, when it is the reply's role
+    echo = _text(last.content, len(body.messages) - 1) if body.echo and last.role == "assistant" else ""
     # a guided output is constrained from its first token: there is no thinking in it to parse
     reasoning = parsers.reasoning if guided.params is None else None
     return replace(job, auto_tools=auto_tools, reasoning=reasoning,
-                   include_reasoning=body.include_reasoning is not False)
+                   include_reasoning=body.include_reasoning is not False, chat_echo=echo)
 
 
 def chat_prompt(body: ChatCompletionRequest, tokenizer, max_messages: int) -> list[int]:
     """Refused before the template runs: too many messages, a role the API does not know, and
     (engine.chat) control-token text in a content that cannot be kept plain text. The tools
     are rendered whatever tool_choice says (as vLLM does)."""
+    options = template_options(body)
     if not body.messages:
         raise bad_request("messages", "must hold at least one message")
     if len(body.messages) > max_messages:
@@ -119,7 +129,24 @@ def chat_prompt(body: ChatCompletionRequest, tokenizer, max_messages: int) -> li
     conversation = [_message(m, i) for i, m in enumerate(body.messages)]
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     try:
-        return encode_chat_prompt(tokenizer, conversation, tools)[1]
+        return encode_chat_prompt(tokenizer, conversation, tools, options)[1]
+    except InvalidRequestError as e:
+        raise from_invalid(e, {}) from None
+
+
+def template_options(body) -> TemplateOptions:
+    """The template's inputs a chat (or /tokenize) request sets, as vLLM reads them:
+    reasoning_effort is a template variable, and sets enable_thinking (false for "none")
+    unless chat_template_kwargs does."""
+    variables = dict(body.chat_template_kwargs or {})
+    effort = getattr(body, "reasoning_effort", None)
+    if effort is not None:
+        variables["reasoning_effort"] = effort
+        variables.setdefault("enable_thinking", effort != "none")
+    try:
+        return TemplateOptions(add_generation_prompt=body.add_generation_prompt is not False,
+                               continue_final_message=bool(body.continue_final_message),
+                               documents=getattr(body, "documents", None) or None, variables=variables)
     except InvalidRequestError as e:
         raise from_invalid(e, {}) from None
 
@@ -236,11 +263,12 @@ def _job(body: _GenerateRequest, prompts: list, sampling: dict, slo_header: str 
     for i, prompt in enumerate(prompts):
         run_id = req_id if len(prompts) == 1 else f"{req_id}-{i}"
         inputs.append(GenerateInput(prompt if isinstance(prompt, str) else tuple(prompt), params, run_id,
-                                    slo_class, body.model or "", body.cache_salt or ""))
+                                    slo_class, body.model or "", body.cache_salt or "", body.truncate_prompt_tokens))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return Job(req_id, tuple(inputs), tuple(i // n for i in range(num_choices)), bool(body.stream),
                include_usage, logprobs, rename, tool_choice, prompt_logprobs="prompt_logprobs" in sampling,
-               reply_id=body.request_id or "", tokens_as_ids=bool(body.return_tokens_as_token_ids))
+               reply_id=body.request_id or "", tokens_as_ids=bool(body.return_tokens_as_token_ids),
+               return_token_ids=bool(body.return_token_ids))
 
 
 def _params(sampling: dict, rename: dict[str, str]) -> SamplingParams:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from services.router.fronts.http.parsing.hermes import HermesParser
 from services.router.fronts.http.parsing.llama3_json import Llama3JsonParser
+from services.router.fronts.http.parsing.mistral import MistralParser
 from services.router.fronts.http.parsing.pythonic import PythonicParser
 from services.router.fronts.http.parsing.reasoning import ReasoningParser
 from services.router.fronts.http.parsing.tool_parser import ToolParser
 
-TOOL_PARSERS: dict[str, ToolParser] = {p.name: p for p in (HermesParser(), Llama3JsonParser(), PythonicParser())}
+TOOL_PARSERS: dict[str, ToolParser] = {p.name: p for p in (HermesParser(), Llama3JsonParser(), MistralParser(), PythonicParser())}
 REASONING_PARSERS: dict[str, ReasoningParser] = {
     "deepseek_r1": ReasoningParser("deepseek_r1", starts_inside=True),
     "qwen3": ReasoningParser("qwen3", starts_inside=False),

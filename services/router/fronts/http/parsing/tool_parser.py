@@ -49,6 +49,7 @@ class ParsedOutput:
 
 class ToolParser(ABC):
     name: str
+    keeps_special_tokens: bool = False  # its markers are special tokens: decode with skip_special_tokens false
 
     @abstractmethod
     def split(self, text: str, start: int, names: Collection[str] | None,

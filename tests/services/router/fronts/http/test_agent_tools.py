@@ -209,3 +209,26 @@ def test_an_assistant_tool_call_with_arguments_that_are_not_json_is_refused(clie
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=agent_router.servicer.model.name, messages=ASK + [bad], tools=TOOLS)
     assert e.value.param == "messages[1].tool_calls[0].function.arguments"
+
+
+@pytest.fixture(scope="module")
+def mistral_router(workers, tiny_llama_dir, tiny):
+    router = _router(workers, tiny_llama_dir, tiny.tokenizer, tool_call_parser="mistral", enable_auto_tool_choice=True)
+    yield router
+    router.stop(grace_s=0)
+
+
+def test_mistral_calls_are_read_and_its_marker_is_decoded_as_the_special_token_it_is(mistral_router, decode):
+    """[TOOL_CALLS] is a special token: with tools the worker is told to keep special tokens in
+    the text (else the parser would never see the marker); a request that sets the field keeps
+    its own value, one without tools the default."""
+    model = mistral_router.servicer.model.name
+    decode.scripts += ['[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "Plain.", "Kept."]
+    with sync_client(mistral_router) as client:
+        [call] = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS).choices[0].message.tool_calls
+        assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
+        assert decode.requests[-1].sampling.skip_special_tokens is False
+        client.chat.completions.create(model=model, messages=ASK)
+        assert decode.requests[-1].sampling.skip_special_tokens is True
+        client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, extra_body={"skip_special_tokens": True})
+        assert decode.requests[-1].sampling.skip_special_tokens is True

@@ -60,6 +60,17 @@ def test_echo_prepends_the_prompt(cluster, llm, model, prompt):
     assert r["usage"]["completion_tokens"] == len(expected.token_ids)
 
 
+def test_echo_of_a_batch_with_n_gives_every_choice_its_own_prompt(cluster, llm, tokenizer, model):
+    prompts = [SHORT, "Mountains are"]
+    status, r = _post(cluster, "/v1/completions", dict(model=model, prompt=prompts, n=2, max_tokens=MAX_TOKENS,
+                                                       temperature=0, echo=True, logprobs=1))
+    assert status == 200 and len(r["choices"]) == 4, r
+    for i, choice in enumerate(r["choices"]):  # prompt-major: choices 0, 1 of the first prompt
+        expected = _offline(llm, prompts[i // 2])
+        assert choice["text"] == prompts[i // 2] + expected.text
+        assert len(choice["logprobs"]["tokens"]) == len(tokenizer.encode(prompts[i // 2])) + len(expected.token_ids)
+
+
 @PATHS
 def test_echo_with_logprobs_has_the_prompt_tokens_first(cluster, llm, tokenizer, model, prompt):
     expected = _offline(llm, prompt, logprobs=TOP, prompt_logprobs=TOP)

@@ -149,9 +149,15 @@ class Walk:
     def outcome(self, r: dict) -> tuple:
         return self.text(r), r["choices"][0]["finish_reason"], r["usage"]["completion_tokens"]
 
-    def offline(self, **sampling):
+    def offline(self, prompt_ids: list[int] | None = None, **sampling):
         params = SamplingParams(**dict(dict(temperature=0, max_tokens=MAX_TOKENS), **sampling))
-        return self.llm.generate({"prompt_token_ids": self.prompt_ids}, params)[0]
+        return self.llm.generate({"prompt_token_ids": self.prompt_ids if prompt_ids is None else prompt_ids},
+                                 params)[0]
+
+    def hf_chat_ids(self, messages: list[dict], **template) -> list[int]:
+        """transformers' own rendering of a chat, tokenized."""
+        return list(self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False,
+                                                       **dict(dict(add_generation_prompt=True), **template)))
 
     @property
     def neutral(self) -> dict:
@@ -264,7 +270,70 @@ def _prompt_logprobs(w: Walk):
 
 
 def _echo(w: Walk):
-    assert w.text(w.ok(echo=True)) == PROMPT + w.text(w.neutral)
+    if w.api == "completions":
+        assert w.text(w.ok(echo=True)) == PROMPT + w.text(w.neutral)
+        return
+    assert w.text(w.ok(echo=True)) == w.text(w.neutral)  # the last message is the user's: nothing to echo
+    started = MESSAGES + [{"role": "assistant", "content": "The capital"}]
+    fields = dict(messages=started, add_generation_prompt=False, continue_final_message=True)
+    go_on = w.text(w.ok(**fields))
+    assert w.text(w.ok(echo=True, **fields)) == "The capital" + go_on
+    chunks = w.stream(echo=True, **fields)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[1]["choices"][0]["delta"] == {"content": "The capital"}  # the echo: after the role, before the rest
+
+
+def _truncate_prompt_tokens(w: Walk):
+    r = w.ok(truncate_prompt_tokens=3)
+    want = w.offline(w.prompt_ids[-3:])
+    assert (w.text(r), r["usage"]["prompt_tokens"]) == (want.text, 3) and w.text(r) != w.text(w.neutral)
+    assert w.text(w.ok(truncate_prompt_tokens=-1)) == w.text(w.neutral)  # the whole context: nothing cut
+    status, body = w.post(truncate_prompt_tokens=0)
+    assert status == 400 and body["error"]["param"] == "truncate_prompt_tokens"
+
+
+def _return_token_ids(w: Walk):
+    r = w.ok(return_token_ids=True)
+    choice = r["choices"][0]
+    prompt_ids = r["prompt_token_ids"] if w.api == "chat" else choice["prompt_token_ids"]
+    assert prompt_ids == w.prompt_ids and choice["token_ids"] == w.neutral_tokens()
+    assert w.text(r) == w.text(w.neutral) and "token_ids" not in w.neutral["choices"][0]
+    chunks = w.stream(return_token_ids=True)
+    first = chunks[0] if w.api == "chat" else chunks[0]["choices"][0]
+    assert first["prompt_token_ids"] == w.prompt_ids
+    assert [t for c in chunks for t in c["choices"][0].get("token_ids", [])] == w.neutral_tokens()
+
+
+def _template_option(**template):
+    """The prompt sent (return_token_ids) is transformers' rendering with the same option, not
+    the neutral one, and the reply the offline engine's on it (the random tiny model may well
+    answer both prompts alike)."""
+    messages = MESSAGES + ([{"role": "assistant", "content": "The capital"}]
+                           if template.get("continue_final_message") else [])
+
+    def probe(w: Walk):
+        fields = dict(template, add_generation_prompt=False) if "continue_final_message" in template else template
+        r = w.ok(messages=messages, return_token_ids=True, **fields)
+        ids = w.hf_chat_ids(messages, **fields)
+        assert r["prompt_token_ids"] == ids != w.prompt_ids  # the option changed what the model sees
+        assert w.text(r) == w.offline(ids).text
+    return probe
+
+
+def _template_variables(**variables):
+    """Variables reach the template as transformers passes them (SmolLM2's reads none, so the
+    prompt is the neutral one: tests/engine/test_chat.py shows one that reads them)."""
+    def probe(w: Walk):
+        r = w.ok(return_token_ids=True, **variables)
+        kwargs = dict(variables.get("chat_template_kwargs", {}))
+        if "documents" in variables:
+            kwargs["documents"] = variables["documents"]
+        if "reasoning_effort" in variables:
+            kwargs.update(reasoning_effort=variables["reasoning_effort"], enable_thinking=True)
+        assert r["prompt_token_ids"] == w.hf_chat_ids(MESSAGES, **kwargs)
+        status, body = w.post(chat_template_kwargs={"tokenize": True})
+        assert status == 400 and body["error"]["param"] == "chat_template_kwargs.tokenize"
+    return probe
 
 
 def _stream(w: Walk):
@@ -343,13 +412,17 @@ HONOURED = {
     "include_reasoning": _include_reasoning, "request_id": _request_id,
     "return_tokens_as_token_ids": _tokens_as_ids,
     "cache_salt": _same_text(cache_salt="walk-salt"), "slo_class": _same_text(slo_class="batch"),
+    "truncate_prompt_tokens": _truncate_prompt_tokens, "return_token_ids": _return_token_ids,
+    "add_generation_prompt": _template_option(add_generation_prompt=False),
+    "continue_final_message": _template_option(continue_final_message=True),
+    "documents": _template_variables(documents=[{"title": "Paris", "text": "Paris is the capital of France."}]),
+    "chat_template_kwargs": _template_variables(chat_template_kwargs={"enable_thinking": False}),
+    "reasoning_effort": _template_variables(reasoning_effort="low"),
 }
 REFUSED_VALUES = {  # a value each refused field is refused with
-    "best_of": 2, "suffix": " the end.", "prompt_embeds": "AAAA", "truncate_prompt_tokens": 4, "priority": 1,
+    "best_of": 2, "suffix": " the end.", "prompt_embeds": "AAAA", "priority": 1,
     "logits_processors": ["my_module.MyProcessor"], "kv_transfer_params": {"do_remote_prefill": True},
-    "vllm_xargs": {"x": 1}, "documents": [{"title": "t", "text": "x"}],
-    "chat_template": "{{ messages }}", "chat_template_kwargs": {"enable_thinking": False},
-    "reasoning_effort": "low", "functions": [{"name": "f", "parameters": {}}],
+    "vllm_xargs": {"x": 1}, "chat_template": "{{ messages }}", "functions": [{"name": "f", "parameters": {}}],
 }
 IGNORED_VALUES = {"user": "walker", "length_penalty": 2.0, "mm_processor_kwargs": {"num_crops": 4},
                   "service_tier": "auto", "store": False, "metadata": {"walk": "yes"}}

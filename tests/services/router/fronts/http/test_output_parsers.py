@@ -41,7 +41,7 @@ def test_auto_without_auto_tool_choice_is_a_400_naming_tool_choice(cfg):
 
 
 @pytest.mark.parametrize("fields,problem", [
-    (dict(tool_call_parser="nope"), "tool_call_parser: 'nope' is not one of hermes, llama3_json, pythonic"),
+    (dict(tool_call_parser="nope"), "tool_call_parser: 'nope' is not one of hermes, llama3_json, mistral, pythonic"),
     (dict(reasoning_parser="nope"), "reasoning_parser: 'nope' is not one of deepseek_r1, qwen3"),
     (dict(enable_auto_tool_choice=True), "enable_auto_tool_choice: needs a tool_call_parser"),
 ])
