@@ -122,19 +122,19 @@ def _penalise(out: torch.Tensor, rows: list[RowHistory]) -> None:
         return
     dev, vocab = out.device, out.shape[-1]
     params = [rows[i].params for i in idx]
+    # keys: place among the penalised rows * vocab + token
     output = _keys([torch.tensor(list(rows[i].output_token_ids), dtype=torch.long, device=dev) for i in idx],
-                   idx, vocab, dev)
-    repeating = [i for i, p in zip(idx, params) if p.repetition_penalty != 1.0 and rows[i].prompt_token_ids is not None]
-    prompt = _keys([rows[i].prompt_token_ids.to(dev) for i in repeating], repeating, vocab, dev)
+                   range(len(idx)), vocab, dev)
+    repeating = [n for n, (i, p) in enumerate(zip(idx, params))
+                 if p.repetition_penalty != 1.0 and rows[i].prompt_token_ids is not None]
+    prompt = _keys([rows[idx[n]].prompt_token_ids.to(dev) for n in repeating], repeating, vocab, dev)
     keys, inverse = torch.unique(torch.cat([output, prompt]), return_inverse=True)
     if not len(keys):
         return
     counts = torch.zeros(len(keys), dtype=out.dtype, device=dev)
     counts.index_add_(0, inverse[:len(output)], torch.ones(len(output), dtype=out.dtype, device=dev))
-    row, token = keys // vocab, keys % vocab
-    where = torch.full((len(rows),), -1, dtype=torch.long, device=dev)
-    where[torch.tensor(idx, device=dev)] = torch.arange(len(idx), device=dev)
-    of = where[row]  # each entry's place among the penalised rows
+    of, token = keys // vocab, keys % vocab
+    row = torch.tensor(idx, device=dev)[of]
     values = out[row, token]
     repetition = _column([p.repetition_penalty for p in params], out)[of, 0]
     values = torch.where(values > 0, values / repetition, values * repetition)
@@ -143,12 +143,12 @@ def _penalise(out: torch.Tensor, rows: list[RowHistory]) -> None:
     out[row, token] = values
 
 
-def _keys(token_ids: list[torch.Tensor], row_of: list[int], vocab: int, dev: torch.device) -> torch.Tensor:
+def _keys(token_ids: list[torch.Tensor], row_of: Sequence[int], vocab: int, dev: torch.device) -> torch.Tensor:
     """row * vocab + token for every id of each row's ids (repeats kept: they are counted)."""
     if not token_ids:
         return torch.empty(0, dtype=torch.long, device=dev)
     lengths = torch.tensor([len(t) for t in token_ids], dtype=torch.long, device=dev)
-    rows = torch.repeat_interleave(torch.tensor(row_of, dtype=torch.long, device=dev), lengths)
+    rows = torch.repeat_interleave(torch.tensor(list(row_of), dtype=torch.long, device=dev), lengths)
     return rows * vocab + torch.cat(token_ids).long()
 
 

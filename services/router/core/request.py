@@ -47,6 +47,9 @@ MAX_SLO_CLASS_CHARS = 64
 # A text prompt longer than this many characters per context token cannot fit (no tokenizer's
 # tokens are that long on average): refused before tokenizing, which would cost seconds.
 MAX_PROMPT_CHARS_PER_TOKEN = 64
+# A prompt sent with truncate_prompt_tokens may be longer than the context (that is why it is
+# truncated): it may have this many times the characters before it is refused untokenized.
+TRUNCATED_PROMPT_CONTEXTS = 4
 _SHOWN_CHARS = 40            # of a client's value quoted back in an error
 
 
@@ -160,9 +163,8 @@ class RequestValidator:
             raise InvalidRequestError("truncate_prompt_tokens", f"must be -1 (the context) or in [1, {limit}] "
                                                                 f"(max_model_len), got {truncate}")
         if isinstance(prompt, str):
-            # a prompt to truncate may be longer than the context: it is cut after tokenizing
-            chars = MAX_PROMPT_CHARS_PER_TOKEN * limit * (1 if truncate is None else 4)
-            _check_text("prompt", prompt, chars)
+            contexts = 1 if truncate is None else TRUNCATED_PROMPT_CONTEXTS
+            _check_text("prompt", prompt, MAX_PROMPT_CHARS_PER_TOKEN * limit * contexts)
             token_ids = tuple(self.tokenizer.encode(prompt)) if prompt else ()
         else:
             token_ids = tuple(prompt)
