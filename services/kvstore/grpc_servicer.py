@@ -7,7 +7,8 @@ the sent one (see add_to_server). Every other method uses the generated serializ
 
 The UCX port of this server, if it has one, is sent as initial metadata of every Stats
 answer: a client asked for transport="ucx" without an address finds the port there,
-since the KVStore contract has no field for it.
+since the KVStore contract has no field for it. So are a Mooncake data plane's settings
+(transport="mooncake" connects to the plane they name).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import grpc
 from services.kvstore import batch_codec
 from services.kvstore.errors import InvalidArgument, KVStoreError
 from services.kvstore.handlers import KVStoreHandlers
+from services.kvstore.mooncake_plane import MOONCAKE_METADATA, MooncakeSettings
 from services.kvstore.ucx_frames import UCX_PORT_METADATA
 from services.pb import kvstore_pb2 as pb
 from services.pb import kvstore_pb2_grpc
@@ -26,9 +28,13 @@ SERVICE_NAME = "pdserve.v1.KVStore"
 
 
 class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
-    def __init__(self, handlers: KVStoreHandlers, ucx_port: int | None = None):
+    def __init__(self, handlers: KVStoreHandlers, ucx_port: int | None = None,
+                 mooncake: MooncakeSettings | None = None):
         self.handlers = handlers
         self.ucx_port = ucx_port
+        metadata = [(UCX_PORT_METADATA, str(ucx_port))] if ucx_port is not None else []
+        metadata += [(MOONCAKE_METADATA, mooncake.to_json())] if mooncake is not None else []
+        self._stats_metadata = tuple(metadata)
 
     def Put(self, request_iterator, context):
         return _call(context, lambda: self.handlers.put(request_iterator, "grpc"))
@@ -58,8 +64,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         return _call(context, lambda: self.handlers.release_lease(request))
 
     def Stats(self, request, context):
-        if self.ucx_port is not None:
-            context.send_initial_metadata([(UCX_PORT_METADATA, str(self.ucx_port))])
+        if self._stats_metadata:
+            context.send_initial_metadata(self._stats_metadata)
         return _call(context, self.handlers.stats)
 
 

@@ -13,8 +13,8 @@ from services.kvstore.batch_codec import BATCH_BYTES, Decoded, OutBatch
 from services.kvstore.errors import InvalidArgument, KVStoreFullError, LeaseNotFound
 from services.kvstore.kv_metrics import KVStoreMetrics
 from services.kvstore.store import BlockStore, StoredBlock
-from services.kvstore.validate import (key_for_hash, key_for_tail, missing, stored_block, stored_blocks,
-                                       to_wire)
+from services.kvstore.validate import (indexed_blocks, key_for_hash, key_for_tail, missing, stored_block,
+                                       stored_blocks, to_wire)
 from services.pb import kvstore_pb2
 
 logger = logging.getLogger(__name__)
@@ -28,18 +28,28 @@ class LeasePolicy:
 
 
 class KVStoreHandlers:
-    def __init__(self, store: BlockStore, metrics: KVStoreMetrics, leases: LeasePolicy = LeasePolicy()):
+    def __init__(self, store: BlockStore, metrics: KVStoreMetrics, leases: LeasePolicy = LeasePolicy(),
+                 data_plane: bool = False):
+        """`data_plane`: the bytes live in Mooncake Store (services/kvstore/mooncake_plane.py):
+        puts only index blocks already there and gets answer headers only; a request that
+        carries or asks for bytes is refused, naming the flag it lacks."""
         self.store, self.metrics, self.leases = store, metrics, leases
+        self.data_plane = data_plane
 
     def put(self, requests: Iterable[kvstore_pb2.PutRequest], transport: str) -> kvstore_pb2.PutResponse:
+        if self.data_plane:
+            raise InvalidArgument("put", _BYTES_ELSEWHERE + " send the bytes there and PutBlocks with "
+                                         "bytes_in_data_plane")
         return self._put(lambda: _read_put(requests), transport)
 
     def put_blocks(self, requests: Iterable[Decoded], transport: str) -> kvstore_pb2.PutResponse:
-        """PutBlocks: each message many blocks, their bytes viewed in the received message."""
-        return self._put(lambda: _read_put_blocks(requests), transport)
+        """PutBlocks: each message many blocks, their bytes viewed in the received message
+        (or, with a data plane, only their headers: the bytes are already there)."""
+        return self._put(lambda: _read_put_blocks(requests, self.data_plane), transport)
 
     def _put(self, read, transport: str) -> kvstore_pb2.PutResponse:
         start = time.perf_counter()
+        transport = "mooncake" if self.data_plane else transport  # the bytes' way, not the index's
         try:
             blocks, lease_id = read()
         except InvalidArgument:
@@ -60,6 +70,8 @@ class KVStoreHandlers:
 
     def get(self, request: kvstore_pb2.GetRequest, transport: str) -> list[kvstore_pb2.KVBlock]:
         """Blocks in request order, hashes then tails; found=False for a missing one."""
+        if self.data_plane:
+            raise InvalidArgument("get", _BYTES_ELSEWHERE + " GetBlocks with headers_only names them")
         start = time.perf_counter()
         found, names = self._read(request)
         blocks = [to_wire(b) if b is not None else missing(*name) for b, name in zip(found, names, strict=True)]
@@ -70,6 +82,9 @@ class KVStoreHandlers:
         """GetBlocks: the same answer as get, as KVBlockBatch messages of about BATCH_BYTES,
         each block's stored bytes sent as they are (the transport joins or sends them)."""
         start = time.perf_counter()
+        if self.data_plane != request.headers_only:
+            raise InvalidArgument("headers_only", _BYTES_ELSEWHERE + " set it" if self.data_plane else
+                                  "is set, but this kvstore has no data plane: its answer carries the bytes")
         found, names = self._read(request)
         batches, batch = [], _new_batch()
         for block, (block_hash, tail) in zip(found, names, strict=True):
@@ -79,13 +94,17 @@ class KVStoreHandlers:
                 continue
             batch.message.headers.append(kvstore_pb2.KVBlockHeader.FromString(block.header))
             batch.message.found.append(True)
-            batch.buffers.append(block.data)
+            if not self.data_plane:
+                batch.buffers.append(block.data)
             if batch.num_bytes >= BATCH_BYTES:
                 batches.append(batch)
                 batch = _new_batch()
         if batch.message.headers or not batches:
             batches.append(batch)
-        self._observe_get(transport, sum(b.num_bytes for b in batches), start)
+        if self.data_plane:  # what the reader takes from the plane on this answer
+            self._observe_get("mooncake", sum(b.num_bytes for b in found if b is not None), start)
+        else:
+            self._observe_get(transport, sum(b.num_bytes for b in batches), start)
         return batches
 
     def _read(self, request: kvstore_pb2.GetRequest) -> tuple[list[StoredBlock | None], list[tuple[bytes, str]]]:
@@ -148,8 +167,8 @@ def _read_put(requests: Iterable[kvstore_pb2.PutRequest]) -> tuple[list[StoredBl
     return blocks, lease_id
 
 
-def _read_put_blocks(requests: Iterable[Decoded]) -> tuple[list[StoredBlock], str]:
-    """As _read_put, for PutBlocks messages."""
+def _read_put_blocks(requests: Iterable[Decoded], data_plane: bool) -> tuple[list[StoredBlock], str]:
+    """As _read_put, for PutBlocks messages; with a data plane, their index entries."""
     blocks, lease_id = [], ""
     for i, request in enumerate(requests):
         if request.error is not None:
@@ -159,8 +178,17 @@ def _read_put_blocks(requests: Iterable[Decoded]) -> tuple[list[StoredBlock], st
             raise InvalidArgument(f"put[{i}].lease_id", f"{message.lease_id!r} differs from {lease_id!r} "
                                                         "earlier in the stream")
         lease_id = lease_id or message.lease_id
-        blocks += stored_blocks(message.headers, request.data, f"put[{i}]")
+        if message.bytes_in_data_plane != data_plane:
+            raise InvalidArgument(f"put[{i}].bytes_in_data_plane", _BYTES_ELSEWHERE + " set it" if data_plane else
+                                  "is set, but this kvstore has no data plane: send the bytes in data")
+        if data_plane:
+            blocks += indexed_blocks(message.headers, request.data, f"put[{i}]")
+        else:
+            blocks += stored_blocks(message.headers, request.data, f"put[{i}]")
     return blocks, lease_id
+
+
+_BYTES_ELSEWHERE = "this kvstore keeps block bytes in its Mooncake data plane (--backend mooncake):"
 
 
 def _new_batch() -> OutBatch:

@@ -2,14 +2,15 @@
 
 Counters count what this process saw (with a shared Redis, Prometheus sums the replicas).
 Gauges (bytes, blocks, leases) are read from the store at scrape time, so with a shared
-Redis every replica reports the same shared totals.
+Redis every replica reports the same shared totals. A disk tier's gauges and counters
+(kvstore_disk_*) are read from its stats at scrape time too, and only exist with one.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from services.common.metrics import Metrics
 from services.kvstore.errors import KVStoreError
@@ -65,6 +66,16 @@ _GAUGES = (("kvstore_used_bytes", "Block bytes stored", "used_bytes"),
            ("kvstore_capacity_bytes", "Capacity in block bytes", "capacity_bytes"),
            ("kvstore_pinned_blocks", "Blocks pinned by a lease", "num_pinned_blocks"),
            ("kvstore_active_leases", "Leases neither released nor expired", "num_active_leases"))
+# the disk tier's (StoreStats.disk): gauges, then counters
+_DISK_GAUGES = (("kvstore_disk_used_bytes", "Block bytes in the disk tier's files", "used_bytes"),
+                ("kvstore_disk_blocks", "Blocks in the disk tier", "num_blocks"),
+                ("kvstore_disk_capacity_bytes", "The disk tier's capacity in block bytes", "capacity_bytes"))
+_DISK_COUNTERS = (("kvstore_disk_hits", "Blocks read back from the disk tier on a memory miss", "num_hits"),
+                  ("kvstore_disk_writes", "Blocks written to the disk tier", "num_writes"),
+                  ("kvstore_disk_writes_skipped", "Blocks not written to disk: its writer's queue was full",
+                   "num_skipped_writes"),
+                  ("kvstore_disk_write_errors", "Blocks not written to disk: the disk refused", "num_failed_writes"),
+                  ("kvstore_disk_corrupt_blocks", "Disk tier files found damaged and deleted", "num_corrupt"))
 
 
 class _StatsCollector:
@@ -84,3 +95,9 @@ class _StatsCollector:
             return
         for name, doc, attr in _GAUGES:
             yield GaugeMetricFamily(f"{self._prefix}_{name}", doc, value=getattr(stats, attr))
+        if stats.disk is None:
+            return
+        for name, doc, attr in _DISK_GAUGES:
+            yield GaugeMetricFamily(f"{self._prefix}_{name}", doc, value=getattr(stats.disk, attr))
+        for name, doc, attr in _DISK_COUNTERS:  # exposed as NAME_total
+            yield CounterMetricFamily(f"{self._prefix}_{name}", doc, value=getattr(stats.disk, attr))

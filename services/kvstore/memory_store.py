@@ -7,6 +7,14 @@
 Pinned blocks stay in the recency order (a get still refreshes them), so a block that
 loses its last pin is evicted in the place its last use earned it. Skipping pins costs a
 scan over them; pins are held only by requests in flight between prefill and decode.
+
+With a disk tier (disk_tier.py) every full block put is also written to disk in the
+background, and a memory miss is read from disk (outside the lock) and promoted:
+
+    put ──▶ memory ─ write_behind ─▶ disk      get/lookup ──▶ memory? ── no ──▶ disk? ──▶ promote
+    evicted from memory, still on disk: held (no event); dropped from both: REMOVED
+
+The store holds what memory or the disk holds: KV events and put's "new" keys say so.
 """
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from services.kvstore.disk_tier import NO_DISK, BackingTier
 from services.kvstore.errors import LeaseNotFound
 from services.kvstore.store import (NO_LEASE, NULL_EVENTS, WRITE_DONE, WRITE_FAILED, WRITE_PENDING, BlockStore,
                                     StoredBlock, StoreEvents, StoreStats, is_tail, last_wins)
@@ -57,7 +66,8 @@ class _Lease:
 
 class MemoryBlockStore(BlockStore):
     def __init__(self, capacity_bytes: int, events: StoreEvents = NULL_EVENTS,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, disk: BackingTier | None = None):
+        """`disk`: a DiskTier under memory (this store starts and closes it); None: memory only."""
         self.capacity_bytes = capacity_bytes
         self._events = events
         self._clock = clock
@@ -69,10 +79,14 @@ class MemoryBlockStore(BlockStore):
         self._used_bytes = 0
         self._num_pinned = 0
         self._num_hits = self._num_misses = self._num_evictions = 0
+        self._disk = disk or NO_DISK
+        self._disk.start(self._dropped_from_disk)
+        if survivors := self._disk.keys():  # blocks a restart found on disk are held again
+            self._events.blocks_changed([], survivors)
 
     # ---- blocks ----------------------------------------------------------------------
     def put(self, blocks: list[StoredBlock], lease_id: str = "") -> int | None:
-        blocks = [StoredBlock(b.key, b.header, _owned(b.data)) for b in last_wins(blocks)]
+        blocks = [StoredBlock(b.key, b.header, _owned(b.data), b.size) for b in last_wins(blocks)]
         with self._lock:
             self._expire_due()
             lease = self._lease(lease_id)
@@ -80,22 +94,28 @@ class MemoryBlockStore(BlockStore):
             if victims is None:
                 self._events.put_rejected()
                 return None
-            for key in victims:
-                self._drop(key)
-            self._num_evictions += len(victims)
-            self._events.evictions(len(victims))
-            new_keys = [b.key for b in blocks if b.key not in self._entries]
+            self._evict(victims)
+            new_keys = [b.key for b in blocks if b.key not in self._entries and not self._disk.holds(b.key)]
             for block in blocks:
                 self._store(block, lease)
-            self._events.blocks_changed(victims, new_keys)
+                self._disk.write_behind(block)
+            self._events.blocks_changed(self._gone(victims), new_keys)
             return len(blocks)
 
     def get(self, keys: list[bytes]) -> list[StoredBlock | None]:
         with self._lock:
             found = [self._touch(key) for key in keys]
-            num_hits = sum(b is not None for b in found)
-            self._num_hits += num_hits
-            self._num_misses += len(keys) - num_hits
+            on_disk = [i for i, b in enumerate(found) if b is None and self._disk.holds(keys[i])]
+            if not on_disk:
+                num_hits = self._count(found)
+        if on_disk:  # read outside the lock: a disk's time holds up no other call
+            loaded = self._disk.read([keys[i] for i in on_disk])
+            with self._lock:
+                for i, block in zip(on_disk, loaded):
+                    if block is not None:
+                        self._promote(block)  # served even when memory has no room for it
+                        found[i] = block
+                num_hits = self._count(found)
         self._events.hits(num_hits)
         self._events.misses(len(keys) - num_hits)
         return found
@@ -103,13 +123,14 @@ class MemoryBlockStore(BlockStore):
     def lookup(self, keys: list[bytes], lease_id: str = "") -> int:
         with self._lock:
             self._expire_due()
-            lease = self._lease(lease_id)
-            for i, key in enumerate(keys):
-                if self._touch(key) is None:
-                    return i
-                if lease is not None:
-                    self._pin(key, lease)
-            return len(keys)
+            num_found = self._pin_prefix(keys, self._lease(lease_id), {})
+            if num_found == len(keys) or not self._disk.holds(keys[num_found]):
+                return num_found
+        # the prefix goes on on disk: read it outside the lock, then promote and pin it
+        loaded = {block.key: block for block in self._disk.read_prefix(keys[num_found:])}
+        with self._lock:
+            self._expire_due()
+            return self._pin_prefix(keys, self._lease(lease_id), loaded)
 
     # ---- leases ----------------------------------------------------------------------
     def create_lease(self, ttl_ms: int, write_pending: bool = False) -> str:
@@ -163,7 +184,18 @@ class MemoryBlockStore(BlockStore):
         with self._lock:
             self._expire_due()
             return StoreStats(self.capacity_bytes, self._used_bytes, len(self._entries), self._num_pinned,
-                              len(self._leases), self._num_hits, self._num_misses, self._num_evictions)
+                              len(self._leases), self._num_hits, self._num_misses, self._num_evictions,
+                              self._disk.stats())
+
+    def close(self) -> None:
+        self._disk.close()  # writes what is still queued for the disk first
+
+    def _dropped_from_disk(self, keys: list[bytes]) -> None:
+        """Keys that left the disk (evicted, not written, damaged): gone from the store
+        unless memory has them. Called off the lock, by the disk's writer or a reader."""
+        with self._lock:
+            if gone := [k for k in keys if k not in self._entries and not self._disk.holds(k)]:
+                self._events.blocks_changed(gone, [])
 
     # ---- helpers (lock held) ---------------------------------------------------------
     def _lease(self, lease_id: str) -> _Lease | None:
@@ -190,6 +222,46 @@ class MemoryBlockStore(BlockStore):
             if freed >= need:
                 return victims
         return None
+
+    def _evict(self, victims: list[bytes]) -> None:
+        for key in victims:
+            self._drop(key)
+        self._num_evictions += len(victims)
+        self._events.evictions(len(victims))
+
+    def _gone(self, victims: list[bytes]) -> list[bytes]:
+        """The keys evicted from memory that the store no longer holds: not on disk either."""
+        return [k for k in victims if not self._disk.holds(k)]
+
+    def _promote(self, block: StoredBlock) -> bool:
+        """Stores a block read from disk in memory, evicting as a put would; False when
+        memory has no room (everything pinned). It is new to the store only when the disk
+        dropped it since it was read."""
+        victims = self._plan_evictions([block])
+        if victims is None:
+            return False
+        self._evict(victims)
+        new_keys = [] if block.key in self._entries or self._disk.holds(block.key) else [block.key]
+        self._store(block, None)
+        if (gone := self._gone(victims)) or new_keys:
+            self._events.blocks_changed(gone, new_keys)
+        return True
+
+    def _pin_prefix(self, keys: list[bytes], lease: _Lease | None, loaded: dict[bytes, StoredBlock]) -> int:
+        """How many leading keys memory holds, the `loaded` ones promoted into it on the
+        way; those become most recent and, under a lease, are pinned by it."""
+        for i, key in enumerate(keys):
+            if self._touch(key) is None and not (key in loaded and self._promote(loaded[key])):
+                return i
+            if lease is not None:
+                self._pin(key, lease)
+        return len(keys)
+
+    def _count(self, found: list[StoredBlock | None]) -> int:
+        num_hits = sum(b is not None for b in found)
+        self._num_hits += num_hits
+        self._num_misses += len(found) - num_hits
+        return num_hits
 
     def _growth(self, block: StoredBlock) -> int:
         entry = self._entries.get(block.key)
@@ -224,6 +296,7 @@ class MemoryBlockStore(BlockStore):
         if entry is None:
             return None
         self._entries.move_to_end(key)
+        self._disk.touch(key)  # a use of the block: the disk's order follows memory's
         return entry.block
 
     def _drop(self, key: bytes) -> None:

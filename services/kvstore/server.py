@@ -14,7 +14,10 @@ from services.kvstore.grpc_servicer import SERVICE_NAME, KVStoreServicer, add_to
 from services.kvstore.handlers import KVStoreHandlers, LeasePolicy
 from services.kvstore.kv_events import PublishingMetrics
 from services.kvstore.kv_metrics import KVStoreMetrics
+from services.kvstore import mooncake_plane
+from services.kvstore.disk_tier import DiskTier
 from services.kvstore.memory_store import MemoryBlockStore
+from services.kvstore.mooncake_plane import MooncakeSettings
 from services.kvstore.store import BlockStore, StoreEvents
 
 logger = logging.getLogger(__name__)
@@ -26,12 +29,15 @@ class KVStoreConfig:
     port: int = 0                      # 0: a free port
     metrics_port: int | None = 0       # None: no /metrics endpoint
     capacity_bytes: int = 1 << 30
-    backend: str = "memory"            # or redis://host:port/db
+    backend: str = "memory"            # or redis://host:port/db, or "mooncake" (with `mooncake`)
     default_lease_ttl_ms: int = 30_000
     max_lease_ttl_ms: int = 600_000
     sweep_interval_ms: int = 1_000     # how often expired leases are ended in the background
     ucx_port: int | None = None        # None: no UCX listener; 0: a free port
     security: ServerSecurity = ServerSecurity()  # the internal token (gRPC and UCX), TLS (gRPC)
+    disk_dir: str | None = None        # the memory backend's disk tier (disk_tier.py); None: memory only
+    disk_capacity_bytes: int | None = None  # its block bytes, with disk_dir
+    mooncake: MooncakeSettings | None = None  # the data plane of backend "mooncake"
 
     def __post_init__(self):
         for name in ("capacity_bytes", "default_lease_ttl_ms", "max_lease_ttl_ms", "sweep_interval_ms"):
@@ -44,18 +50,38 @@ class KVStoreConfig:
             if value is not None and not 0 <= value < 65536:
                 raise ValueError(f"{name}: {value} is not a port number")
         check_backend(self.backend)
+        check_disk(self.backend, self.disk_dir, self.disk_capacity_bytes)
+        if (self.backend == "mooncake") != (self.mooncake is not None):
+            raise ValueError("mooncake: the Mooncake settings go with backend 'mooncake', and only with it")
+        if self.mooncake is not None and self.ucx_port is not None:
+            raise ValueError("ucx_port: with backend 'mooncake' the bytes move over Mooncake's transfer engine")
 
 
 def check_backend(backend: str) -> None:
-    if backend != "memory" and not backend.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError(f"backend: {backend!r} is neither 'memory' nor a redis://host:port/db URL")
+    if backend not in ("memory", "mooncake") and not backend.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"backend: {backend!r} is not 'memory', 'mooncake' or a redis://host:port/db URL")
+
+
+def check_disk(backend: str, disk_dir: str | None, disk_capacity_bytes: int | None) -> None:
+    if (disk_dir is None) != (disk_capacity_bytes is None):
+        raise ValueError("disk_dir: a disk tier needs both disk_dir and disk_capacity_bytes")
+    if disk_capacity_bytes is not None and disk_capacity_bytes <= 0:
+        raise ValueError(f"disk_capacity_bytes: {disk_capacity_bytes} must be positive")
+    if disk_dir is not None and backend != "memory":
+        raise ValueError("disk_dir: a disk tier is for the memory backend only (Redis and Mooncake keep the "
+                         "blocks themselves)")
 
 
 def make_store(config: KVStoreConfig, events: StoreEvents, clock: Callable[[], float] | None = None) -> BlockStore:
     """The backend config.backend names; `clock` (seconds) replaces its default clock."""
     clock_arg = {"clock": clock} if clock else {}
     if config.backend == "memory":
-        return MemoryBlockStore(config.capacity_bytes, events, **clock_arg)
+        disk = DiskTier(config.disk_dir, config.disk_capacity_bytes) if config.disk_dir else None
+        return MemoryBlockStore(config.capacity_bytes, events, **clock_arg, disk=disk)
+    if config.backend == "mooncake":
+        from services.kvstore.mooncake_index import MooncakeIndexStore  # loads nothing of Mooncake
+        plane = mooncake_plane.connect(config.mooncake)
+        return MooncakeIndexStore(config.capacity_bytes, config.mooncake, plane, events, **clock_arg)
     from services.kvstore.redis_store import RedisBlockStore  # only Redis deployments connect to one
     return RedisBlockStore(config.backend, config.capacity_bytes, events, **clock_arg)
 
@@ -112,14 +138,15 @@ def serve(config: KVStoreConfig, clock: Callable[[], float] | None = None) -> Ru
     metrics = PublishingMetrics(kv_events)
     store = make_store(config, metrics, clock)
     metrics.watch(store.stats)
-    handlers = KVStoreHandlers(store, metrics, LeasePolicy(config.default_lease_ttl_ms, config.max_lease_ttl_ms))
+    handlers = KVStoreHandlers(store, metrics, LeasePolicy(config.default_lease_ttl_ms, config.max_lease_ttl_ms),
+                               data_plane=config.mooncake is not None)
     ucx = grpc_server = None
     try:
         if config.ucx_port is not None:
             from services.kvstore.ucx_server import UcxKVStoreServer  # only a UCX-enabled server loads UCX
             ucx = UcxKVStoreServer(handlers, config.ucx_port, config.security.tokens)
             warn_if_open(config.security, f"UCX port {ucx.port}")
-        servicer = KVStoreServicer(handlers, ucx.port if ucx else None)
+        servicer = KVStoreServicer(handlers, ucx.port if ucx else None, config.mooncake)
         spec = ServiceSpec(SERVICE_NAME, add_to_server, servicer)
         grpc_server = start_server([spec, kv_events_service(kv_events)], host=config.host, port=config.port,
                                    security=config.security)

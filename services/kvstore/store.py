@@ -47,11 +47,14 @@ class StoredBlock:
     key: bytes
     header: bytes  # a serialized KVBlockHeader
     data: bytes | memoryview  # a view into a received message until the backend stores it
+    # The block's bytes when they are kept elsewhere (the Mooncake data plane) and `data`
+    # is empty: an index entry still counts what it stands for. None: len(data).
+    size: int | None = None
 
     @property
     def num_bytes(self) -> int:
         # Capacity counts KV bytes only: headers are tens of bytes beside kilobytes of data.
-        return len(self.data)
+        return len(self.data) if self.size is None else self.size
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,20 @@ class StoreStats:
     num_hits: int
     num_misses: int
     num_evictions: int
+    disk: DiskStats | None = None  # the memory backend's disk tier, when it has one
+
+
+@dataclass(frozen=True)
+class DiskStats:
+    """A disk tier's (services/kvstore/disk_tier.py): gauges, then counters since start."""
+    capacity_bytes: int
+    used_bytes: int          # block data bytes in its files, counted as capacity counts them
+    num_blocks: int
+    num_hits: int            # blocks read back from it (a memory miss it served)
+    num_writes: int          # blocks written to it
+    num_skipped_writes: int  # blocks not written: its writer's queue was full
+    num_failed_writes: int   # blocks not written: the disk refused (full, read-only, ...)
+    num_corrupt: int         # files found damaged (size or checksum) and deleted
 
 
 class StoreEvents:

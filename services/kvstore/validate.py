@@ -61,6 +61,18 @@ def stored_blocks(headers, data: memoryview, field: str) -> list[StoredBlock]:
     return blocks
 
 
+def indexed_blocks(headers, data: memoryview, field: str) -> list[StoredBlock]:
+    """A PutBlocksRequest's blocks whose bytes are in the data plane: index entries of
+    the size their headers give. `data` must be empty."""
+    if len(data):
+        raise InvalidArgument(f"{field}.data", f"has {len(data)} bytes, but bytes_in_data_plane is set")
+    blocks = []
+    for i, header in enumerate(headers):
+        key, size = _checked_header(header, f"{field}.headers[{i}]")
+        blocks.append(StoredBlock(key, header.SerializeToString(), b"", size=size))
+    return blocks
+
+
 def _checked_header(header: kvstore_pb2.KVBlockHeader, field: str) -> tuple[bytes, int]:
     """The block's store key and byte size; InvalidArgument naming what is wrong."""
     if bool(header.block_hash) == bool(header.tail_key):
@@ -112,8 +124,9 @@ def _expected_bytes(header: kvstore_pb2.KVBlockHeader, field: str) -> int:
 
 
 def to_wire(block: StoredBlock) -> kvstore_pb2.KVBlock:
-    return kvstore_pb2.KVBlock(header=kvstore_pb2.KVBlockHeader.FromString(block.header), data=block.data,
-                               found=True)
+    # protobuf takes bytes only: a block PutBlocks stored is a view into its message
+    data = block.data if isinstance(block.data, bytes) else bytes(block.data)
+    return kvstore_pb2.KVBlock(header=kvstore_pb2.KVBlockHeader.FromString(block.header), data=data, found=True)
 
 
 def missing(block_hash: bytes = b"", key: str = "") -> kvstore_pb2.KVBlock:

@@ -41,14 +41,16 @@ class KVBlock(_message.Message):
     def __init__(self, header: _Optional[_Union[KVBlockHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., found: _Optional[bool] = ...) -> None: ...
 
 class PutBlocksRequest(_message.Message):
-    __slots__ = ("lease_id", "headers", "data")
+    __slots__ = ("lease_id", "headers", "data", "bytes_in_data_plane")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     HEADERS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    BYTES_IN_DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     headers: _containers.RepeatedCompositeFieldContainer[KVBlockHeader]
     data: bytes
-    def __init__(self, lease_id: _Optional[str] = ..., headers: _Optional[_Iterable[_Union[KVBlockHeader, _Mapping]]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    bytes_in_data_plane: bool
+    def __init__(self, lease_id: _Optional[str] = ..., headers: _Optional[_Iterable[_Union[KVBlockHeader, _Mapping]]] = ..., data: _Optional[bytes] = ..., bytes_in_data_plane: _Optional[bool] = ...) -> None: ...
 
 class KVBlockBatch(_message.Message):
     __slots__ = ("headers", "found", "data")
@@ -77,16 +79,18 @@ class PutResponse(_message.Message):
     def __init__(self, num_stored: _Optional[int] = ..., num_bytes: _Optional[int] = ...) -> None: ...
 
 class GetRequest(_message.Message):
-    __slots__ = ("block_hashes", "tail_keys", "lease_id", "wait_ms")
+    __slots__ = ("block_hashes", "tail_keys", "lease_id", "wait_ms", "headers_only")
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     TAIL_KEYS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_ONLY_FIELD_NUMBER: _ClassVar[int]
     block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
     tail_keys: _containers.RepeatedScalarFieldContainer[str]
     lease_id: str
     wait_ms: int
-    def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ..., tail_keys: _Optional[_Iterable[str]] = ..., lease_id: _Optional[str] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    headers_only: bool
+    def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ..., tail_keys: _Optional[_Iterable[str]] = ..., lease_id: _Optional[str] = ..., wait_ms: _Optional[int] = ..., headers_only: _Optional[bool] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
     __slots__ = ("block_hashes", "lease_id")

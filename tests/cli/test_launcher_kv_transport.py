@@ -1,8 +1,13 @@
-"""`pdserve up --kv-transport ucx`: the kvstore serves UCX, every worker moves KV over it."""
+"""`pdserve up --kv-transport ucx`: the kvstore serves UCX, every worker moves KV over it;
+`--kvstore-backend mooncake`: a Mooncake master and store nodes start first, the kvstore
+indexes what they hold, every worker moves KV to and from them."""
 from __future__ import annotations
+
+import pytest
 
 from cli.launcher import PlatformConfig, plan
 from cli.main import build_parser
+from cli.mooncake_procs import MooncakePlan
 
 
 def _flag(argv: list[str], name: str) -> str | None:
@@ -25,3 +30,41 @@ def test_grpc_is_the_default_and_serves_no_ucx():
 def test_the_up_command_takes_the_flag():
     args = build_parser().parse_args(["up", "--kv-transport", "ucx"])
     assert args.kv_transport == "ucx"
+
+
+def test_mooncake_starts_a_master_and_a_store_node_per_replica_before_the_kvstore():
+    cfg = PlatformConfig(num_prefill=1, num_decode=1, kvstore_backend="mooncake", kvstore_capacity_bytes=100 << 20,
+                         mooncake=MooncakePlan(base_port=41000, replicas=2))
+    specs = {s.name: s for s in plan(cfg, [0, 1])}
+    master, nodes = specs["mooncake-master"], [specs["store-0"], specs["store-1"]]
+    assert (master.stage, master.health, master.address) == (-1, "tcp", "127.0.0.1:41000")
+    assert "--rpc_port=41000" in master.argv and "--http_metadata_server_port=41001" in master.argv
+    assert [(n.stage, n.health, n.address) for n in nodes] == [(0, "tcp", "127.0.0.1:41003"),
+                                                                (0, "tcp", "127.0.0.1:41005")]
+    assert all(f"--global_segment_size={100 << 20}" in n.argv for n in nodes)
+    kvstore = specs["kvstore"].argv
+    assert _flag(kvstore, "--backend") == "mooncake" and _flag(kvstore, "--mooncake-master") == "127.0.0.1:41000"
+    assert _flag(kvstore, "--mooncake-replicas") == "2"
+    assert int(_flag(kvstore, "--capacity-bytes")) < 100 << 20  # the index evicts before Mooncake does
+    for name in ("prefill-0", "decode-0"):
+        assert _flag(specs[name].argv, "--kvstore-transport") == "mooncake"
+    assert specs["kvstore"].stage == 1 and specs["router"].stage == 2
+    assert all(s.env["GLOG_minloglevel"] == "1" for s in specs.values())
+
+
+def test_the_memory_backend_starts_no_mooncake():
+    specs = {s.name: s for s in plan(PlatformConfig(kvstore_capacity_bytes=64 << 20), [0, 1])}
+    assert set(specs) == {"kvstore", "prefill-0", "decode-0", "router"}
+    assert _flag(specs["kvstore"].argv, "--capacity-bytes") == str(64 << 20)
+    assert "GLOG_minloglevel" not in specs["kvstore"].env
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--kvstore-replicas", "2"], "--kvstore-replicas: only with --kvstore-backend mooncake"),
+    (["--kvstore-backend", "mooncake", "--kv-transport", "ucx"], "--kv-transport"),
+    (["--kvstore-backend", "mooncake", "--kvstore-replicas", "9"], "--kvstore-replicas"),
+])
+def test_up_refuses_mooncake_flags_that_disagree(argv, message):
+    args = build_parser().parse_args(["up", *argv])
+    with pytest.raises(ValueError, match=message):
+        args.func(args)

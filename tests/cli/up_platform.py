@@ -59,11 +59,11 @@ class Platform:
         restarts = [m for m in restarts if m]
         if restarts:
             return int(restarts[-1].group(1))
-        return int(self.wait_for(rf"^\s+{name}\s+grpc .* pid (\d+)", 1).group(1))
+        return int(self.wait_for(rf"^\s+{name}\s+(?:grpc|tcp) .* pid (\d+)", 1).group(1))
 
     def metrics_url(self, name: str) -> str:
         """A process's /metrics URL, from the startup table."""
-        return self.wait_for(rf"^\s+{name}\s+grpc \S+\s+metrics (http://\S+/metrics)", 1).group(1)
+        return self.wait_for(rf"^\s+{name}\s+(?:grpc|tcp) \S+\s+metrics (http://\S+/metrics)", 1).group(1)
 
     @property
     def router(self) -> str:

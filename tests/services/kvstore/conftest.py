@@ -137,13 +137,29 @@ def wire_block(block_hash: bytes = b"", tail: str = "", num_layers: int = 2, blo
 WIRE_BLOCK_BYTES = len(wire_block(b"x").data)
 
 
+@pytest.fixture(scope="session")
+def mooncake_cluster(tmp_path_factory):
+    """A real Mooncake Store (master and one store node) for the whole session."""
+    from cli.bench.mooncake_cluster import MooncakeCluster
+    cluster = MooncakeCluster(tmp_path_factory.mktemp("mooncake"), segment_bytes=128 << 20).start_all()
+    yield cluster
+    cluster.stop()
+
+
 @pytest.fixture
-def start_kvstore(clock):
-    """start_kvstore(**config) -> a running service on free loopback ports, on the fake clock."""
+def start_kvstore(clock, request):
+    """start_kvstore(**config) -> a running service on free loopback ports, on the fake clock.
+    In a test parametrized with transport "mooncake", its backend is Mooncake Store."""
     running = []
+    callspec = getattr(request.node, "callspec", None)
+    mooncake = callspec is not None and callspec.params.get("transport") == "mooncake"
 
     def start(**overrides):
-        config = KVStoreConfig(**{"capacity_bytes": 1 << 20, "ucx_port": 0, "metrics_port": None, **overrides})
+        defaults = {"capacity_bytes": 1 << 20, "ucx_port": 0, "metrics_port": None}
+        if mooncake:
+            defaults.update(backend="mooncake", mooncake=request.getfixturevalue("mooncake_cluster").settings,
+                            ucx_port=None)
+        config = KVStoreConfig(**{**defaults, **overrides})
         running.append(serve(config, clock=clock))
         return running[-1]
 

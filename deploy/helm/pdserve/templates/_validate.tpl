@@ -5,6 +5,9 @@ render with a message naming the values. templates/validate.yaml runs them. */}}
 {{- if and (eq $v.kvstore.backend.type "memory") (gt (int $v.kvstore.replicas) 1) -}}
 {{- fail (printf "kvstore.replicas=%d needs kvstore.backend.type=redis: memory-backend replicas would each hold different blocks" (int $v.kvstore.replicas)) -}}
 {{- end -}}
+{{- if and $v.kvstore.disk.enabled (ne $v.kvstore.backend.type "memory") -}}
+{{- fail "kvstore.disk.enabled=true needs kvstore.backend.type=memory: with Redis the blocks live in Redis" -}}
+{{- end -}}
 {{- if eq $v.kvstore.backend.type "redis" -}}
 {{- $r := $v.kvstore.backend.redis -}}
 {{- $byo := or $r.url $r.existingSecret.name -}}

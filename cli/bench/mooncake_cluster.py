@@ -1,0 +1,64 @@
+"""A real Mooncake Store on loopback for tests and benchmarks: `mooncake_master` and store nodes
+(`mooncake_client` processes), started as `pdserve up` starts them (cli/mooncake_procs.py)
+on free ports, each killable by PID."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from cli.bench.local_platform import free_port_range
+from cli.mooncake_procs import MooncakePlan
+from services.kvstore.mooncake_plane import DEFAULT_FAILOVER_S, MooncakeSettings
+
+QUIET = dict(os.environ, GLOG_minloglevel="2")
+
+
+def wait_accepting(address: str, timeout_s: float = 20.0) -> None:
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=0.2).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing accepts on {address} after {timeout_s} s") from None
+            time.sleep(0.05)
+
+
+class MooncakeCluster:
+    def __init__(self, log_dir: Path, replicas: int = 1, segment_bytes: int = 64 << 20):
+        self.plan = MooncakePlan(base_port=free_port_range(3 + 2 * replicas), replicas=replicas)
+        self.segment_bytes = segment_bytes
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._argv = {name: (argv, address) for name, argv, address, _, _ in
+                      self.plan.processes("127.0.0.1", segment_bytes)}
+        self.settings = MooncakeSettings(f"127.0.0.1:{self.plan.master_port}",
+                                         f"http://127.0.0.1:{self.plan.metadata_port}/metadata", replicas,
+                                         failover_s=DEFAULT_FAILOVER_S if replicas > 1 else 0.0)
+
+    def start(self, name: str) -> None:
+        argv, address = self._argv[name]
+        log = open(self.log_dir / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=QUIET)
+        log.close()
+        wait_accepting(address)
+
+    def start_all(self) -> MooncakeCluster:
+        for name in self._argv:  # the master first: the nodes register with it
+            self.start(name)
+        time.sleep(0.5)  # the nodes' segments mounted (they accept a little before)
+        return self
+
+    def kill(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        proc.kill()
+        proc.wait()
+
+    def stop(self) -> None:
+        for name in reversed(list(self.procs)):
+            self.kill(name)

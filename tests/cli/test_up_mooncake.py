@@ -1,0 +1,112 @@
+"""`pdserve up --kvstore-backend mooncake --kvstore-replicas 2`: a Mooncake master and two
+store nodes hold the KV bytes, the kvstore indexes them, prefill and decode move them
+straight to and from the nodes. Token-exact with the offline engine through P/D, and
+under kill -9 of a store node (nothing recomputed: the other replica serves) and of the
+master (recomputed, never wrong; the supervisor brings it back and the plane is used
+again).
+
+One platform serves the module; each test leaves it whole for the next.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from cli.bench.local_platform import free_port_range
+from engine import SamplingParams
+from services.router.client import RouterClient
+from tests.cli.up_platform import Platform, running_up, scrape, up_ports
+
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+# over --short-prompt-tokens: prefilled by the prefill worker, its KV read by the decode
+PROMPTS = [f"turn {i}: the quick brown fox jumps over the lazy dog, then it runs on and on far away"
+           for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def platform(tiny_llama_dir, tmp_path_factory):
+    args = ["--prefill", "1", "--decode", "1", "--path-policy", "threshold", "--short-prompt-tokens", "8",
+            "--kvstore-backend", "mooncake", "--kvstore-replicas", "2", "--kvstore-capacity-bytes", "64MiB",
+            "--mooncake-base-port", str(free_port_range(7))]
+    with running_up(tiny_llama_dir, up_ports(2), args, tmp_path_factory.mktemp("up-mooncake")) as up:
+        yield up
+
+
+@pytest.fixture(scope="module")
+def reference(tiny, tiny_llama_dir) -> list[list[int]]:
+    from engine import LLM
+    offline = LLM(tiny_llama_dir, loaded_model=tiny, progress=False, kv_cache_memory_bytes=64 << 20)
+    return [o.token_ids for o in offline.generate(PROMPTS, GREEDY)]
+
+
+def _generate(address: str, prompt: str) -> list[int]:
+    with RouterClient(address) as client:
+        generation = client.generate_text(prompt, GREEDY, timeout_s=90)
+    assert generation.finish_reason == "length", generation
+    return generation.token_ids
+
+
+def _run_all(platform: Platform, during=None) -> list[list[int]]:
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(_generate, platform.router, p) for p in PROMPTS]
+        if during is not None:
+            futures[0].result(timeout=90)  # the others are streaming now
+            during()
+        return [f.result(timeout=180) for f in futures]
+
+
+def _mooncake_bytes(platform: Platform) -> tuple[float, float]:
+    """What the kvstore indexed as moved through the plane: (put, get) bytes."""
+    kvstore = platform.metrics_url("kvstore")
+    return (scrape(kvstore, "pdserve_kvstore_put_bytes_total", '{transport="mooncake"}'),
+            scrape(kvstore, "pdserve_kvstore_get_bytes_total", '{transport="mooncake"}'))
+
+
+def _recomputed(platform: Platform) -> float:
+    return scrape(platform.metrics_url("decode-0"), "pdserve_worker_recompute_fallbacks_total")
+
+
+def _kill(platform: Platform, name: str) -> int:
+    mark = platform.mark()
+    os.kill(platform.pid(name), signal.SIGKILL)
+    return mark
+
+
+def test_through_mooncake_the_tokens_are_the_offline_engines(platform, reference):
+    assert _run_all(platform) == reference
+    put_bytes, get_bytes = _mooncake_bytes(platform)
+    assert put_bytes > 0 and get_bytes > 0  # every hand-off went through the plane
+    assert _recomputed(platform) == 0
+    master = platform.metrics_url("mooncake-master")
+    assert scrape(master, "master_key_count") > 0
+    assert scrape(master, "master_total_capacity_bytes") == 2 * 64 << 20  # both nodes' segments
+
+
+def test_a_store_node_killed_under_load_loses_no_block(platform, reference):
+    before = _recomputed(platform)
+    marks = []
+    assert _run_all(platform, during=lambda: marks.append(_kill(platform, "store-0"))) == reference
+    assert _recomputed(platform) == before  # the other replica served every read
+    platform.wait_for("store-0 serving again", 60, marks[0])
+    assert _run_all(platform) == reference
+
+
+def test_the_master_killed_means_recompute_never_wrong_tokens_then_the_plane_again(platform, reference):
+    marks = []
+    assert _run_all(platform, during=lambda: marks.append(_kill(platform, "mooncake-master"))) == reference
+    platform.wait_for("mooncake-master serving again", 60, marks[0])
+    kvstore = platform.metrics_url("kvstore")
+    deadline = time.monotonic() + 30
+    while scrape(kvstore, "pdserve_kvstore_blocks") > 0:  # the index learns the new master has none of them
+        assert time.monotonic() < deadline, "the kvstore's index still names blocks the restarted master lost"
+        time.sleep(0.5)
+    put_before, _ = _mooncake_bytes(platform)
+    assert _run_all(platform) == reference
+    put_after, _ = _mooncake_bytes(platform)
+    assert put_after > put_before  # the restarted master places blocks again
+    master = platform.metrics_url("mooncake-master")
+    assert scrape(master, "master_total_capacity_bytes") == 2 * 64 << 20  # both nodes mounted again
