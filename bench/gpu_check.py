@@ -531,17 +531,11 @@ def check_triton_kernels(ctx: Ctx):
 
 def hf_model(ctx: Ctx, dtype):
     """transformers' model of ctx.model on ctx's device."""
-    from transformers import AutoModelForCausalLM
-
     from engine.model.source import resolve_model
-    source = resolve_model(ctx.model)
-    if source.kind == "gguf":
-        model = AutoModelForCausalLM.from_pretrained(os.path.dirname(source.path),
-                                                     gguf_file=os.path.basename(source.path), dtype=dtype)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype)
+    from tests.engine.hf_reference import load_hf_model
+    model = load_hf_model(resolve_model(ctx.model).path, dtype)
     model.generation_config.eos_token_id = None  # every asked-for token, as ignore_eos does
-    return model.to(ctx.device).eval()
+    return model.to(ctx.device)
 
 
 def hf_greedy_with_top(model, prompts, max_new_tokens: int, device: str):

@@ -202,8 +202,8 @@ def hf_reference(path: str, dtype: str, prompts: list[list[int]], new_tokens: in
     """transformers' model (kept: the engine then shares the device with it), its greedy
     tokens one prompt at a time (no padding) and each step's log-softmax (float32, on the CPU)."""
     import torch
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+    from tests.engine.hf_reference import load_hf_model
+    model = load_hf_model(path, getattr(torch, dtype)).to(device)
     model.generation_config.eos_token_id = None  # every asked-for token, as ignore_eos does
     tokens, logprobs = [], []
     with torch.inference_mode():

@@ -15,6 +15,7 @@ from engine.model.loader import load_model
 from engine.model.source import resolve_model
 from engine.request import RequestMode
 from tests.engine.correctness import run_to_completion, varied_prompts
+from tests.engine.hf_reference import load_hf_model
 from tests.models import smollm2_tokenizer
 
 MAX_TOKENS = 10
@@ -42,11 +43,10 @@ def _hf_reference(model, prompts, eos) -> tuple[list[list[int]], list[list[float
 
 class Case:
     def __init__(self, name: str, path: str):
-        from transformers import AutoModelForCausalLM
         self.name, self.path = name, path
         self.loaded = load_model(resolve_model(path), torch.float32, "cpu", progress=False)
         self.prompts = varied_prompts(self.loaded.arch.vocab_size, LENGTHS, seed=3)
-        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        hf = load_hf_model(path)
         self.expected, self.expected_logprobs = _hf_reference(hf, self.prompts, self.loaded.eos_token_ids)
         self.hf = hf
 
