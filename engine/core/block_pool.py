@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from engine.core.block_hash import BlockHash
-from engine.core.kv_events import KVEventLog, KVEvents
+from engine.core.kv_events import KVEventLog, KVEvents, KVTier
 
 
 class KVCacheBlock:
@@ -144,6 +144,6 @@ class BlockPool:
         hash instead when the log overflowed in between."""
         events, lost = self.kv_events.drain()
         if lost:
-            return KVEvents(snapshot=list(self.cached_block_hash_to_block))
+            return KVEvents(snapshot=[(h, KVTier.DEVICE) for h in self.cached_block_hash_to_block])
         return KVEvents(events)
 

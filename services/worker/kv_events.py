@@ -3,7 +3,7 @@ each step (engine/core/kv_events.py) and hands them here; routers subscribe over
 (services/common/kv_events.py)."""
 from __future__ import annotations
 
-from engine.core.kv_events import KVEventKind, KVEvents
+from engine.core.kv_events import KVEventKind, KVEvents, KVTier
 from engine.info import EngineInfo
 from services.common.kv_events import REMOVED, STORED, KVEventPublisher
 
@@ -18,9 +18,11 @@ class WorkerKVEvents:
         self.publisher = KVEventPublisher(info.block_size, info.root_hash)
 
     def on_events(self, events: KVEvents) -> None:
+        # the device tier only, until the router's index scores tiers apart
         if events.snapshot is not None:
-            self.publisher.replace(events.snapshot)
-        self.publisher.publish((_KINDS[kind], block_hash) for kind, block_hash in events.events)
+            self.publisher.replace(h for h, tier in events.snapshot if tier is KVTier.DEVICE)
+        self.publisher.publish((_KINDS[kind], block_hash) for kind, block_hash, tier in events.events
+                               if tier is KVTier.DEVICE)
 
     def close(self) -> None:
         self.publisher.close()

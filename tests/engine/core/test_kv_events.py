@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from engine.core.block_hash import hash_full_blocks, model_fingerprint
 from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.kv_events import KVEventKind, KVEventLog
+from engine.core.kv_events import KVEventKind, KVEventLog, KVTier
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 
 ROOT = model_fingerprint("m", "float32", 2, 2, 16, 4)
 STORED, REMOVED = KVEventKind.STORED, KVEventKind.REMOVED
+DEVICE = KVTier.DEVICE
 
 
 def _request(req_id: str, tokens: list[int]) -> Request:
@@ -19,8 +20,9 @@ def _request(req_id: str, tokens: list[int]) -> Request:
 def _replay(held: set[bytes], kv: KVCacheManager) -> set[bytes]:
     events = kv.pool.take_kv_events()
     if events.snapshot is not None:
-        held = set(events.snapshot)
-    for kind, block_hash in events.events:
+        held = {h for h, tier in events.snapshot if tier is DEVICE}
+    for kind, block_hash, tier in events.events:
+        assert tier is DEVICE  # no host tier configured
         (held.add if kind == STORED else held.discard)(block_hash)
     return held
 
@@ -30,7 +32,7 @@ def test_events_follow_stores_hits_and_eviction_under_pressure():
     a = _request("a", list(range(10)))  # 2 full blocks + 2 tokens
     h = hash_full_blocks(ROOT, list(range(10)), 4)
     kv.allocate_slots(a, 10)
-    assert kv.pool.take_kv_events().events == [(STORED, h[0]), (STORED, h[1])]
+    assert kv.pool.take_kv_events().events == [(STORED, h[0], DEVICE), (STORED, h[1], DEVICE)]
     kv.free(a)
     assert kv.pool.take_kv_events().is_empty  # freed blocks stay cached: nothing changed
 
@@ -44,7 +46,7 @@ def test_events_follow_stores_hits_and_eviction_under_pressure():
     c = _request("c", [7] * 20)
     hc = hash_full_blocks(ROOT, [7] * 20, 4)
     kv.allocate_slots(c, 20)
-    assert kv.pool.take_kv_events().events == [(REMOVED, h[1])] + [(STORED, x) for x in hc]
+    assert kv.pool.take_kv_events().events == [(REMOVED, h[1], DEVICE)] + [(STORED, x, DEVICE) for x in hc]
     assert set(kv.pool.cached_block_hash_to_block) == {h[0], *hc}
 
 
@@ -66,10 +68,10 @@ def test_a_lost_log_is_replaced_by_a_snapshot():
     kv.pool.kv_events = KVEventLog(max_events=2)
     kv.allocate_slots(_request("a", list(range(20))), 20)  # 5 stores into a log of 2
     events = kv.pool.take_kv_events()
-    assert events.events == [] and set(events.snapshot) == set(kv.pool.cached_block_hash_to_block)
+    assert events.events == [] and {h for h, _ in events.snapshot} == set(kv.pool.cached_block_hash_to_block)
     assert len(events.snapshot) == 5
     kv.allocate_slots(_request("b", list(range(50, 54))), 4)
-    assert kv.pool.take_kv_events().events == [(STORED, hash_full_blocks(ROOT, list(range(50, 54)), 4)[0])]
+    assert kv.pool.take_kv_events().events == [(STORED, hash_full_blocks(ROOT, list(range(50, 54)), 4)[0], DEVICE)]
 
 
 def test_prefix_caching_off_publishes_nothing():
