@@ -104,7 +104,8 @@ def _drive(target, requests, offsets: list[float], max_concurrency: int | None, 
     return records, duration
 
 
-def run_bench(cfg: BenchConfig, quiet: bool = False) -> BenchResult:
+def run_bench(cfg: BenchConfig, quiet: bool = False, requests: list | None = None) -> BenchResult:
+    """`requests`: BenchRequests to send instead of the dataset's (a benchmark's own trace)."""
     out = None if quiet else sys.stdout
     target = make_target(cfg.target)
     try:
@@ -118,7 +119,8 @@ def run_bench(cfg: BenchConfig, quiet: bool = False) -> BenchResult:
         if not vocab and cfg.dataset.name != "sharegpt":
             raise ValueError("the target does not report its vocabulary size: give --vocab-size or --tokenizer")
         dataset = replace(cfg.dataset, vocab_size=vocab) if vocab else cfg.dataset
-        requests = load_requests(dataset, tok.encode if tok is not None else None)
+        if requests is None:
+            requests = load_requests(dataset, tok.encode if tok is not None else None)
         offsets = schedule(cfg.arrivals, len(requests), [r.arrival_s for r in requests])
         spec_before = scrape_spec(cfg.worker_metrics) if cfg.worker_metrics else None
         records, duration = _drive(target, requests, offsets, cfg.arrivals.max_concurrency, cfg.progress)
