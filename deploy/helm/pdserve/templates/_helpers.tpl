@@ -97,13 +97,17 @@ kvstore.backend.mooncake.rdma.resources with the rdma protocol, else none (a YAM
 
 {{/* Environment of Mooncake's own programs (master, store nodes): glog to stderr, at
 logLevel, except that INFO shows WARNING and up (Mooncake logs every connection and
-segment at INFO; DEBUG shows all). */}}
+segment at INFO; DEBUG shows all). The transfer engine sets glog's level again from
+MC_LOG_LEVEL (INFO when unset), so both are set. */}}
 {{- define "pdserve.mooncakeEnv" -}}
-{{- $glog := dict "DEBUG" "0" "INFO" "1" "WARNING" "1" "ERROR" "2" "CRITICAL" "3" -}}
+{{- $glog := dict "DEBUG" "0" "INFO" "1" "WARNING" "1" "ERROR" "2" "CRITICAL" "2" -}}
+{{- $mc := dict "DEBUG" "INFO" "INFO" "WARNING" "WARNING" "WARNING" "ERROR" "ERROR" "CRITICAL" "ERROR" -}}
 - name: GLOG_logtostderr
   value: "1"
 - name: GLOG_minloglevel
   value: {{ index $glog .Values.logLevel | quote }}
+- name: MC_LOG_LEVEL
+  value: {{ index $mc .Values.logLevel | quote }}
 - name: HOME
   value: /tmp
 {{- end -}}

@@ -118,6 +118,12 @@ the rest (templates/mooncake.yaml). */}}
 {{- if lt $last (add $first 1) -}}
 {{- fail (printf "kvstore.backend.mooncake.store.transferPorts: first=%d, last=%d leaves fewer than 2 ports (each transfer engine listens on two)" $first $last) -}}
 {{- end -}}
+{{- /* Mooncake refuses a range that meets the kernel's ephemeral ports (Linux's default in a
+pod's network namespace: net.ipv4.ip_local_port_range 32768-60999) and falls back, with a
+warning, to 15000-17000, where the NetworkPolicy would not let the workers in */ -}}
+{{- if and (le $first 60999) (ge $last 32768) -}}
+{{- fail (printf "kvstore.backend.mooncake.store.transferPorts: %d-%d meets the ephemeral port range 32768-60999, which Mooncake refuses (it would listen on 15000-17000 instead, outside the NetworkPolicy); choose a range below 32768 or above 60999" $first $last) -}}
+{{- end -}}
 {{- range $name, $port := dict "kvstore.backend.mooncake.store.port" (int $store.port) "metricsPort" (int $v.metricsPort) -}}
 {{- if and (ge $port $first) (le $port $last) -}}
 {{- fail (printf "%s=%d is inside kvstore.backend.mooncake.store.transferPorts (%d-%d)" $name $port $first $last) -}}
