@@ -413,7 +413,8 @@ def _wait(what: str, check, procs, timeout_s: float = 45.0):
 
 
 def test_the_rendered_master_and_store_node_start_and_mount_the_segment(tmp_path):
-    """One host stands for two pods: the master's Service name and the store's pod IP become
+    """One host stands for two pods: the master's Service name becomes `localhost` (still a
+    name the store node must resolve, for the RPC and the metadata URL alike), the pod IP
     127.0.0.1, and the store node's metrics port (metricsPort in every pod) moves to a free
     one. Everything else is the rendered command line, env and probe path."""
     master_bin, client_bin = gflags.binary("mooncake_master"), gflags.binary("mooncake_client")
@@ -425,7 +426,7 @@ def test_the_rendered_master_and_store_node_start_and_mount_the_segment(tmp_path
         "store": {"nodes": 3, "segmentGiB": segment_gib, "port": client,
                   "transferPorts": {"first": first, "last": first + 15}}}}}})
     master_c, store_c = container(m.get("Deployment", MASTER)), container(m.get("Deployment", STORE))
-    store_args = [a.replace("$(POD_IP)", "127.0.0.1").replace(MASTER, "127.0.0.1") for a in store_c["args"]]
+    store_args = [a.replace("$(POD_IP)", "127.0.0.1").replace(MASTER, "localhost") for a in store_c["args"]]
     store_args = [f"--http_port={store_metrics}" if a.startswith("--http_port=") else a for a in store_args]
     procs = []
 
