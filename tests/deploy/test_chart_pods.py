@@ -8,6 +8,7 @@ import pytest
 
 from cli.main import build_parser
 from services.router.config import load_slo_classes
+from tests.deploy import gflags
 from tests.deploy.chart import (COMPONENTS, FULLNAME, VALUES, container, expand_env, port_number, render,
                                 values)
 
@@ -34,6 +35,20 @@ def test_command_lines_are_accepted_by_pdserve(name, component):
     args = parse(c)
     assert args.command == component
     assert args.host == "0.0.0.0"  # a pod serves on its pod IP, not loopback
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_container_is_accepted_by_its_program(name):
+    """Every container the release can run, whatever its program: pdserve's through its
+    parser, Mooncake's (kvstore.backend.type=mooncake) through the flags the installed
+    binary declares (tests/deploy/gflags.py). Only Redis's own image is not checked here."""
+    for pod_name, _, spec in render(name).pod_specs():
+        for c in spec["containers"]:
+            if "command" in c:
+                assert c["command"][0] in gflags.MOONCAKE_PROGRAMS, (pod_name, c["name"], c["command"])
+                gflags.parse(c["command"][0], expand_env(c["args"], c.get("env", [])))
+            elif c["args"][0] != "redis-server":  # the pdserve image's entrypoint
+                parse(c)
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -50,6 +50,84 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s-kvstore:%d" (include "pdserve.fullname" .) (int .Values.kvstore.port) -}}
 {{- end -}}
 
+{{/* How the workers move KV bytes (--kvstore-transport): over Mooncake's transfer engine
+with the mooncake backend, else kvstore.transport (grpc or ucx). */}}
+{{- define "pdserve.kvTransport" -}}
+{{- if eq .Values.kvstore.backend.type "mooncake" -}}mooncake{{- else -}}{{ .Values.kvstore.transport }}{{- end -}}
+{{- end -}}
+
+{{/* The Mooncake master's Service (and Deployment) name: the endpoint every Mooncake
+client is given. Short, so that a 50-character fullname still makes a valid Service name. */}}
+{{- define "pdserve.mooncakeMasterHost" -}}
+{{- printf "%s-mooncake" (include "pdserve.fullname" .) -}}
+{{- end -}}
+
+{{- define "pdserve.mooncakeMaster" -}}
+{{- printf "%s:%d" (include "pdserve.mooncakeMasterHost" .) (int .Values.kvstore.backend.mooncake.master.rpcPort) -}}
+{{- end -}}
+
+{{/* The transfer engine's metadata server: the master's HTTP one. */}}
+{{- define "pdserve.mooncakeMetadata" -}}
+{{- printf "http://%s:%d/metadata" (include "pdserve.mooncakeMasterHost" .) (int .Values.kvstore.backend.mooncake.master.metadataPort) -}}
+{{- end -}}
+
+{{/* Bytes of one store node's segment. */}}
+{{- define "pdserve.mooncakeSegmentBytes" -}}
+{{- mulf .Values.kvstore.backend.mooncake.store.segmentGiB 1073741824 | int64 -}}
+{{- end -}}
+
+{{/* The kvstore's --capacity-bytes with the mooncake backend: 0.85 (cli/mooncake_procs.py's
+INDEX_SHARE) of what the segments hold once each block has its copies, so the index evicts
+(and removes from Mooncake) before the master's own eviction watermark. */}}
+{{- define "pdserve.mooncakeIndexBytes" -}}
+{{- $m := .Values.kvstore.backend.mooncake -}}
+{{- divf (mulf (include "pdserve.mooncakeSegmentBytes" . | float64) (int $m.store.nodes) 0.85) (int $m.replicas) | int64 -}}
+{{- end -}}
+
+{{/* The RDMA device plugin's resources a Mooncake transfer engine's pod asks for: those of
+kvstore.backend.mooncake.rdma.resources with the rdma protocol, else none (a YAML map). */}}
+{{- define "pdserve.mooncakeRdmaResources" -}}
+{{- $m := .Values.kvstore.backend.mooncake -}}
+{{- if and (eq .Values.kvstore.backend.type "mooncake") (eq $m.protocol "rdma") -}}
+{{- toYaml $m.rdma.resources -}}
+{{- else -}}
+{}
+{{- end -}}
+{{- end -}}
+
+{{/* Environment of Mooncake's own programs (master, store nodes): glog to stderr, at
+logLevel, except that INFO shows WARNING and up (Mooncake logs every connection and
+segment at INFO; DEBUG shows all). The transfer engine sets glog's level again from
+MC_LOG_LEVEL (INFO when unset), so both are set. */}}
+{{- define "pdserve.mooncakeEnv" -}}
+{{- $glog := dict "DEBUG" "0" "INFO" "1" "WARNING" "1" "ERROR" "2" "CRITICAL" "2" -}}
+{{- $mc := dict "DEBUG" "INFO" "INFO" "WARNING" "WARNING" "WARNING" "ERROR" "ERROR" "CRITICAL" "ERROR" -}}
+- name: GLOG_logtostderr
+  value: "1"
+- name: GLOG_minloglevel
+  value: {{ index $glog .Values.logLevel | quote }}
+- name: MC_LOG_LEVEL
+  value: {{ index $mc .Values.logLevel | quote }}
+- name: HOME
+  value: /tmp
+{{- end -}}
+
+{{/* A Kubernetes quantity ("17Gi", "18253611008", "500M") in bytes, as a float; "" when it
+is not one. (dict "value" .) */}}
+{{- define "pdserve.quantityBytes" -}}
+{{- $v := .value -}}
+{{- if or (kindIs "float64" $v) (kindIs "int64" $v) (kindIs "int" $v) -}}
+{{- $v | float64 -}}
+{{- else if kindIs "string" $v -}}
+{{- $num := regexFind "^[0-9]+(\\.[0-9]+)?" $v -}}
+{{- $units := dict "" 1.0 "m" 0.001 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
+{{- $unit := trimPrefix $num $v -}}
+{{- if and $num (hasKey $units $unit) -}}
+{{- mulf ($num | float64) (index $units $unit) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The engine settings of a pool: the global engine with the pool's overrides. */}}
 {{- define "pdserve.engine" -}}
 {{- toYaml (merge (deepCopy .pool.engine) .root.Values.engine) -}}
@@ -72,7 +150,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - --port={{ .pool.port }}
 - --metrics-port={{ $root.Values.metricsPort }}
 - --kvstore={{ include "pdserve.kvstoreAddress" $root }}
-- --kvstore-transport={{ $root.Values.kvstore.transport }}
+- --kvstore-transport={{ include "pdserve.kvTransport" $root }}
 - --drain-timeout-s={{ .pool.drainTimeoutSeconds }}
 - --device={{ $e.device }}
 - --dtype={{ $e.dtype }}

@@ -60,6 +60,10 @@ spec:
             {{- if gt $gpus 0 }}
             {{- $_ := set $resources "limits" (merge (dict "nvidia.com/gpu" $gpus) (default (dict) $resources.limits)) }}
             {{- end }}
+            {{- /* the mooncake backend over RDMA: the device plugin's resources (mooncake.yaml's store nodes ask too) */}}
+            {{- with include "pdserve.mooncakeRdmaResources" $root | fromYaml }}
+            {{- $_ := set $resources "limits" (merge (deepCopy .) (default (dict) $resources.limits)) }}
+            {{- end }}
             {{- toYaml $resources | nindent 12 }}
           securityContext:
             {{- toYaml $root.Values.containerSecurityContext | nindent 12 }}
