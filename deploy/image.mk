@@ -54,7 +54,7 @@ $(WHEELS)/.complete: pyproject.toml constraints.txt | image-base
 	      | tar -C /tmp/src -xf -; \
 	    $$pip download --quiet --no-deps -d /wheels $(if $(FIND_LINKS),--no-index,--index-url $(TORCH_INDEX_URL)) \
 	      "torch==$$(sed -n "s/^torch==//p" constraints.txt)"; \
-	    $$pip download --quiet -c constraints.txt -d /wheels /tmp/src setuptools; \
+	    $$pip download --quiet -c constraints.txt -d /wheels "/tmp/src[mooncake-cpu]" setuptools; \
 	    $$pip download --quiet --no-deps -d /wheels $(SMOLLM2); \
 	    rm -f /wheels/pdserve-*'
 	touch $@

