@@ -1,6 +1,9 @@
-"""The router's KV index (tiers kept apart) and the KV-aware placement policy: pure
-functions over views; and the pool reserving only what the chosen worker will compute."""
+"""The router's KV index and the KV-aware placement policy: pure functions over views,
+tiers scored apart (device over host over store); and the pool reserving only what the
+chosen worker will compute."""
 from __future__ import annotations
+
+import pytest
 
 from engine.core.block_hash import hash_full_blocks, model_fingerprint
 from services.pb import common_pb2
@@ -8,8 +11,8 @@ from services.router.config import SaturationConfig
 from services.router.core.admission import AdmissionGate
 from services.router.core.cancel import Cancellation
 from services.router.core.pools import Need, Pool
-from services.router.decide.policy import (KV_HIT, KV_LOAD, LEAST_LOADED, CountedPolicy, KVAwarePlacement, MostRoomDecode,
-                                           decode_load_tokens, kv_saved_tokens, prefill_load_tokens)
+from services.router.decide.policy import (KV_HIT, KV_HOST_HIT, KV_LOAD, LEAST_LOADED, CountedPolicy, KVAwarePlacement,
+                                           MostRoomDecode, decode_load_tokens, kv_saved_tokens, prefill_load_tokens)
 from services.router.decide.saturation import SaturationPolicy
 from services.router.decide.views import PrefixMatch
 from services.router.decide.views import WorkerView
@@ -122,8 +125,10 @@ def _w(address: str, **load) -> WorkerView:
     return WorkerView(address, up=True, **load)
 
 
-def _policy(local: dict[str, int], store: int = 0, weight: float = 0.5):
-    return KVAwarePlacement(lambda addresses, ids: PrefixMatch(local, store), prefill_load_tokens, weight)
+def _policy(local: dict[str, int], store: int = 0, weight: float = 0.5, host: dict[str, int] | None = None,
+            host_weight: float = 0.8):
+    return KVAwarePlacement(lambda addresses, ids: PrefixMatch(local, store, host or {}), prefill_load_tokens,
+                            weight, host_weight)
 
 
 def test_kv_policy_prefers_the_longest_prefix_until_load_outweighs_it():
@@ -192,3 +197,60 @@ def test_the_pool_counts_only_the_tokens_a_worker_will_compute():
     finally:
         registry.close()
 
+
+def test_equal_loads_choose_device_over_host_over_store():
+    workers = [_w("c"), _w("b"), _w("a")]
+    device_vs_host = _policy({"a": 64}, store=64, host={"b": 64})
+    placed = device_vs_host.place(workers, PROMPT)
+    assert (placed.worker.address, placed.reason, placed.num_cached_tokens) == ("a", KV_HIT, 64)
+    host_vs_store = _policy({}, store=64, host={"b": 64})  # c could import all 64 from the store
+    placed = host_vs_store.place(workers, PROMPT)
+    assert (placed.worker.address, placed.reason, placed.num_cached_tokens) == ("b", KV_HOST_HIT, 51)
+    store_only = _policy({}, store=64)
+    assert store_only.place(workers, PROMPT).reason == LEAST_LOADED  # the same to everyone: the first listed
+    assert store_only.place(workers, PROMPT).worker.address == "c"
+
+
+def test_a_loaded_device_hit_loses_to_an_idle_host_hit_when_the_saved_tokens_say_so():
+    # a saves 1000 of prompt tokens, b 0.8 * 1000 = 800: the difference is worth 200 tokens of load
+    policy = _policy({"a": 1000}, host={"b": 1000})
+    busy = [_w("a", num_queued_prefill_tokens=300), _w("b")]  # 700 vs 800
+    placed = policy.place(busy, PROMPT)
+    assert (placed.worker.address, placed.reason, placed.num_cached_tokens) == ("b", KV_LOAD, 800)
+    light = [_w("a", num_queued_prefill_tokens=100), _w("b")]  # 900 vs 800
+    assert (policy.place(light, PROMPT).worker.address, policy.place(light, PROMPT).reason) == ("a", KV_HIT)
+
+
+def test_saved_tokens_weigh_each_tier():
+    # device 32, then host 32 at 0.8, then the store's 96 - 64 beyond them at 0.5
+    assert kv_saved_tokens(32, 96, 0.5, host_tokens=32, host_weight=0.8) == 32 + 25.6 + 16
+    assert kv_saved_tokens(32, 48, 0.5, host_tokens=32, host_weight=0.8) == 32 + 25.6  # the store holds less
+    assert kv_saved_tokens(32, 96, 0.5) == 32 + 32  # no host tier: as before tiers
+
+
+def test_tier_weights_are_configured_and_refused_out_of_range():
+    from services.router.config import RouterConfig
+    from services.router.decide.config import RoutingConfig
+    from services.router.decide.placement import placement_policies
+    from services.router.decide.views import NoPrefixes
+    cfg = RoutingConfig(kv_host_weight=0.9, kv_store_weight=0.25)
+    policy = placement_policies(cfg, NoPrefixes(), colocated=False, count=lambda pool, reason: None)[PREFILL].policy
+    assert (policy.host_weight, policy.store_weight) == (0.9, 0.25)
+    for bad, field in ((dict(kv_host_weight=1.5), "kv_host_weight"), (dict(kv_host_weight=0.4), "kv_host_weight"),
+                       (dict(kv_store_weight=0.9, kv_host_weight=0.8), "kv_host_weight"),
+                       (dict(kv_store_weight=-0.1), "kv_store_weight")):
+        with pytest.raises(ValueError, match=f"^{field}: "):
+            RouterConfig(**bad)
+
+
+def test_tier_weights_are_router_flags():
+    import argparse
+
+    from services.router import main as router_main
+    parser = argparse.ArgumentParser()
+    router_main.add_arguments(parser)
+    cfg = router_main.config_from_args(parser.parse_args(["--decode", "a:1", "--kv-host-weight", "0.6",
+                                                          "--kv-store-weight", "0.2"]))
+    assert (cfg.kv_host_weight, cfg.kv_store_weight) == (0.6, 0.2)
+    with pytest.raises(ValueError, match="^kv_host_weight: "):
+        router_main.config_from_args(parser.parse_args(["--decode", "a:1", "--kv-host-weight", "0.3"]))
