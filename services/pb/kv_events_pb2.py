@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apdserve/v1/kv_events.proto\x12\npdserve.v1\"\x1a\n\x18SubscribeKVEventsRequest\"~\n\x07KVEvent\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.pdserve.v1.KVEvent.Kind\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\"5\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\n\n\x06STORED\x10\x01\x12\x0b\n\x07REMOVED\x10\x02\"\x8c\x01\n\x0cKVEventBatch\x12\x11\n\tsource_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x10\n\x08snapshot\x18\x03 \x01(\x08\x12#\n\x06\x65vents\x18\x04 \x03(\x0b\x32\x13.pdserve.v1.KVEvent\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x11\n\troot_hash\x18\x06 \x01(\x0c\x32Y\n\x08KVEvents\x12M\n\tSubscribe\x12$.pdserve.v1.SubscribeKVEventsRequest\x1a\x18.pdserve.v1.KVEventBatch0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apdserve/v1/kv_events.proto\x12\npdserve.v1\"C\n\x18SubscribeKVEventsRequest\x12\'\n\x05tiers\x18\x01 \x03(\x0e\x32\x18.pdserve.v1.KVEvent.Tier\"\xc4\x01\n\x07KVEvent\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.pdserve.v1.KVEvent.Kind\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\x12&\n\x04tier\x18\x03 \x01(\x0e\x32\x18.pdserve.v1.KVEvent.Tier\"5\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\n\n\x06STORED\x10\x01\x12\x0b\n\x07REMOVED\x10\x02\"\x1c\n\x04Tier\x12\n\n\x06\x44\x45VICE\x10\x00\x12\x08\n\x04HOST\x10\x01\"\x8c\x01\n\x0cKVEventBatch\x12\x11\n\tsource_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x10\n\x08snapshot\x18\x03 \x01(\x08\x12#\n\x06\x65vents\x18\x04 \x03(\x0b\x32\x13.pdserve.v1.KVEvent\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x11\n\troot_hash\x18\x06 \x01(\x0c\x32Y\n\x08KVEvents\x12M\n\tSubscribe\x12$.pdserve.v1.SubscribeKVEventsRequest\x1a\x18.pdserve.v1.KVEventBatch0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,13 +32,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.kv_events_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_start=42
-  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_end=68
-  _globals['_KVEVENT']._serialized_start=70
-  _globals['_KVEVENT']._serialized_end=196
-  _globals['_KVEVENT_KIND']._serialized_start=143
-  _globals['_KVEVENT_KIND']._serialized_end=196
-  _globals['_KVEVENTBATCH']._serialized_start=199
-  _globals['_KVEVENTBATCH']._serialized_end=339
-  _globals['_KVEVENTS']._serialized_start=341
-  _globals['_KVEVENTS']._serialized_end=430
+  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_end=109
+  _globals['_KVEVENT']._serialized_start=112
+  _globals['_KVEVENT']._serialized_end=308
+  _globals['_KVEVENT_KIND']._serialized_start=225
+  _globals['_KVEVENT_KIND']._serialized_end=278
+  _globals['_KVEVENT_TIER']._serialized_start=280
+  _globals['_KVEVENT_TIER']._serialized_end=308
+  _globals['_KVEVENTBATCH']._serialized_start=311
+  _globals['_KVEVENTBATCH']._serialized_end=451
+  _globals['_KVEVENTS']._serialized_start=453
+  _globals['_KVEVENTS']._serialized_end=542
 # @@protoc_insertion_point(module_scope)

@@ -8,11 +8,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubscribeKVEventsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("tiers",)
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    tiers: _containers.RepeatedScalarFieldContainer[KVEvent.Tier]
+    def __init__(self, tiers: _Optional[_Iterable[_Union[KVEvent.Tier, str]]] = ...) -> None: ...
 
 class KVEvent(_message.Message):
-    __slots__ = ("kind", "block_hashes")
+    __slots__ = ("kind", "block_hashes", "tier")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[KVEvent.Kind]
@@ -21,11 +23,19 @@ class KVEvent(_message.Message):
     KIND_UNSPECIFIED: KVEvent.Kind
     STORED: KVEvent.Kind
     REMOVED: KVEvent.Kind
+    class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        DEVICE: _ClassVar[KVEvent.Tier]
+        HOST: _ClassVar[KVEvent.Tier]
+    DEVICE: KVEvent.Tier
+    HOST: KVEvent.Tier
     KIND_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     kind: KVEvent.Kind
     block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, kind: _Optional[_Union[KVEvent.Kind, str]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    tier: KVEvent.Tier
+    def __init__(self, kind: _Optional[_Union[KVEvent.Kind, str]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., tier: _Optional[_Union[KVEvent.Tier, str]] = ...) -> None: ...
 
 class KVEventBatch(_message.Message):
     __slots__ = ("source_id", "seq", "snapshot", "events", "block_size", "root_hash")

@@ -36,6 +36,13 @@ class KVEventsStub:
     later batches carry the changes in order. A subscriber that sees a gap in `seq`, or a
     new `source_id` (the source restarted), resubscribes. A source may send a snapshot at
     any time (it lost track of its own changes, or the subscriber fell behind).
+
+    Each event names the tier its blocks are in. A worker holds blocks in its device KV
+    cache (free to reuse) and, with host-memory offload, in host memory (a copy back before
+    reuse); a router scores the two apart (services/router/decide/policy.py). The kvstore
+    reports its blocks in the default tier: a source's own tier, which is the store to a
+    router. A subscriber names the tiers it understands; a publisher sends only those, so a
+    subscriber from before tiers (it names none) sees the device tier alone, as it always did.
     """
 
     def __init__(self, channel):
@@ -62,6 +69,13 @@ class KVEventsServicer:
     later batches carry the changes in order. A subscriber that sees a gap in `seq`, or a
     new `source_id` (the source restarted), resubscribes. A source may send a snapshot at
     any time (it lost track of its own changes, or the subscriber fell behind).
+
+    Each event names the tier its blocks are in. A worker holds blocks in its device KV
+    cache (free to reuse) and, with host-memory offload, in host memory (a copy back before
+    reuse); a router scores the two apart (services/router/decide/policy.py). The kvstore
+    reports its blocks in the default tier: a source's own tier, which is the store to a
+    router. A subscriber names the tiers it understands; a publisher sends only those, so a
+    subscriber from before tiers (it names none) sees the device tier alone, as it always did.
     """
 
     def Subscribe(self, request, context):
@@ -97,6 +111,13 @@ class KVEvents:
     later batches carry the changes in order. A subscriber that sees a gap in `seq`, or a
     new `source_id` (the source restarted), resubscribes. A source may send a snapshot at
     any time (it lost track of its own changes, or the subscriber fell behind).
+
+    Each event names the tier its blocks are in. A worker holds blocks in its device KV
+    cache (free to reuse) and, with host-memory offload, in host memory (a copy back before
+    reuse); a router scores the two apart (services/router/decide/policy.py). The kvstore
+    reports its blocks in the default tier: a source's own tier, which is the store to a
+    router. A subscriber names the tiers it understands; a publisher sends only those, so a
+    subscriber from before tiers (it names none) sees the device tier alone, as it always did.
     """
 
     @staticmethod

@@ -55,7 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "'least_loaded'")
     parser.add_argument("--kv-store-weight", type=float, default=RouterConfig.kv_store_weight,
                         help="kv placement: what a prompt token the worker could import from the kvstore is "
-                             "worth, against one in its own prefix cache (0..1)")
+                             "worth, against one in its device prefix cache (0..1, at most --kv-host-weight)")
+    parser.add_argument("--kv-host-weight", type=float, default=RouterConfig.kv_host_weight,
+                        help="kv placement: what a prompt token in the worker's host memory (a copy back) is "
+                             "worth, against one in its device prefix cache (--kv-store-weight..1)")
     parser.add_argument("--slo-config", default=None,
                         help='JSON file of SLO classes: {"interactive": {"ttft_ms": .., "itl_ms": .., '
                              '"priority": 0, "max_queue_ms": ..}, ...} (default: interactive and batch)')
@@ -126,7 +129,8 @@ def config_from_args(args) -> RouterConfig:
         short_prompt_tokens=args.short_prompt_tokens, slo_classes=slo_classes, default_slo_class=default_class,
         max_model_len=args.max_model_len, host=args.host, port=args.port, metrics_port=args.metrics_port,
         poll_interval_s=args.poll_interval_s, retry_after_ms=args.retry_after_ms, placement=args.placement,
-        kv_store_weight=args.kv_store_weight, public=security.public_security_from_args(args),
+        kv_store_weight=args.kv_store_weight, kv_host_weight=args.kv_host_weight,
+        public=security.public_security_from_args(args),
         internal=internal_client_security(args), max_request_bytes=args.max_request_bytes,
         grammar_compile_timeout_s=args.grammar_compile_timeout_s,
         saturation=SaturationConfig(max_waiting=args.max_worker_waiting,

@@ -8,6 +8,7 @@ from services.router.state.discovery import POOLS
 from services.router.state.kv_index import KVIndex
 from services.router.state.workers import WorkerRegistry
 
+STORE_TIER = "store"  # router_kv_index_blocks' tier for the kvstore's blocks
 NO_CLASS = "none"  # requests refused before their class was known (no unbounded label values)
 
 
@@ -25,8 +26,9 @@ class RouterMetrics:
                                ("path", "reason"))
         self.placements = m.counter("router_placement_total", "Worker choices by pool and why (placement.py)",
                                     ("pool", "reason"))
-        self.kv_index_blocks = m.gauge("router_kv_index_blocks", "Blocks the KV index knows each source to hold",
-                                       ("source",))
+        self.kv_index_blocks = m.gauge("router_kv_index_blocks",
+                                       "Blocks the KV index knows each source to hold, by tier "
+                                       "(device or host for a worker, store for the kvstore)", ("source", "tier"))
         self.prefill_fallbacks = m.counter("router_prefill_fallbacks_total",
                                            "Long prompts prefilled by a decode worker: no prefill worker reachable")
         self.migrations = m.counter("router_migrations_total",
@@ -57,10 +59,13 @@ class RouterMetrics:
         if seconds * 1000 > self._slo[slo_class].itl_ms:
             self.slo_violations.labels(slo_class, "itl").inc()
 
-    def update_kv_index(self, index: KVIndex) -> None:
+    def update_kv_index(self, index: KVIndex, kvstore_address: str = "") -> None:
         self.kv_index_blocks.clear()  # sources that left drop their series
-        for source, num_blocks in index.num_blocks().items():
-            self.kv_index_blocks.labels(source).set(num_blocks)
+        for source, by_tier in index.num_blocks_by_tier().items():
+            if source == kvstore_address:  # its own tier is the store to the router
+                by_tier = {STORE_TIER: sum(by_tier.values())}
+            for tier, num_blocks in by_tier.items():
+                self.kv_index_blocks.labels(source, tier).set(num_blocks)
 
     def update_workers(self, registry: WorkerRegistry) -> None:
         for pool in POOLS:

@@ -171,7 +171,7 @@ def _watch_workers(cfg: RouterConfig, discovery: Discovery | None, gates: dict[s
         metrics.update_workers(registry)
         readiness.update()
         kv_sources.sync()  # follow the workers discovery found (and the kvstore)
-        metrics.update_kv_index(kv_index)
+        metrics.update_kv_index(kv_index, cfg.kvstore_address)
     poller = LoadPoller(registry, cfg.poll_interval_s, cfg.poll_timeout_s, after_round=after_round)
     poller.poll_once()
     poller.start()

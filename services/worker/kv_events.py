@@ -1,13 +1,16 @@
 """A worker's prefix cache as KVEvents: the engine loop drains the engine's events after
 each step (engine/core/kv_events.py) and hands them here; routers subscribe over gRPC
-(services/common/kv_events.py)."""
+(services/common/kv_events.py). Each event keeps its engine tier: DEVICE (the KV cache
+the model reads) or HOST (host memory, blocks the device evicted), which a router scores
+apart (a host hit costs a copy back)."""
 from __future__ import annotations
 
 from engine.core.kv_events import KVEventKind, KVEvents, KVTier
 from engine.info import EngineInfo
-from services.common.kv_events import REMOVED, STORED, KVEventPublisher
+from services.common.kv_events import DEVICE, HOST, REMOVED, STORED, KVEventPublisher
 
 _KINDS = {KVEventKind.STORED: STORED, KVEventKind.REMOVED: REMOVED}
+_TIERS = {KVTier.DEVICE: DEVICE, KVTier.HOST: HOST}
 
 
 class WorkerKVEvents:
@@ -18,11 +21,10 @@ class WorkerKVEvents:
         self.publisher = KVEventPublisher(info.block_size, info.root_hash)
 
     def on_events(self, events: KVEvents) -> None:
-        # the device tier only, until the router's index scores tiers apart
         if events.snapshot is not None:
-            self.publisher.replace(h for h, tier in events.snapshot if tier is KVTier.DEVICE)
-        self.publisher.publish((_KINDS[kind], block_hash) for kind, block_hash, tier in events.events
-                               if tier is KVTier.DEVICE)
+            self.publisher.replace((block_hash, _TIERS[tier]) for block_hash, tier in events.snapshot)
+        self.publisher.publish_tiered((_KINDS[kind], block_hash, _TIERS[tier])
+                                      for kind, block_hash, tier in events.events)
 
     def close(self) -> None:
         self.publisher.close()

@@ -50,7 +50,8 @@ def test_follow_up_goes_to_the_worker_holding_its_prefix(tiny, tiny_llama_dir):
         assert first.loop.stats.num_prefix_queried_tokens == 0  # never asked
         value = router.metrics.metrics.value
         assert value("router_placement_total", {"pool": "prefill", "reason": "kv_hit"}) == 1
-        _wait_for(lambda: value("router_kv_index_blocks", {"source": second.address}) >= 10)  # each poll round
+        device_blocks = {"source": second.address, "tier": "device"}
+        _wait_for(lambda: value("router_kv_index_blocks", device_blocks) >= 10)  # each poll round
     finally:
         c.stop()
 

@@ -89,7 +89,9 @@ class RoutingConfig:
     # how a pool's worker is chosen (placement.py): "kv" by the prefix each worker holds (its
     # KV events) minus its load; "affinity" by the first block's hash; "least_loaded"
     placement: str = "kv"
-    kv_store_weight: float = 0.5           # a kvstore-held prompt token counts this much of a local one
+    # what a prompt token a worker need not compute is worth, against one in its device cache:
+    kv_host_weight: float = 0.8            # in its host memory (a copy back; llm-d's CPU tier weighs 0.8)
+    kv_store_weight: float = 0.5           # in the kvstore (a transfer): at most kv_host_weight
 
     def __post_init__(self) -> None:
         if self.default_slo_class not in self.slo_classes:
@@ -103,3 +105,6 @@ class RoutingConfig:
             raise ValueError(f"placement: {self.placement!r} is not one of {', '.join(PLACEMENTS)}")
         if not 0 <= self.kv_store_weight <= 1:
             raise ValueError(f"kv_store_weight: must be within [0, 1], got {self.kv_store_weight}")
+        if not self.kv_store_weight <= self.kv_host_weight <= 1:  # device >= host >= store
+            raise ValueError(f"kv_host_weight: must be within [kv_store_weight ({self.kv_store_weight}), 1], "
+                             f"got {self.kv_host_weight}")

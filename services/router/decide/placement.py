@@ -34,7 +34,7 @@ def _policy(cfg: RoutingConfig, index: PrefixIndex, load, least_loaded: WorkerPo
     if cfg.placement == "kv":
         def match(addresses, token_ids):
             return index.match(addresses, token_ids, store=cfg.kvstore_address)
-        return KVAwarePlacement(match, load, cfg.kv_store_weight)
+        return KVAwarePlacement(match, load, cfg.kv_store_weight, cfg.kv_host_weight)
     if cfg.placement == "affinity":
         return PrefixAffinityPrefill(cfg.affinity_max_extra_tokens, cfg.affinity_prefix_tokens)
     return least_loaded

@@ -20,6 +20,7 @@ MOST_ROOM = "most_room"              # MostRoomDecode's room score
 AFFINITY = "affinity"                # the prompt's first-block affinity worker
 AFFINITY_OVERLOAD = "affinity_overload"  # its affinity worker was too loaded: the least loaded instead
 KV_HIT = "kv_hit"                    # it holds the most of the prompt's prefix (more than another candidate)
+KV_HOST_HIT = "kv_host_hit"          # as kv_hit, and part of what it holds is in host memory (a copy back)
 KV_LOAD = "kv_load_over_hit"         # another candidate held more of the prefix but was more loaded
 
 
@@ -156,24 +157,29 @@ class KVAwarePlacement(WorkerPolicy):
     KV index (state/kv_index.py) says each candidate holds of the prompt's prefix:
 
         score(w) = saved_tokens(w) - load_tokens(w)
-        saved_tokens(w) = local(w) + store_weight * max(0, store - local(w))
+        saved_tokens(w) = device(w) + host_weight * host(w)
+                          + store_weight * max(0, store - device(w) - host(w))
 
-    `local(w)`: prompt tokens in w's own prefix cache (leading blocks, by hash);
-    `store`: those in the kvstore, which every worker can import, at a transfer's cost
-    (hence `store_weight` < 1, and the same for every candidate). `load_tokens` is the
-    prefill work ahead of the request (prefill_load_tokens / decode_load_tokens): a
-    worker's prompt tokens to compute before this one's, and what a saved token is worth,
-    are both prefill tokens, so the difference estimates the wait. The best score wins;
-    ties go to the least loaded, then to the first listed.
+    `device(w)`: prompt tokens in w's device prefix cache (leading blocks, by hash), free
+    to reuse; `host(w)`: the run right after them in w's host memory, reused after a copy
+    back (hence `host_weight` < 1); `store`: those in the kvstore, which every worker can
+    import, at a transfer's cost (hence `store_weight` <= `host_weight`, and the same for
+    every candidate). `load_tokens` is the prefill work ahead of the request
+    (prefill_load_tokens / decode_load_tokens): a worker's prompt tokens to compute before
+    this one's, and what a saved token is worth, are both prefill tokens, so the difference
+    estimates the wait. The best score wins; ties go to the least loaded, then to the
+    first listed.
 
         prompt      [ system | turn 1 | answer 1 | turn 2 ]
-        worker A      ████████████████████████             local 1500, load 300  -> +1200
-        worker B      ████████                             local  400, load   0  ->  +400
+        worker A      ████████████████████████             device 1500, load 300  -> +1200
+        worker B      ████████░░░░░░░░░░░░░░░░             device 400 + 0.8 * host 1100,
+                      (█ device, ░ host memory)            load 0                 -> +1280
     """
 
     def __init__(self, match: Callable[[Sequence[str], Sequence[int]], PrefixMatch],
-                 load: Callable[[WorkerView], float], store_weight: float = 0.5):
-        self.match, self.load, self.store_weight = match, load, store_weight
+                 load: Callable[[WorkerView], float], store_weight: float = 0.5, host_weight: float = 0.8):
+        self.match, self.load = match, load
+        self.store_weight, self.host_weight = store_weight, host_weight
 
     def choose(self, candidates, prompt_token_ids):
         placement = self.place(candidates, prompt_token_ids)
@@ -183,23 +189,29 @@ class KVAwarePlacement(WorkerPolicy):
         if not candidates:
             return None
         found = self.match([w.address for w in candidates], prompt_token_ids)
-        saved = [kv_saved_tokens(found.local_tokens.get(w.address, 0), found.store_tokens, self.store_weight)
-                 for w in candidates]
+        saved = [self._saved(found, w.address) for w in candidates]
         loads = [self.load(w) for w in candidates]
         best = max(range(len(candidates)), key=lambda i: (saved[i] - loads[i], -loads[i]))
         if saved[best] < max(saved):
             reason = KV_LOAD
         elif saved[best] > min(saved):
-            reason = KV_HIT
+            reason = KV_HOST_HIT if found.host_tokens.get(candidates[best].address, 0) else KV_HIT
         else:
             reason = LEAST_LOADED
         return Placement(candidates[best], reason, int(saved[best]))
 
+    def _saved(self, found: PrefixMatch, address: str) -> float:
+        return kv_saved_tokens(found.local_tokens.get(address, 0), found.store_tokens, self.store_weight,
+                               host_tokens=found.host_tokens.get(address, 0), host_weight=self.host_weight)
 
-def kv_saved_tokens(local_tokens: int, store_tokens: int, store_weight: float) -> float:
-    """Prompt tokens a worker need not compute: its own cache's, plus (worth less: they
-    travel) the kvstore's beyond them."""
-    return local_tokens + store_weight * max(0, store_tokens - local_tokens)
+
+def kv_saved_tokens(local_tokens: int, store_tokens: int, store_weight: float, *,
+                    host_tokens: int = 0, host_weight: float = 0.8) -> float:
+    """Prompt tokens a worker need not compute: its device cache's, then (worth less: a copy
+    back) its host memory's after them, then (worth least: they travel) the kvstore's
+    beyond both."""
+    held = local_tokens + host_tokens
+    return local_tokens + host_weight * host_tokens + store_weight * max(0, store_tokens - held)
 
 
 def prefill_load_tokens(w: WorkerView) -> float:

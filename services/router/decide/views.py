@@ -34,9 +34,17 @@ class WorkerView:
 
 @dataclass(frozen=True)
 class PrefixMatch:
-    """What each candidate could reuse of one prompt, in tokens."""
-    local_tokens: dict[str, int] = field(default_factory=dict)  # by worker address: its own prefix cache
+    """What each candidate could reuse of one prompt, in tokens, by tier:
+
+        prompt      [ b0 | b1 | b2 | b3 | b4 | b5 | t ]
+        worker w      device    | host    |                local_tokens[w], then host_tokens[w]
+        kvstore       store                   |            store_tokens (from b0, for any worker)
+    """
+    local_tokens: dict[str, int] = field(default_factory=dict)  # by worker address: its device prefix cache
     store_tokens: int = 0                                        # the kvstore: any worker can import these
+    # by worker address: in its host memory, the run right after its device run (a copy back);
+    # absent: none (an index without tiers, the simulator's)
+    host_tokens: dict[str, int] = field(default_factory=dict)
 
 
 class PrefixIndex(ABC):

@@ -9,11 +9,22 @@ leading block hashes it holds:
     worker A     h0   h1   h2   -                -> 3 blocks, 48 tokens
     worker B     h0   -    h2                    -> 1 block (h2 without h1 is another prompt's)
 
-The last prompt token is always computed (its logits give the first token), so a prompt
-of exactly n full blocks can reuse at most n - 1 of them, as in the engine.
+A worker holds blocks in tiers, each kept apart here: DEVICE (its KV cache) and HOST
+(host memory the device evicted to). Its engine reuses the device run, then copies back
+the host run that continues it, then computes the rest; so does the match:
 
-Memory is bounded per source: past `max_blocks_per_source` the oldest entries go (a
-source never holds more than its cache, so only a misbehaving one reaches it).
+    prompt     [ b0 | b1 | b2 | b3 | b4 | t ]
+    worker C     D    D    H    H    -          -> device 2 blocks, host 2 blocks after them
+    worker D     H    D    D                    -> device 0, host 1 (b1, b2 on device are
+                                                   past a block the host run does not hold)
+
+The kvstore's blocks are all in its own (default) tier; its run counts from b0, whatever
+the workers hold. The last prompt token is always computed (its logits give the first
+token), so a prompt of exactly n full blocks can reuse at most n - 1 of them, as in the
+engine.
+
+Memory is bounded per source and tier: past `max_blocks_per_source` the oldest entries go
+(a source never holds more than its cache, so only a misbehaving one reaches it).
 """
 from __future__ import annotations
 
@@ -26,6 +37,10 @@ from engine.core.block_hash import hash_full_blocks
 from services.router.decide.views import PrefixIndex, PrefixMatch
 
 STORED, REMOVED = "stored", "removed"
+DEVICE, HOST = "device", "host"  # a worker's tiers; the kvstore reports its blocks as DEVICE (its own)
+
+# (STORED or REMOVED, block hashes, tier): what the streams say, in order
+IndexEvent = tuple[str, Sequence[bytes], str]
 
 
 @dataclass(frozen=True)
@@ -43,7 +58,23 @@ class BlockNaming:
 class _Source:
     def __init__(self, naming: BlockNaming | None):
         self.naming = naming
-        self.hashes: dict[bytes, None] = {}  # an insertion-ordered set: the oldest go first past the bound
+        # by tier, an insertion-ordered set each: the oldest go first past the bound
+        self.tiers: dict[str, dict[bytes, None]] = {}
+
+    def leading(self, hashes: Sequence[bytes], tier: str, start: int = 0) -> int:
+        """How many of `hashes` from `start` on this tier holds, in a run."""
+        held = self.tiers.get(tier, {})
+        n = start
+        while n < len(hashes) and hashes[n] in held:
+            n += 1
+        return n - start
+
+    def leading_any(self, hashes: Sequence[bytes]) -> int:
+        """The run from the first hash held in any tier (the kvstore's)."""
+        n = 0
+        while n < len(hashes) and any(hashes[n] in held for held in self.tiers.values()):
+            n += 1
+        return n
 
 
 class KVIndex(PrefixIndex):
@@ -55,25 +86,19 @@ class KVIndex(PrefixIndex):
         self._sources: dict[str, _Source] = {}
 
     # ---- what the streams say --------------------------------------------------------
-    def reset(self, source: str, naming: BlockNaming | None, block_hashes: Iterable[bytes] = ()) -> None:
-        """A snapshot: `source` holds exactly these blocks."""
+    def reset(self, source: str, naming: BlockNaming | None, held: Iterable[IndexEvent] = ()) -> None:
+        """A snapshot: `source` holds exactly what `held` (STORED events, a tier each) stores."""
         entry = _Source(naming)
-        self._add(entry, block_hashes)
+        self._apply(entry, held)
         with self._lock:
             self._sources[source] = entry
 
-    def apply(self, source: str, events: Iterable[tuple[str, Sequence[bytes]]]) -> None:
-        """(STORED or REMOVED, hashes) in order; ignored for a source without a snapshot."""
+    def apply(self, source: str, events: Iterable[IndexEvent]) -> None:
+        """(STORED or REMOVED, hashes, tier) in order; ignored for a source without a snapshot."""
         with self._lock:
             entry = self._sources.get(source)
-            if entry is None:
-                return
-            for kind, block_hashes in events:
-                if kind == STORED:
-                    self._add(entry, block_hashes)
-                else:
-                    for h in block_hashes:
-                        entry.hashes.pop(h, None)
+            if entry is not None:
+                self._apply(entry, events)
 
     def drop(self, source: str) -> None:
         """The source's stream ended: what it holds is unknown until it is back."""
@@ -81,39 +106,51 @@ class KVIndex(PrefixIndex):
             self._sources.pop(source, None)
 
     def num_blocks(self) -> dict[str, int]:
+        """Blocks held by source, all tiers together."""
+        return {source: sum(by_tier.values()) for source, by_tier in self.num_blocks_by_tier().items()}
+
+    def num_blocks_by_tier(self) -> dict[str, dict[str, int]]:
+        """Blocks held by source, then tier."""
         with self._lock:
-            return {source: len(entry.hashes) for source, entry in self._sources.items()}
+            return {source: {tier: len(held) for tier, held in entry.tiers.items()}
+                    for source, entry in self._sources.items()}
 
     # ---- what the policy asks --------------------------------------------------------
     def match(self, addresses: Sequence[str], token_ids: Sequence[int], store: str = "") -> PrefixMatch:
-        """The prompt's reusable prefix on each of `addresses`, and in the kvstore `store`
-        (which names blocks as the workers do: it holds what they wrote)."""
+        """The prompt's reusable prefix on each of `addresses` (in its device cache, then
+        in host memory after that), and in the kvstore `store` (which names blocks as the
+        workers do: it holds what they wrote)."""
         with self._lock:
             namings = Counter(e.naming for a in addresses if (e := self._sources.get(a)) and e.naming)
         # hashing a long prompt takes a while: not under the lock the streams write under
         hashes = {naming: naming.prompt_hashes(token_ids) for naming in namings}
         common = namings.most_common(1)[0][0] if namings else None
+        device, host = {}, {}
         with self._lock:
-            entries = {a: self._sources.get(a) for a in addresses}
-            local = {a: _leading(e, hashes.get(e.naming)) * e.naming.block_size
-                     if e is not None and e.naming is not None else 0 for a, e in entries.items()}
+            for a in addresses:
+                device[a], host[a] = _worker_run(self._sources.get(a), hashes)
             store_entry = self._sources.get(store) if store else None
-            in_store = _leading(store_entry, hashes.get(common)) * common.block_size if common else 0
-        return PrefixMatch(local, in_store)
+            in_store = store_entry.leading_any(hashes[common]) * common.block_size if store_entry and common else 0
+        return PrefixMatch(device, in_store, host)
 
-    def _add(self, entry: _Source, block_hashes: Iterable[bytes]) -> None:
-        for h in block_hashes:
-            entry.hashes[h] = None
-        while len(entry.hashes) > self.max_blocks_per_source:
-            del entry.hashes[next(iter(entry.hashes))]
+    def _apply(self, entry: _Source, events: Iterable[IndexEvent]) -> None:
+        for kind, block_hashes, tier in events:
+            held = entry.tiers.setdefault(tier, {})
+            if kind == STORED:
+                for h in block_hashes:
+                    held[h] = None
+                while len(held) > self.max_blocks_per_source:
+                    del held[next(iter(held))]
+            else:
+                for h in block_hashes:
+                    held.pop(h, None)
 
 
-def _leading(entry: _Source | None, hashes: list[bytes] | None) -> int:
-    if entry is None or not hashes:
-        return 0
-    n = 0
-    for h in hashes:
-        if h not in entry.hashes:
-            break
-        n += 1
-    return n
+def _worker_run(entry: _Source | None, hashes: dict[BlockNaming, list[bytes]]) -> tuple[int, int]:
+    """(device tokens, host tokens after them) of the prompt's leading run on one worker."""
+    if entry is None or entry.naming is None:
+        return 0, 0
+    prompt = hashes[entry.naming]
+    num_device = entry.leading(prompt, DEVICE)
+    num_host = entry.leading(prompt, HOST, start=num_device)
+    return num_device * entry.naming.block_size, num_host * entry.naming.block_size

@@ -7,7 +7,9 @@ and the kvstore) following its KVEvents.Subscribe stream.
 
 While a source is away the index knows nothing of it: requests are placed by load alone
 there, never by a stale picture. A source that does not serve KVEvents (an older
-worker) answers UNIMPLEMENTED and is retried at the slowest backoff.
+worker) answers UNIMPLEMENTED and is retried at the slowest backoff. The subscription asks
+for the tiers the index scores (device, host); a source from before tiers sends its blocks
+without one, which means device.
 """
 from __future__ import annotations
 
@@ -22,12 +24,13 @@ from services.common.security import ClientSecurity
 from services.pb import kv_events_pb2, kv_events_pb2_grpc
 from services.router.config import RouterConfig
 from services.router.decide.views import POOLS
-from services.router.state.kv_index import REMOVED, STORED, BlockNaming, KVIndex
+from services.router.state.kv_index import DEVICE, HOST, REMOVED, STORED, BlockNaming, IndexEvent, KVIndex
 from services.router.state.workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
 
 _KINDS = {kv_events_pb2.KVEvent.STORED: STORED, kv_events_pb2.KVEvent.REMOVED: REMOVED}
+_TIERS = {kv_events_pb2.KVEvent.DEVICE: DEVICE, kv_events_pb2.KVEvent.HOST: HOST}
 
 
 class _Resubscribe(Exception):
@@ -78,7 +81,8 @@ class KVSubscription:
     def _follow(self) -> bool:
         """Apply the stream until it ends; True when it delivered at least a snapshot."""
         with channel(self.address, security=self.security) as ch:
-            call = kv_events_pb2_grpc.KVEventsStub(ch).Subscribe(kv_events_pb2.SubscribeKVEventsRequest())
+            call = kv_events_pb2_grpc.KVEventsStub(ch).Subscribe(
+                kv_events_pb2.SubscribeKVEventsRequest(tiers=list(_TIERS)))
             with self._lock:
                 if self._stopped.is_set():
                     return False
@@ -87,14 +91,20 @@ class KVSubscription:
             for batch in call:
                 if batch.snapshot:
                     naming = BlockNaming(batch.block_size, batch.root_hash) if batch.block_size else None
-                    self.index.reset(self.address, naming, (h for e in batch.events for h in e.block_hashes))
+                    self.index.reset(self.address, naming, index_events(batch))
                 elif batch.source_id != source_id or batch.seq != seq + 1:
                     raise _Resubscribe(f"batch {batch.seq} of {batch.source_id} after {seq} of {source_id}")
                 else:
-                    self.index.apply(self.address, [(_KINDS[e.kind], e.block_hashes) for e in batch.events
-                                                     if e.kind in _KINDS])
+                    self.index.apply(self.address, index_events(batch))
                 source_id, seq = batch.source_id, batch.seq
             return source_id is not None
+
+
+def index_events(batch: kv_events_pb2.KVEventBatch) -> list[IndexEvent]:
+    """A batch's events as the index takes them; kinds and tiers it does not know are skipped
+    (a newer source's: the index only ever misses blocks, never invents them)."""
+    return [(_KINDS[e.kind], e.block_hashes, _TIERS[e.tier]) for e in batch.events
+            if e.kind in _KINDS and e.tier in _TIERS]
 
 
 class KVSubscribers:

@@ -16,5 +16,5 @@ def test_chat_placement_experiment(tiny_llama_dir, tmp_path):
         assert sum(row["requests_per_worker"].values()) == 4 and set(row["requests_per_worker"]) == {
             "prefill-0", "prefill-1"}
         assert 0 < row["prefix_hit_rate"] <= 1 and row["ttft_ms"]["mean"] > 0
-    assert set(out["kv"]["placement_reasons"]) <= {"kv_hit", "kv_load_over_hit", "least_loaded"}
+    assert set(out["kv"]["placement_reasons"]) <= {"kv_hit", "kv_host_hit", "kv_load_over_hit", "least_loaded"}
     assert set(out["affinity"]["placement_reasons"]) <= {"affinity", "affinity_overload", "least_loaded"}

@@ -1,6 +1,9 @@
-"""The router's KV index and the KV-aware placement policy: pure functions over views;
-and the pool reserving only what the chosen worker will compute."""
+"""The router's KV index and the KV-aware placement policy: pure functions over views,
+tiers scored apart (device over host over store); and the pool reserving only what the
+chosen worker will compute."""
 from __future__ import annotations
+
+import pytest
 
 from engine.core.block_hash import hash_full_blocks, model_fingerprint
 from services.pb import common_pb2
@@ -8,13 +11,13 @@ from services.router.config import SaturationConfig
 from services.router.core.admission import AdmissionGate
 from services.router.core.cancel import Cancellation
 from services.router.core.pools import Need, Pool
-from services.router.decide.policy import (KV_HIT, KV_LOAD, LEAST_LOADED, CountedPolicy, KVAwarePlacement, MostRoomDecode,
-                                           decode_load_tokens, kv_saved_tokens, prefill_load_tokens)
+from services.router.decide.policy import (KV_HIT, KV_HOST_HIT, KV_LOAD, LEAST_LOADED, CountedPolicy, KVAwarePlacement,
+                                           MostRoomDecode, decode_load_tokens, kv_saved_tokens, prefill_load_tokens)
 from services.router.decide.saturation import SaturationPolicy
 from services.router.decide.views import PrefixMatch
 from services.router.decide.views import WorkerView
 from services.router.state.discovery import PREFILL, StaticDiscovery
-from services.router.state.kv_index import REMOVED, STORED, BlockNaming, KVIndex
+from services.router.state.kv_index import DEVICE, HOST, REMOVED, STORED, BlockNaming, KVIndex
 from services.router.state.workers import WorkerRegistry
 
 ROOT = model_fingerprint("m", "float32", 2, 2, 16, 4)
@@ -23,29 +26,35 @@ PROMPT = list(range(100, 117))  # 4 full blocks + 1 token
 H = hash_full_blocks(ROOT, PROMPT, 4)
 
 
+def _on(device=(), host=()):
+    """A snapshot's STORED events: these hashes on the device, those in host memory."""
+    return [(STORED, list(device), DEVICE), (STORED, list(host), HOST)]
+
+
 def test_match_counts_leading_blocks_only():
     index = KVIndex()
-    index.reset("a", NAMING, H[:3])
-    index.reset("b", NAMING, [H[0], H[2], H[3]])  # h2 without h1 belongs to another prompt
+    index.reset("a", NAMING, _on(H[:3]))
+    index.reset("b", NAMING, _on([H[0], H[2], H[3]]))  # h2 without h1 belongs to another prompt
     m = index.match(["a", "b", "c"], PROMPT)
     assert m.local_tokens == {"a": 12, "b": 4, "c": 0} and m.store_tokens == 0
+    assert m.host_tokens == {"a": 0, "b": 0, "c": 0}
 
 
 def test_the_last_prompt_token_is_never_a_hit():
     index = KVIndex()
-    index.reset("a", NAMING, H)
+    index.reset("a", NAMING, _on(H))
     assert index.match(["a"], PROMPT).local_tokens["a"] == 16       # 17 tokens: 4 blocks reusable
     assert index.match(["a"], PROMPT[:16]).local_tokens["a"] == 12  # 16 tokens: the 4th holds the last one
 
 
 def test_events_apply_in_order_and_drop_forgets():
     index = KVIndex()
-    index.apply("a", [(STORED, H)])  # no snapshot yet: ignored
+    index.apply("a", [(STORED, H, DEVICE)])  # no snapshot yet: ignored
     assert index.match(["a"], PROMPT).local_tokens["a"] == 0
     index.reset("a", NAMING)
-    index.apply("a", [(STORED, H[:2]), (REMOVED, [H[1]]), (STORED, [H[1], H[2]])])
+    index.apply("a", [(STORED, H[:2], DEVICE), (REMOVED, [H[1]], DEVICE), (STORED, [H[1], H[2]], DEVICE)])
     assert index.match(["a"], PROMPT).local_tokens["a"] == 12
-    index.apply("a", [(REMOVED, [H[0]])])
+    index.apply("a", [(REMOVED, [H[0]], DEVICE)])
     assert index.match(["a"], PROMPT).local_tokens["a"] == 0
     index.drop("a")
     assert index.num_blocks() == {}
@@ -53,24 +62,73 @@ def test_events_apply_in_order_and_drop_forgets():
 
 def test_kvstore_is_matched_with_the_workers_naming():
     index = KVIndex()
-    index.reset("a", NAMING, H[:1])
-    index.reset("store", None, H[:4])  # the kvstore names no model: it holds what workers wrote
-    assert index.match(["a"], PROMPT, store="store") == PrefixMatch({"a": 4}, 16)
+    index.reset("a", NAMING, _on(H[:1]))
+    index.reset("store", None, [(STORED, H[:4], DEVICE)])  # the kvstore names no model: it holds what workers wrote
+    assert index.match(["a"], PROMPT, store="store") == PrefixMatch({"a": 4}, 16, {"a": 0})
 
 
 def test_memory_is_bounded_per_source_oldest_first():
     index = KVIndex(max_blocks_per_source=3)
-    index.reset("a", NAMING, H)
-    assert index.num_blocks() == {"a": 3}
+    index.reset("a", NAMING, _on(H))
+    assert index.num_blocks_by_tier() == {"a": {DEVICE: 3, HOST: 0}}
     assert index.match(["a"], PROMPT).local_tokens["a"] == 0  # h0 went first
+
+
+def test_match_counts_the_device_run_then_the_host_run_after_it():
+    """
+        prompt  [ b0 | b1 | b2 | b3 | t ]
+        c         D    D    H    H          device 8, host 8
+        d         H    D    D               device 0, host 4: b1 on the device is past b0's copy back
+        e         D    H    D    H          device 4, host 4: b2 is in no host run
+        f         DH   H    H               device 4, host 8: a block in both tiers is on the device
+    """
+    index = KVIndex()
+    index.reset("c", NAMING, _on(device=H[:2], host=H[2:]))
+    index.reset("d", NAMING, _on(device=H[1:3], host=H[:1]))
+    index.reset("e", NAMING, _on(device=[H[0], H[2]], host=[H[1], H[3]]))
+    index.reset("f", NAMING, _on(device=H[:1], host=H[:3]))
+    m = index.match(["c", "d", "e", "f", "g"], PROMPT)
+    assert m.local_tokens == {"c": 8, "d": 0, "e": 4, "f": 4, "g": 0}
+    assert m.host_tokens == {"c": 8, "d": 4, "e": 4, "f": 8, "g": 0}
+
+
+def test_a_block_moving_to_host_memory_and_back_moves_its_tokens():
+    index = KVIndex()
+    index.reset("a", NAMING, _on(device=H))
+    index.apply("a", [(REMOVED, H[2:], DEVICE), (STORED, H[2:], HOST)])  # the device evicted its tail
+    m = index.match(["a"], PROMPT)
+    assert (m.local_tokens["a"], m.host_tokens["a"]) == (8, 8)
+    index.apply("a", [(STORED, [H[2]], DEVICE)])  # copied back (host memory keeps its copy)
+    m = index.match(["a"], PROMPT)
+    assert (m.local_tokens["a"], m.host_tokens["a"]) == (12, 4)
+    assert index.num_blocks_by_tier() == {"a": {DEVICE: 3, HOST: 2}}
+    index.apply("a", [(REMOVED, H[:1], DEVICE)])
+    assert index.match(["a"], PROMPT).host_tokens["a"] == 0  # b0 is nowhere: no run at all
+
+
+def test_the_kvstore_run_counts_from_the_first_block_whatever_the_workers_hold():
+    index = KVIndex()
+    index.reset("a", NAMING, _on(device=H[:1], host=H[1:2]))
+    index.reset("store", None, [(STORED, H[:3], DEVICE)])
+    assert index.match(["a"], PROMPT, store="store") == PrefixMatch({"a": 4}, 12, {"a": 4})
+
+
+def test_the_bound_holds_per_tier():
+    index = KVIndex(max_blocks_per_source=2)
+    index.reset("a", NAMING, _on(device=H[:2], host=H[2:]))
+    assert index.num_blocks_by_tier() == {"a": {DEVICE: 2, HOST: 2}}
+    index.apply("a", [(STORED, H[:1], HOST)])  # the oldest host entry (h2) goes
+    assert index.match(["a"], PROMPT).host_tokens["a"] == 0
 
 
 def _w(address: str, **load) -> WorkerView:
     return WorkerView(address, up=True, **load)
 
 
-def _policy(local: dict[str, int], store: int = 0, weight: float = 0.5):
-    return KVAwarePlacement(lambda addresses, ids: PrefixMatch(local, store), prefill_load_tokens, weight)
+def _policy(local: dict[str, int], store: int = 0, weight: float = 0.5, host: dict[str, int] | None = None,
+            host_weight: float = 0.8):
+    return KVAwarePlacement(lambda addresses, ids: PrefixMatch(local, store, host or {}), prefill_load_tokens,
+                            weight, host_weight)
 
 
 def test_kv_policy_prefers_the_longest_prefix_until_load_outweighs_it():
@@ -138,3 +196,61 @@ def test_the_pool_counts_only_the_tokens_a_worker_will_compute():
         assert {v.in_flight_tokens for v in registry.views(PREFILL)} == {0}
     finally:
         registry.close()
+
+
+def test_equal_loads_choose_device_over_host_over_store():
+    workers = [_w("c"), _w("b"), _w("a")]
+    device_vs_host = _policy({"a": 64}, store=64, host={"b": 64})
+    placed = device_vs_host.place(workers, PROMPT)
+    assert (placed.worker.address, placed.reason, placed.num_cached_tokens) == ("a", KV_HIT, 64)
+    host_vs_store = _policy({}, store=64, host={"b": 64})  # c could import all 64 from the store
+    placed = host_vs_store.place(workers, PROMPT)
+    assert (placed.worker.address, placed.reason, placed.num_cached_tokens) == ("b", KV_HOST_HIT, 51)
+    store_only = _policy({}, store=64)
+    assert store_only.place(workers, PROMPT).reason == LEAST_LOADED  # the same to everyone: the first listed
+    assert store_only.place(workers, PROMPT).worker.address == "c"
+
+
+def test_a_loaded_device_hit_loses_to_an_idle_host_hit_when_the_saved_tokens_say_so():
+    # a saves 1000 of prompt tokens, b 0.8 * 1000 = 800: the difference is worth 200 tokens of load
+    policy = _policy({"a": 1000}, host={"b": 1000})
+    busy = [_w("a", num_queued_prefill_tokens=300), _w("b")]  # 700 vs 800
+    placed = policy.place(busy, PROMPT)
+    assert (placed.worker.address, placed.reason, placed.num_cached_tokens) == ("b", KV_LOAD, 800)
+    light = [_w("a", num_queued_prefill_tokens=100), _w("b")]  # 900 vs 800
+    assert (policy.place(light, PROMPT).worker.address, policy.place(light, PROMPT).reason) == ("a", KV_HIT)
+
+
+def test_saved_tokens_weigh_each_tier():
+    # device 32, then host 32 at 0.8, then the store's 96 - 64 beyond them at 0.5
+    assert kv_saved_tokens(32, 96, 0.5, host_tokens=32, host_weight=0.8) == 32 + 25.6 + 16
+    assert kv_saved_tokens(32, 48, 0.5, host_tokens=32, host_weight=0.8) == 32 + 25.6  # the store holds less
+    assert kv_saved_tokens(32, 96, 0.5) == 32 + 32  # no host tier: as before tiers
+
+
+def test_tier_weights_are_configured_and_refused_out_of_range():
+    from services.router.config import RouterConfig
+    from services.router.decide.config import RoutingConfig
+    from services.router.decide.placement import placement_policies
+    from services.router.decide.views import NoPrefixes
+    cfg = RoutingConfig(kv_host_weight=0.9, kv_store_weight=0.25)
+    policy = placement_policies(cfg, NoPrefixes(), colocated=False, count=lambda pool, reason: None)[PREFILL].policy
+    assert (policy.host_weight, policy.store_weight) == (0.9, 0.25)
+    for bad, field in ((dict(kv_host_weight=1.5), "kv_host_weight"), (dict(kv_host_weight=0.4), "kv_host_weight"),
+                       (dict(kv_store_weight=0.9, kv_host_weight=0.8), "kv_host_weight"),
+                       (dict(kv_store_weight=-0.1), "kv_store_weight")):
+        with pytest.raises(ValueError, match=f"^{field}: "):
+            RouterConfig(**bad)
+
+
+def test_tier_weights_are_router_flags():
+    import argparse
+
+    from services.router import main as router_main
+    parser = argparse.ArgumentParser()
+    router_main.add_arguments(parser)
+    cfg = router_main.config_from_args(parser.parse_args(["--decode", "a:1", "--kv-host-weight", "0.6",
+                                                          "--kv-store-weight", "0.2"]))
+    assert (cfg.kv_host_weight, cfg.kv_store_weight) == (0.6, 0.2)
+    with pytest.raises(ValueError, match="^kv_host_weight: "):
+        router_main.config_from_args(parser.parse_args(["--decode", "a:1", "--kv-host-weight", "0.3"]))
