@@ -27,6 +27,7 @@ from engine.outputs import RequestOutput
 from engine.request import Request, RequestMode, RequestStatus
 from engine.sampling_params import SamplingParams, resolve_bad_words
 from engine.kv_transfer import KVPayload
+from engine.cached_kv_export import export_cached_blocks
 from engine.stats import EngineStats
 from engine.structured.manager import NoStructuredOutputs, StructuredOutputManager
 from engine.engine_setup import (engine_info, log_kv_cache, make_drafting, memory_profile, model_naming,
@@ -243,6 +244,12 @@ class EngineCore:
         block_ids = self.kv_manager.get_block_ids(request.req_id)[:-(-num_tokens // bs)]
         return KVPayload(num_tokens, self.runner.export_blocks(block_ids),
                          list(self.kv_manager.block_hashes(request, num_tokens // bs)))
+
+    def export_cached_blocks(self, block_hashes: list[bytes]) -> KVPayload | None:
+        """The KV of the leading run of `block_hashes` still in the prefix cache (full
+        blocks, every token's KV computed), e.g. a finished request's prompt and answer;
+        None when not even the first is held. See engine/cached_kv_export.py."""
+        return export_cached_blocks(self.kv_manager, self.runner, block_hashes)
 
     # ---- introspection ---------------------------------------------------------------
     def num_local_prefix_blocks(self, block_hashes: list[bytes]) -> int:

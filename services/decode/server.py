@@ -7,6 +7,10 @@ decode-only request with the KV imported; a block the store no longer has is rec
 (the engine computes whatever the import does not cover). A short prompt (no handle) is
 prefilled here: a colocated request, with DecodeRequest.n > 1 as n completions that share
 the prompt's computation (engine/parallel_sampling.py), streamed interleaved by index.
+
+Once a request has ended normally and its last message is streamed, its full blocks
+(prompt + answer) go to the kvstore in the background, for the conversation's next turn
+(services/worker/finished_kv.py; --no-kv-write-finished turns it off).
 """
 from __future__ import annotations
 
@@ -22,8 +26,12 @@ from engine.request import RequestMode
 from services.common.convert import logprob_to_proto, prompt_logprobs_to_proto
 from services.decode.read_plan import ReadPlan, ReadRefusal, plan_read
 from services.pb import common_pb2, decode_pb2_grpc
+from services.kvstore.client import KVStoreClient
 from services.worker.config import WorkerConfig
+from services.worker.engine_loop import EngineLoop
+from services.worker.finished_kv import FinishedRequest, finished_kv_writer
 from services.worker.kv_wire import payload_from_batches
+from services.worker.metrics import WorkerMetrics
 from services.worker.runtime import RunningWorker, serve_worker
 from services.worker.servicer import AdmittedRequest, WorkerServicer, now
 
@@ -31,6 +39,11 @@ logger = logging.getLogger(__name__)
 
 
 class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
+    def __init__(self, cfg: WorkerConfig, loop: EngineLoop, metrics: WorkerMetrics, kvstore: KVStoreClient):
+        super().__init__(cfg, loop, metrics, kvstore)
+        # each finished request's prompt + answer, to the kvstore for its next turn
+        self.finished_kv = finished_kv_writer(cfg, loop, kvstore, metrics)
+
     def Decode(self, request, context):
         with self.in_flight:  # until the stream ends: a draining worker waits for it
             yield from self._decode(request, context)
@@ -50,7 +63,11 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
         except EngineDeadError:
             self.abort_if_engine_dead(context)
         self.abort_when_caller_leaves(req.req_id, context)  # it may have left while the KV was pulled
-        yield from self._stream(stream, req, len(first), kv_read_s, context)
+        finals = yield from self._stream(stream, req, len(first), kv_read_s, context)
+        num_in_store = len(kv_import.block_hashes) if kv_import is not None else 0
+        for final in finals:  # every completion ended normally (_stream ended the RPC otherwise)
+            self.finished_kv.submit(FinishedRequest(req.req_id, final.prompt_token_ids + final.token_ids,
+                                                    req.cache_salt, num_in_store))
 
     # ---- KV from the kvstore ---------------------------------------------------------
     def _pull_kv(self, request, req: AdmittedRequest, given: list[int]) -> tuple[KVPayload | None, float]:
@@ -103,7 +120,9 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
 
     # ---- streaming -------------------------------------------------------------------
     def _stream(self, stream, req: AdmittedRequest, num_given: int, kv_read_s: float, context):
-        """Every completion's messages (n > 1: interleaved, tagged with their index) until each has ended."""
+        """Every completion's messages (n > 1: interleaved, tagged with their index) until
+        each has ended; returns their final outputs, once all ended normally (else the RPC
+        is ended: context.abort raises)."""
         last_token_time: dict[int, float] = {}
         finals: dict[int, RequestOutput] = {}  # each completion's latest output
         refused = None
@@ -135,6 +154,13 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
             self.metrics.prompt_computed(len(final.prompt_token_ids))
         self.metrics.request_done(now() - req.start, (final.first_scheduled_time or final.arrival_time)
                                   - final.arrival_time, final.finish_reason)
+        return [finals[index] for index in range(req.params.n)]
+
+    def close(self) -> None:
+        """The finished requests' writes still queued (they need the engine loop and the
+        kvstore, which stop after this), then the kvstore connection."""
+        self.finished_kv.close()
+        super().close()
 
     def _message(self, out: RequestOutput, req_id: str, kv_read_s: float) -> common_pb2.GenerateResponse:
         msg = common_pb2.GenerateResponse(req_id=req_id, token_ids=out.new_token_ids, text=out.new_text,

@@ -13,24 +13,10 @@ import sys
 from services.common.defaults import KVSTORE_PORT
 from services.common.process import configure_logging, wait_for_shutdown
 from services.common.security import add_internal_token_argument, add_server_tls_arguments, internal_server_security
+from services.common.sizes import parse_bytes
 from services.kvstore import mooncake_plane
 from services.kvstore.errors import KVStoreError
 from services.kvstore.server import KVStoreConfig, check_backend, serve
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(text: str) -> int:
-    """"2GiB", "512MiB", "1.5GB", "4096" -> a positive number of bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 4096, 512MiB or 2GiB")
-    value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be above 0 bytes")
-    return value
-
 
 def _port(text: str) -> int:
     if not text.isdigit() or int(text) > 65535:

@@ -15,6 +15,7 @@ from services.common import defaults
 from services.common.security import (ClientSecurity, ServerSecurity, add_internal_client_arguments,
                                       add_internal_token_argument, add_server_tls_arguments,
                                       internal_client_security, internal_server_security)
+from services.common.sizes import parse_bytes
 from services.worker.parallel_args import add_parallel_arguments, parallel_config_from_args
 
 
@@ -34,6 +35,12 @@ class WorkerConfig:
     # the router's --served-model-name, given to the workers too: the first is the
     # `model_name` label of the vllm: metrics (empty: the engine's --model)
     served_model_names: tuple[str, ...] = ()
+    # a decode worker writes each finished request's full blocks (prompt + answer) to the
+    # kvstore, for the conversation's next turn (services/worker/finished_kv.py); needs
+    # prefix caching (the blocks are exported from it after the request freed them)
+    kv_write_finished: bool = True
+    # exported bytes queued or being written at once; a request that does not fit is skipped
+    kv_write_finished_max_bytes: int = 256 << 20
 
     @property
     def served_name(self) -> str:
@@ -51,6 +58,16 @@ SPECULATIVE_HELP = {
     # chart's shared extraArgs), as vLLM's prefill instances accept it; never acted on
     "prefill": "accepted and IGNORED: prefill workers do not speculate (a prefill-only request ends at its "
                "first token, so there is nothing to draft); set it on the decode workers",
+}
+
+KV_WRITE_FINISHED_HELP = {
+    "decode": "write each finished request's full blocks (prompt + answer) to the kvstore in the background, "
+              "so the conversation's next turn finds its whole history there (default: on, unless "
+              "--no-prefix-caching, which it needs)",
+    # accepted so that one argument list can serve both pools; a prefill worker writes its
+    # prompt's blocks whatever it says (the decode reads them)
+    "prefill": "accepted and IGNORED: a prefill worker always writes its prompt's blocks; set it on the decode "
+               "workers",
 }
 
 
@@ -99,6 +116,12 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, rol
     add_parallel_arguments(parser)
     parser.add_argument("--drain-timeout-s", type=float, default=_WORKER.drain_timeout_s,
                         help="on SIGTERM: how long in-flight requests may take to finish")
+    parser.add_argument("--kv-write-finished", action=argparse.BooleanOptionalAction, default=None,
+                        help=KV_WRITE_FINISHED_HELP[role])
+    parser.add_argument("--kv-write-finished-max-bytes", type=parse_bytes, default=_WORKER.kv_write_finished_max_bytes,
+                        metavar="SIZE", help="with --kv-write-finished: exported KV bytes queued or being written at "
+                        "once, e.g. 512MiB; a finished request whose blocks do not fit is not written (counted) "
+                        f"(default: {_WORKER.kv_write_finished_max_bytes >> 20}MiB)")
     add_internal_token_argument(parser)
     add_server_tls_arguments(parser, "this worker's gRPC port")
     add_internal_client_arguments(parser)
@@ -121,7 +144,18 @@ def worker_config_from_args(args) -> WorkerConfig:
     return WorkerConfig(engine=engine, host=args.host, port=args.port, metrics_port=args.metrics_port,
                         kvstore_address=args.kvstore, kvstore_transport=args.kvstore_transport,
                         drain_timeout_s=args.drain_timeout_s, security=internal_server_security(args),
-                        internal=internal_client_security(args), served_model_names=tuple(args.served_model_name))
+                        internal=internal_client_security(args), served_model_names=tuple(args.served_model_name),
+                        kv_write_finished=_kv_write_finished(args),
+                        kv_write_finished_max_bytes=args.kv_write_finished_max_bytes)
+
+
+def _kv_write_finished(args) -> bool:
+    """On by default; off by default without prefix caching, where it is refused if asked
+    for: the finished request's blocks are exported from the prefix cache."""
+    if args.kv_write_finished and args.no_prefix_caching:
+        raise ValueError("--kv-write-finished: needs prefix caching (drop --no-prefix-caching, or write nothing "
+                         "with --no-kv-write-finished)")
+    return not args.no_prefix_caching if args.kv_write_finished is None else args.kv_write_finished
 
 
 def gpu_memory_utilization_arg(text: str) -> float:

@@ -37,6 +37,21 @@ class WorkerMetrics:
                                             "KV blocks read from the kvstore and refused before use (they and "
                                             "the blocks after them are recomputed), by reason", ("reason",))
         self.kv_write_failures = m.counter("kv_write_failures_total", "Prefills whose KV could not be stored")
+        # a decode worker's finished requests, written for their next turn (finished_kv.py): each
+        # full block with KV is written, skipped or failed
+        self.finished_kv_written_blocks = m.counter(
+            "kv_finished_written_blocks_total",
+            "Full blocks of finished requests (prompt + answer) written to the kvstore for the next turn")
+        self.finished_kv_written_bytes = m.counter("kv_finished_written_bytes_total",
+                                                   "Bytes of the finished requests' blocks written to the kvstore")
+        self.finished_kv_skipped_blocks = m.counter(
+            "kv_finished_skipped_blocks_total",
+            "Full blocks of finished requests not written, by reason: in_store (the kvstore holds them), "
+            "queue_full (over --kv-write-finished-max-bytes), evicted (gone from the prefix cache first), "
+            "shutdown", ("reason",))
+        self.finished_kv_failed_blocks = m.counter(
+            "kv_finished_failed_blocks_total",
+            "Full blocks of finished requests whose write failed (kvstore full, down or refusing)")
         self.spec = SpecDecodeMetrics(m)
         self.vllm = VllmMetrics(m.registry, model_name)
         self._seen = EngineStats()  # the engine's counts are cumulative: the counters take the increase

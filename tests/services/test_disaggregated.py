@@ -111,8 +111,10 @@ def test_penalties_bias_and_min_tokens_match_offline(cluster, tiny, tiny_llama_d
 
 def test_colocated_router_sends_every_prompt_to_decode_workers(tiny, tiny_llama_dir, offline):
     # no prefill pool: even prompts far over the direct-path threshold are prefilled by
-    # the decode workers themselves, nothing goes through the kvstore
-    c = start_cluster(tiny_llama_dir, tiny, num_prefill=0, num_decode=2, short_prompt_tokens=0)
+    # the decode workers themselves, nothing goes through the kvstore (nor, here, is
+    # written to it after they finish: tests/services/test_finished_kv_e2e.py)
+    c = start_cluster(tiny_llama_dir, tiny, num_prefill=0, num_decode=2, short_prompt_tokens=0,
+                      kv_write_finished=False)
     try:
         prompts = SHORT + LONG
         with ThreadPoolExecutor(len(prompts)) as pool:
