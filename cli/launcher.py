@@ -48,6 +48,7 @@ class PlatformConfig:
     model: str = DEFAULT_MODEL
     revision: str | None = None               # of a model named org/name in the Hugging Face cache
     gpu_memory_utilization: float = CacheConfig.gpu_memory_utilization  # both pools' workers (CUDA only)
+    kv_offloading_size: float | None = None   # both pools' workers' host tier, GiB (--kv-offloading-size); None: off
     served_model_names: tuple[str, ...] = ()  # the router's --served-model-name; empty: --model
     chat_template: str | None = None          # the router's --chat-template (a file, absolute, or the template)
     tool_call_parser: str | None = None       # the router's --tool-call-parser, --enable-auto-tool-choice and
@@ -149,6 +150,7 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     revision = ["--revision", cfg.revision] if cfg.revision is not None else []
     # the workers label their vllm: metrics with the name clients use
     served_names = ["--served-model-name", *cfg.served_model_names] if cfg.served_model_names else []
+    offloading = ["--kv-offloading-size", str(cfg.kv_offloading_size)] if cfg.kv_offloading_size else []
     for i, (role, cpus) in enumerate(zip(roles, cpu_sets)):
         port, metrics_port = cfg.worker_base_port + i, cfg.metrics_base_port + 1 + i
         name = f"{role}-{len(addresses[role])}"
@@ -158,7 +160,7 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
                                         "--kvstore-transport", kv_transport,
                                         "--threads", str(len(cpus)), *revision,
                                         "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
-                                        *served_names, *cfg.worker_args,
+                                        *offloading, *served_names, *cfg.worker_args,
                                         *(cfg.prefill_args if role == "prefill" else cfg.decode_args)],
                                  f"{cfg.host}:{port}", metrics_port, cpus))
     router_metrics = cfg.metrics_base_port + 1 + len(roles)

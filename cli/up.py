@@ -13,7 +13,7 @@ from engine.chat import load_chat_template
 from services.router.decide.paths import PATH_POLICIES
 from services.router.fronts.http.config import HttpConfig
 from services.router.main import add_output_parser_arguments, port_or_off
-from services.worker.config import gpu_memory_utilization_arg, speculative_config_arg
+from services.worker.config import gpu_memory_utilization_arg, kv_offloading_size_arg, speculative_config_arg
 from services.kvstore.main import parse_bytes
 from services.worker.parallel_args import positive_int
 
@@ -28,6 +28,10 @@ def add_arguments(p) -> None:
                    default=PlatformConfig.gpu_memory_utilization, metavar="FRACTION",
                    help="every worker's share of its GPU's whole memory, weights and activations included "
                         "(ignored on the CPU; see `pdserve decode --help`)")
+    p.add_argument("--kv-offloading-size", type=kv_offloading_size_arg, default=PlatformConfig.kv_offloading_size,
+                   metavar="GiB", help="every worker's host tier: host memory keeping the KV blocks its cache "
+                                       "evicts, copied back on a prefix hit before the kvstore is asked (vLLM's "
+                                       "flag; see `pdserve decode --help`). Default: off")
     p.add_argument("--served-model-name", nargs="+", default=list(PlatformConfig.served_model_names),
                    metavar="NAME", help="the router's: the name(s) clients use, the first reported "
                                         "(default: --model)")
@@ -97,6 +101,7 @@ def run(args) -> int:
                reasoning_parser=args.reasoning_parser)  # the router's check, before any process starts
     return run_platform(PlatformConfig(
         model=args.model, revision=args.revision, gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_offloading_size=args.kv_offloading_size,
         served_model_names=tuple(args.served_model_name), chat_template=_chat_template(args.chat_template),
         tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
         reasoning_parser=args.reasoning_parser,

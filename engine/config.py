@@ -67,11 +67,21 @@ class CacheConfig:
     # vLLM's: the share of the whole device this engine may use, weights and activations
     # included; the KV cache gets the rest of it. CUDA only (the CPU ignores it).
     gpu_memory_utilization: float = 0.9
+    # Host memory for blocks the KV cache evicts, brought back on a prefix hit (the host
+    # tier, engine/core/host_tier.py; vLLM's --kv-offloading-size, here in bytes): the
+    # total over all ranks. 0 or None: off. Needs prefix caching.
+    kv_offloading_bytes: int | None = None
 
     def __post_init__(self):
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {u!r}")
+        b = self.kv_offloading_bytes
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0):
+            raise ValueError(f"kv_offloading_bytes: must be a number of bytes >= 0 (0 or None: off), got {b!r}")
+        if b and not self.enable_prefix_caching:
+            raise ValueError("kv_offloading_bytes: the host tier keeps blocks the prefix cache evicts, so it "
+                             "needs enable_prefix_caching (turn prefix caching on, or offloading off)")
 
 
 @dataclass(frozen=True)

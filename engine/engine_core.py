@@ -28,13 +28,13 @@ from engine.request import Request, RequestMode, RequestStatus
 from engine.sampling_params import SamplingParams, resolve_bad_words
 from engine.kv_transfer import KVPayload
 from engine.cached_kv_export import export_cached_blocks
-from engine.stats import EngineStats
+from engine.stats import EngineStats, HostTierStats
 from engine.structured.manager import NoStructuredOutputs, StructuredOutputManager
 from engine.engine_setup import (engine_info, log_kv_cache, make_drafting, memory_profile, model_naming,
                                  pick_attention_backend, resolve_max_model_len, resolve_scheduler_config)
 from engine.step_rates import StepRates
 from engine.validation import validate_mode, validate_request, validate_token_ids, validate_transfer
-from engine.worker.kv_cache import allocate_kv_caches, bytes_per_block, num_kv_blocks
+from engine.worker.kv_cache import allocate_kv_caches, bytes_per_block, num_host_kv_slots, num_kv_blocks
 from engine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -59,11 +59,13 @@ class EngineCore:
         log_kv_cache(num_blocks, cache.block_size, bytes_per_block(kv_arch, cache.block_size, self.dtype),
                      self.max_model_len, config.parallel.world_size)
         self.model_key, self.root_hash = model_naming(self.source, self.dtype, arch, cache.block_size)
+        num_host_slots = num_host_kv_slots(cache, kv_arch, self.dtype, config.parallel.world_size)
         self.kv_manager = KVCacheManager(num_blocks, cache.block_size, self.root_hash,
-                                         cache.enable_prefix_caching, window=arch.max_window)
+                                         cache.enable_prefix_caching, window=arch.max_window,
+                                         num_host_slots=num_host_slots)
         self.scheduler = Scheduler(resolve_scheduler_config(config.scheduler, self.max_model_len), self.kv_manager)
         kv_caches = allocate_kv_caches(num_blocks, kv_arch, cache.block_size, self.dtype, device)
-        self.executor.start_kv(num_blocks, kv_caches, backend)
+        self.executor.start_kv(num_blocks, kv_caches, backend, num_host_slots)
         self.runner = ModelRunner(self.loaded.model, kv_caches, cache.block_size, backend, device, config.seed,
                                   executor=self.executor, eos_token_ids=self.loaded.eos_token_ids)
         if config.cuda_graph_batch_sizes:
@@ -172,7 +174,7 @@ class EngineCore:
         start = time.perf_counter()
         self.drafting.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
-        if sched.is_empty and not sched.finished_req_ids:
+        if sched.is_empty and not sched.finished_req_ids and not sched.has_host_copies:
             if self.grammars.num_pending and not outputs:
                 time.sleep(0.001)  # only grammars compiling: do not spin a core against them
             return outputs
@@ -253,11 +255,12 @@ class EngineCore:
 
     # ---- introspection ---------------------------------------------------------------
     def num_local_prefix_blocks(self, block_hashes: list[bytes]) -> int:
-        return len(self.kv_manager.find_longest_cache_hit(block_hashes))
+        """The leading blocks a request would find here, in the device cache or the host tier."""
+        return self.kv_manager.num_local_blocks(block_hashes)
 
     def take_kv_events(self) -> KVEvents:
-        """The prefix cache's stored/removed block hashes since the last call (see
-        engine/core/kv_events.py); a worker publishes them to routers between steps."""
+        """The prefix cache's stored/removed block hashes since the last call, each naming
+        its tier (see engine/core/kv_events.py); a worker publishes them to routers between steps."""
         return self.kv_manager.pool.take_kv_events()
 
     def stats(self) -> EngineStats:
@@ -269,6 +272,8 @@ class EngineCore:
             num_free_kv_blocks=kv.num_free_blocks, num_total_kv_blocks=kv.pool.num_blocks,
             num_preemptions=scheduler.num_preemptions, num_prefix_queried_tokens=kv.num_queried_tokens,
             num_prefix_hit_tokens=kv.num_hit_tokens,
+            host=HostTierStats(kv.num_host_queried_tokens, kv.num_host_hit_tokens, kv.host.num_offloaded_blocks,
+                               kv.host.num_onloaded_blocks, kv.host.num_used_slots, kv.host.num_slots),
             prefill_tokens_per_s=self.step_rates.prefill_tokens_per_s,
             decode_step_ms=self.step_rates.decode_step_s * 1000,
             spec=self.drafting.stats)

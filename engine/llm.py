@@ -32,6 +32,7 @@ class LLM:
                  kv_cache_memory_bytes: int | None = CacheConfig.kv_cache_memory_bytes,
                  kv_cache_memory_fraction: float = CacheConfig.kv_cache_memory_fraction,
                  gpu_memory_utilization: float = CacheConfig.gpu_memory_utilization,
+                 kv_offloading_bytes: int | None = CacheConfig.kv_offloading_bytes,
                  max_num_seqs: int = SchedulerConfig.max_num_seqs,
                  max_num_batched_tokens: int | None = SchedulerConfig.max_num_batched_tokens,
                  long_prefill_token_threshold: int = SchedulerConfig.long_prefill_token_threshold,
@@ -49,12 +50,14 @@ class LLM:
                  progress: bool = True,
                  loaded_model: LoadedModel | None = None):
         """`revision`: of a model named org/name in the Hugging Face cache. `chat_template`: a
-        Jinja file or the template itself, in place of the tokenizer's (chat, apply_chat_template)."""
+        Jinja file or the template itself, in place of the tokenizer's (chat, apply_chat_template).
+        `kv_offloading_bytes`: host memory keeping the blocks the KV cache evicts (vLLM's
+        kv_offloading_size, in bytes; docs/kv_tiers.md)."""
         template = load_chat_template(chat_template) if chat_template is not None else None  # before loading
         config = EngineConfig(
             model=model, revision=revision, dtype=dtype, device=device, attention_backend=attention_backend,
             seed=seed, cache=CacheConfig(block_size, enable_prefix_caching, kv_cache_memory_bytes,
-                                         kv_cache_memory_fraction, gpu_memory_utilization),
+                                         kv_cache_memory_fraction, gpu_memory_utilization, kv_offloading_bytes),
             scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold,
                                       max_model_len, enable_chunked_prefill),
             cuda_graph_batch_sizes=_as_tuple(cuda_graph_batch_sizes),

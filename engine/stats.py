@@ -20,6 +20,19 @@ class SpecDecodeStats:
 
 
 @dataclass(frozen=True)
+class HostTierStats:
+    """The host tier (engine/core/host_tier.py; all 0 without one), since start: prompt tokens
+    looked up there (those the device cache missed) and found, blocks copied device -> host
+    and back; now: its slots in use and all of them."""
+    num_queried_tokens: int = 0
+    num_hit_tokens: int = 0
+    num_offloaded_blocks: int = 0
+    num_onloaded_blocks: int = 0
+    num_used_blocks: int = 0
+    num_total_blocks: int = 0
+
+
+@dataclass(frozen=True)
 class EngineStats:
     num_running: int = 0
     num_waiting: int = 0
@@ -32,6 +45,7 @@ class EngineStats:
     prefill_tokens_per_s: float = 0.0    # measured over recent steps (engine/step_rates.py); 0: not yet
     decode_step_ms: float = 0.0          # a pure decode step of the recent batches; 0: not yet
     spec: SpecDecodeStats = SpecDecodeStats()
+    host: HostTierStats = HostTierStats()
 
     @property
     def kv_cache_usage(self) -> float:

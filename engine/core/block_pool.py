@@ -1,12 +1,15 @@
 """The pool of KV cache blocks: allocation, ref counts and the prefix cache map.
 
-Pure Python, no torch: the scheduler and this pool are testable in milliseconds.
+Pure Python, no torch: the scheduler and this pool are testable in milliseconds. A cached
+block evicted to reuse its slot goes to the host tier (engine/core/host_tier.py; a null
+one when offloading is off) before its bytes are overwritten.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from engine.core.block_hash import BlockHash
+from engine.core.host_tier import HostTier, NoHostTier
 from engine.core.kv_events import KVEventLog, KVEvents, KVTier
 
 
@@ -71,7 +74,9 @@ class FreeKVCacheBlockQueue:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True,
+                 host_tier: HostTier | NoHostTier | None = None, kv_events: KVEventLog | None = None):
+        """`host_tier` (with the `kv_events` log it writes to): where evicted cached blocks go."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -80,7 +85,8 @@ class BlockPool:
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
         self.num_evictions = 0
-        self.kv_events = KVEventLog()  # what the prefix cache gained and lost (a router's index)
+        self.kv_events = kv_events or KVEventLog()  # what the prefix cache gained and lost (a router's index)
+        self.host_tier = host_tier or NoHostTier()
 
     @property
     def num_free_blocks(self) -> int:
@@ -137,13 +143,15 @@ class BlockPool:
             del self.cached_block_hash_to_block[block.block_hash]
             self.num_evictions += 1
             self.kv_events.removed(block.block_hash)
+            self.host_tier.offload(block.block_id, block.block_hash)
         block.block_hash = None
 
     def take_kv_events(self) -> KVEvents:
-        """The prefix cache's changes since the last call; a snapshot of every cached
-        hash instead when the log overflowed in between."""
+        """The prefix cache's changes since the last call, both tiers; a snapshot of every
+        cached hash of both instead when the log overflowed in between."""
         events, lost = self.kv_events.drain()
         if lost:
-            return KVEvents(snapshot=[(h, KVTier.DEVICE) for h in self.cached_block_hash_to_block])
+            return KVEvents(snapshot=[(h, KVTier.DEVICE) for h in self.cached_block_hash_to_block]
+                            + [(h, KVTier.HOST) for h in self.host_tier.block_hashes()])
         return KVEvents(events)
 

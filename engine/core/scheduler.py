@@ -90,6 +90,7 @@ class Scheduler:
             self._schedule_waiting(out, budget)
         out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
         out.finished_req_ids |= out.preempted_req_ids
+        out.kv_offloads, out.kv_onloads = self.kv.take_host_copies()
         return out
 
     def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
@@ -175,8 +176,7 @@ class Scheduler:
                 request.first_scheduled_time = time.monotonic()
             if request.num_cached_tokens < 0:  # first admission, not a resume
                 request.num_cached_tokens = num_computed  # reused, locally or imported
-                self.kv.num_queried_tokens += request.num_tokens
-                self.kv.num_hit_tokens += num_hit_tokens
+                self.kv.count_lookup(request, hits)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             out.scheduled_new_reqs.append(NewRequestData(

@@ -48,10 +48,18 @@ class SchedulerOutput:
     grammar_bitmask: GrammarBitmask | None = None
     # speculative decoding: draft tokens scored after each such request's last token
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # the host tier (engine/core/host_tier.py): blocks to copy before this step's forward,
+    # first (device block id, host slot) out of the device, then (host slot, device block id) in
+    kv_offloads: list[tuple[int, int]] = field(default_factory=list)
+    kv_onloads: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
         return self.total_num_scheduled_tokens == 0
+
+    @property
+    def has_host_copies(self) -> bool:
+        return bool(self.kv_offloads or self.kv_onloads)
 
 
 @dataclass

@@ -5,7 +5,7 @@ starts it, sizes the KV cache from `kv_arch`, and stops it; the model runner get
 handed in and calls `forward` and the KV copies, knowing nothing of ranks:
 
     EngineCore ──start_kv / check_health / shutdown──▶ Executor
-    ModelRunner ─forward / import_blocks / export_blocks─▶ Executor
+    ModelRunner ─forward / import_blocks / export_blocks / copy_host_blocks─▶ Executor
 """
 from __future__ import annotations
 
@@ -29,8 +29,10 @@ class Executor(ABC):
     holds_whole_model: bool = True  # False where `loaded` is one rank's shard
 
     @abstractmethod
-    def start_kv(self, num_blocks: int, kv_caches: list[torch.Tensor], backend: AttentionBackend) -> None:
-        """Every rank allocates `num_blocks` KV blocks; this process's are `kv_caches`."""
+    def start_kv(self, num_blocks: int, kv_caches: list[torch.Tensor], backend: AttentionBackend,
+                 num_host_slots: int = 0) -> None:
+        """Every rank allocates `num_blocks` KV blocks, this process's being `kv_caches`, and
+        a host buffer of `num_host_slots` blocks of its part (engine/worker/host_kv_cache.py)."""
 
     @abstractmethod
     def forward(self, batches: list[StepInputs]) -> torch.Tensor:
@@ -43,6 +45,11 @@ class Executor(ABC):
     @abstractmethod
     def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
         """Whole blocks out of the cache, gathered from the ranks that hold them."""
+
+    @abstractmethod
+    def copy_host_blocks(self, offloads: list[tuple[int, int]], onloads: list[tuple[int, int]]) -> None:
+        """The host tier's copies, on every rank for its part: (device block, host slot)
+        out of the cache first, then (host slot, device block) into it."""
 
     def check_health(self) -> None:
         """Raises EngineDeadError once a rank has died; one process has none to lose."""

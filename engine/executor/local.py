@@ -6,6 +6,7 @@ import torch
 from engine.attention.backend import AttentionBackend
 from engine.executor.base import Executor
 from engine.model.loader import LoadedModel
+from engine.worker.host_kv_cache import HostKVCache, NoHostKVCache, host_kv_cache
 from engine.worker.kv_cache import export_blocks, import_blocks
 from engine.worker.step_batch import StepInputs
 
@@ -15,10 +16,13 @@ class LocalExecutor(Executor):
         self.loaded = loaded
         self.kv_arch = loaded.arch
         self.kv_caches: list[torch.Tensor] = []
-        self.backend: AttentionBackend | None = None  # both set by start_kv
+        self.backend: AttentionBackend | None = None  # these set by start_kv
+        self.host_kv: HostKVCache | NoHostKVCache = NoHostKVCache()
 
-    def start_kv(self, num_blocks: int, kv_caches: list[torch.Tensor], backend: AttentionBackend) -> None:
+    def start_kv(self, num_blocks: int, kv_caches: list[torch.Tensor], backend: AttentionBackend,
+                 num_host_slots: int = 0) -> None:
         self.kv_caches, self.backend = kv_caches, backend
+        self.host_kv = host_kv_cache(kv_caches, num_host_slots)
 
     def forward(self, batches: list[StepInputs]) -> torch.Tensor:
         (batch,) = batches  # no pipeline: one micro-batch per step
@@ -30,3 +34,6 @@ class LocalExecutor(Executor):
 
     def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
         return export_blocks(self.kv_caches, block_ids)
+
+    def copy_host_blocks(self, offloads: list[tuple[int, int]], onloads: list[tuple[int, int]]) -> None:
+        self.host_kv.copy(offloads, onloads)

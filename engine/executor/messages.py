@@ -5,13 +5,16 @@ follows as tensors broadcast on the gloo group. The pipe carries the "what next"
 a rank waits on it between steps for as long as the engine idles, which a collective
 with a timeout cannot do; and its end of file tells a rank that the driver is gone.
 
-    INIT        a = KV blocks to allocate
+    INIT        a = KV blocks to allocate, b = host-tier slots (each rank's buffer of its part)
     STEP        a = micro-batches, b = int64 payload length; then a x 7 shape fields,
                 then the payload broadcast (StepInputs.pack)
     KV_IMPORT   a = blocks; then a block ids; then the blocks broadcast, whole (every
                 layer and KV head): each rank keeps its part
     KV_EXPORT   a = blocks; then a block ids; each rank holding KV heads first sends its
                 part to the driver
+    HOST_COPY   a = offloads, b = onloads; then a (block id, slot) pairs, then b (slot,
+                block id) pairs, flat: each rank copies its part between its cache and its
+                host buffer (the host tier's copies of SchedulerOutput), before the step's STEP
     SHUTDOWN
 """
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 from engine.attention.backend import AttentionMetadata
 from engine.worker.step_batch import StepInputs
 
-INIT, STEP, KV_IMPORT, KV_EXPORT, SHUTDOWN = 1, 2, 3, 4, 5
+INIT, STEP, KV_IMPORT, KV_EXPORT, SHUTDOWN, HOST_COPY = 1, 2, 3, 4, 5, 6
 HEADER = struct.Struct("<qqq")  # op, a, b
 SHAPE_FIELDS = 7
 
@@ -48,6 +51,20 @@ def read_exact(pipe: BinaryIO, n: int) -> bytes | None:
 def read_ints(pipe: BinaryIO, n: int) -> list[int] | None:
     data = read_exact(pipe, 8 * n)
     return None if data is None else list(struct.unpack(f"<{n}q", data))
+
+
+def pack_pairs(*pair_lists: list[tuple[int, int]]) -> list[int]:
+    """Pairs of ints, flat, list after list (HOST_COPY's ints)."""
+    return [x for pairs in pair_lists for pair in pairs for x in pair]
+
+
+def unpack_pairs(ints: list[int], *counts: int) -> list[list[tuple[int, int]]]:
+    """pack_pairs undone: `counts` pairs each."""
+    lists, at = [], 0
+    for n in counts:
+        lists.append(list(zip(ints[at:at + 2 * n:2], ints[at + 1:at + 2 * n:2])))
+        at += 2 * n
+    return lists
 
 
 def pack_step(batches: list[StepInputs]) -> tuple[list[int], torch.Tensor]:

@@ -95,13 +95,14 @@ class MultiProcExecutor(Executor):
         """The process of every rank but the driver's (rank 0 is this process)."""
         return {rank: proc.pid for rank, proc in self._procs.items()}
 
-    def start_kv(self, num_blocks: int, kv_caches: list[torch.Tensor], backend: AttentionBackend) -> None:
-        """Every rank allocates `num_blocks` KV blocks; rank 0's are `kv_caches`. Returns
-        once every rank is ready."""
+    def start_kv(self, num_blocks: int, kv_caches: list[torch.Tensor], backend: AttentionBackend,
+                 num_host_slots: int = 0) -> None:
+        """Every rank allocates `num_blocks` KV blocks (rank 0's are `kv_caches`) and a host
+        buffer of `num_host_slots` blocks of its part. Returns once every rank is ready."""
         with self._guard("start-up"):
-            self._send_all(M.INIT, num_blocks)
+            self._send_all(M.INIT, num_blocks, num_host_slots)
             self.worker = StageWorker(self.loaded.model, kv_caches[:len(self.loaded.model.layers)], backend,
-                                      self.groups, self.device)
+                                      self.groups, self.device, num_host_slots)
             self.groups.cpu.barrier()
 
     # ---- the engine's calls --------------------------------------------------------
@@ -138,6 +139,12 @@ class MultiProcExecutor(Executor):
                     self.groups.cpu.recv(part, src=rank)
                 out[:, shard.layers.start:shard.layers.stop, :, :, shard.kv_heads.start:shard.kv_heads.stop] = part
             return out
+
+    def copy_host_blocks(self, offloads: list[tuple[int, int]], onloads: list[tuple[int, int]]) -> None:
+        """Each rank between its own cache and host buffer: no bytes cross processes."""
+        with self._guard("a host KV copy"):
+            self._send_all(M.HOST_COPY, len(offloads), len(onloads), M.pack_pairs(offloads, onloads))
+            self.worker.copy_host_blocks(offloads, onloads)
 
     def check_health(self) -> None:
         if self._dead is not None:

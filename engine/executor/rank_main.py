@@ -40,12 +40,13 @@ def main(argv: list[str]) -> int:
     header = M.read_exact(pipe, M.HEADER.size)
     if header is None:
         return 0
-    op, num_blocks, _ = M.HEADER.unpack(header)
+    op, num_blocks, num_host_slots = M.HEADER.unpack(header)
     if op != M.INIT:
         raise RuntimeError(f"rank {place.rank}: expected INIT from the driver, got op {op}")
     kv_caches = allocate_kv_caches(num_blocks, rank_kv_arch(parallel, loaded.arch), launch.block_size, dtype, device)
     kv_caches = kv_caches[:len(loaded.model.layers)]
-    worker = StageWorker(loaded.model, kv_caches, get_attention_backend(launch.attention_backend), groups, device)
+    worker = StageWorker(loaded.model, kv_caches, get_attention_backend(launch.attention_backend), groups, device,
+                         num_host_slots)
     groups.cpu.barrier()  # ready: the driver's start-up returns
     block_shape = (loaded.arch.num_layers, 2, launch.block_size, loaded.arch.num_kv_heads, loaded.arch.head_dim)
     try:
@@ -77,6 +78,8 @@ def _serve(pipe, worker: StageWorker, groups: ParallelGroups, dtype: torch.dtype
             block_ids = M.read_ints(pipe, a)
             if worker.shard.owns_kv_heads:
                 groups.cpu.send(worker.export_part(block_ids).contiguous(), dst=0)
+        elif op == M.HOST_COPY:
+            worker.copy_host_blocks(*M.unpack_pairs(M.read_ints(pipe, 2 * (a + b)), a, b))
         else:
             raise RuntimeError(f"rank {groups.place.rank}: unknown op {op} from the driver")
 

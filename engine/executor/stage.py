@@ -10,15 +10,17 @@ from engine.executor.groups import ParallelGroups
 from engine.executor.messages import StepInputs
 from engine.model.decoder import DecoderForCausalLM
 from engine.model.shard import ModelShard
+from engine.worker.host_kv_cache import host_kv_cache
 from engine.worker.kv_cache import export_blocks, import_blocks
 
 
 class StageWorker:
     def __init__(self, model: DecoderForCausalLM, kv_caches: list[torch.Tensor], backend: AttentionBackend,
-                 groups: ParallelGroups, device: torch.device):
+                 groups: ParallelGroups, device: torch.device, num_host_slots: int = 0):
         self.model, self.kv_caches, self.backend = model, kv_caches, backend
         self.groups, self.place, self.device = groups, groups.place, device
         self.shard: ModelShard = model.shard
+        self.host_kv = host_kv_cache(kv_caches, num_host_slots)  # the host tier's bytes of this rank's part
 
     @torch.inference_mode()
     def run(self, batches: list[StepInputs]) -> list[torch.Tensor]:
@@ -66,3 +68,6 @@ class StageWorker:
     def export_part(self, block_ids: list[int]) -> torch.Tensor:
         """This rank's layers and KV heads of the blocks, on the host."""
         return export_blocks(self.kv_caches, block_ids)
+
+    def copy_host_blocks(self, offloads: list[tuple[int, int]], onloads: list[tuple[int, int]]) -> None:
+        self.host_kv.copy(offloads, onloads)

@@ -43,6 +43,20 @@ def num_kv_blocks(cache: CacheConfig, arch: ModelArchConfig, dtype: torch.dtype,
     return num_blocks
 
 
+def num_host_kv_slots(cache: CacheConfig, arch: ModelArchConfig, dtype: torch.dtype, num_ranks: int = 1) -> int:
+    """Blocks the host tier holds: kv_offloading_bytes over every rank together (vLLM's
+    --kv-offloading-size is the total of all ranks), each rank keeping its part of a block
+    (`arch`: one rank's part). 0: no host tier."""
+    if not cache.kv_offloading_bytes:
+        return 0
+    per_block = bytes_per_block(arch, cache.block_size, dtype) * num_ranks
+    num_slots = cache.kv_offloading_bytes // per_block
+    if num_slots < 1:
+        raise ValueError(f"kv_offloading_bytes: {cache.kv_offloading_bytes} bytes hold no KV block "
+                         f"(one block of {cache.block_size} tokens needs {per_block} bytes over {num_ranks} rank(s))")
+    return num_slots
+
+
 def kv_budget(cache: CacheConfig, device: torch.device, num_ranks: int,
               profile: MemoryProfile | None) -> tuple[int, str]:
     """The KV cache's bytes on one rank, and the setting that decided them."""
@@ -56,9 +70,24 @@ def kv_budget(cache: CacheConfig, device: torch.device, num_ranks: int,
 
 def allocate_kv_caches(num_blocks: int, arch: ModelArchConfig, block_size: int, dtype: torch.dtype,
                        device: torch.device) -> list[torch.Tensor]:
-    """Per layer: [2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]."""
-    shape = (2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
-    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(arch.num_layers)]
+    """Per layer: [2 (K, V), num_blocks, block_size, num_kv_heads, head_dim], each a view of
+    one allocation in layer order, so that a copy of many blocks across every layer is one
+    indexed op (stacked_kv_caches; the host tier's copies)."""
+    shape = (arch.num_layers, 2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
+    return list(torch.zeros(shape, dtype=dtype, device=device).unbind(0))
+
+
+def stacked_kv_caches(kv_caches: list[torch.Tensor]) -> torch.Tensor:
+    """The per-layer caches of allocate_kv_caches (or a leading run of them) as one tensor
+    [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim], sharing their memory."""
+    first = kv_caches[0]
+    step = first.numel()
+    for i, cache in enumerate(kv_caches):
+        if (cache.shape != first.shape or not cache.is_contiguous()
+                or cache.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or cache.storage_offset() != first.storage_offset() + i * step):
+            raise ValueError("KV caches: not consecutive views of one allocation (allocate_kv_caches)")
+    return first.as_strided((len(kv_caches), *first.shape), (step, *first.stride()), first.storage_offset())
 
 
 def export_blocks(kv_caches: list[torch.Tensor], block_ids: list[int]) -> torch.Tensor:

@@ -32,6 +32,7 @@ class Forwarder(Protocol):
     def forward(self, batches: list[StepInputs]) -> torch.Tensor: ...
     def import_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None: ...
     def export_blocks(self, block_ids: list[int]) -> torch.Tensor: ...
+    def copy_host_blocks(self, offloads: list[tuple[int, int]], onloads: list[tuple[int, int]]) -> None: ...
 
 
 @dataclass
@@ -86,6 +87,10 @@ class ModelRunner:
                                           max_model_len, self.block_size, self.device, graph_type)
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        # the host tier's copies before anything writes the cache: an evicted block's old
+        # bytes leave before its new owner's (an onload, an import, the forward) arrive
+        if sched.has_host_copies:
+            self.executor.copy_host_blocks(sched.kv_offloads, sched.kv_onloads)
         self._update_states(sched)
         if sched.is_empty:
             return ModelRunnerOutput()

@@ -105,9 +105,10 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
             return ""
 
     def _import_prefix(self, hashes: list[bytes], lease_id: str) -> tuple[KVPayload | None, int]:
-        """Blocks the kvstore has beyond what the local prefix cache has; and how many
-        leading blocks the store holds (those need not be written again: the lookup pinned
-        them by the lease, so they stay until the decode has read them)."""
+        """Blocks the kvstore has beyond what this engine holds (its device prefix cache, then
+        its host tier: docs/kv_tiers.md); and how many leading blocks the store holds (those
+        need not be written again: the lookup pinned them by the lease, so they stay until
+        the decode has read them)."""
         if not hashes or not lease_id:
             return None, 0
         try:

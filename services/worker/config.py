@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig, SchedulerConfig
@@ -48,6 +49,7 @@ class WorkerConfig:
 
 
 _ENGINE, _SCHEDULER, _WORKER = EngineConfig(), SchedulerConfig(), WorkerConfig()
+GiB = 1 << 30
 
 SPECULATIVE_HELP = {
     "decode": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
@@ -98,6 +100,10 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, rol
                              "included; the KV cache gets what is left (vLLM's). Ignored on the CPU and with "
                              "--kv-cache-memory-bytes")
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--kv-offloading-size", type=kv_offloading_size_arg, default=None, metavar="GiB",
+                        help="host memory keeping the KV blocks the cache evicts, copied back on a prefix hit "
+                             "before the kvstore is asked (vLLM's flag, in GiB, the total over a worker's "
+                             "tensor/pipeline ranks; docs/kv_tiers.md). Needs prefix caching. Default: off")
     parser.add_argument("--max-num-seqs", type=int, default=_SCHEDULER.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
                         help=f"tokens per engine step (default {_SCHEDULER.max_num_batched_tokens}; with "
@@ -134,7 +140,8 @@ def worker_config_from_args(args) -> WorkerConfig:
         enable_chunked_prefill=not args.no_chunked_prefill)
     cache = dataclasses.replace(_ENGINE.cache, enable_prefix_caching=not args.no_prefix_caching,
                                 kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-                                gpu_memory_utilization=args.gpu_memory_utilization)
+                                gpu_memory_utilization=args.gpu_memory_utilization,
+                                kv_offloading_bytes=_kv_offloading_bytes(args))
     engine = dataclasses.replace(_ENGINE, model=args.model, revision=args.revision, dtype=args.dtype,
                                  device=args.device,
                                  attention_backend=args.attention_backend, cache=cache, scheduler=scheduler,
@@ -167,6 +174,27 @@ def gpu_memory_utilization_arg(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"gpu_memory_utilization: must be in (0, 1], got {text!r}")
     return value
+
+
+def kv_offloading_size_arg(text: str) -> float:
+    """GiB >= 0 (0: off), as vLLM's --kv-offloading-size (pdserve up's flag parses the same way)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of GiB >= 0 (0: off), got {text!r}")
+    return value
+
+
+def _kv_offloading_bytes(args) -> int | None:
+    """--kv-offloading-size in bytes; refused, naming it, beside --no-prefix-caching."""
+    if not args.kv_offloading_size:
+        return None
+    if args.no_prefix_caching:
+        raise InvalidRequestError("--kv-offloading-size", "the host tier keeps the blocks the prefix cache evicts: "
+                                                          "it cannot go with --no-prefix-caching")
+    return int(args.kv_offloading_size * GiB)
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:

@@ -71,8 +71,9 @@ class EngineLoop:
         return future
 
     def num_local_prefix_blocks(self, block_hashes: list[bytes]) -> int:
-        """How many leading blocks of `block_hashes` the prefix cache holds, read from the
-        calling thread (lookups only, each atomic under the GIL). A hint: the loop may add
+        """How many leading blocks of `block_hashes` the prefix cache holds (the device's,
+        then the host tier's), read from the calling thread (lookups only, each atomic under
+        the GIL: dict and OrderedDict membership). A hint: the loop may add
         or evict blocks right after, and the engine takes what it finds at admission. Not
         through call(): that waits for a step boundary, and a submit() right after it then
         misses the step that boundary starts, so on a busy worker the request would wait

@@ -31,6 +31,7 @@ class WorkerMetrics:
                                      "Running requests preempted for KV blocks (recomputed when resumed)")
         self.prefix_queried = m.gauge("prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache")
         self.prefix_hits = m.gauge("prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache")
+        self.host = HostTierMetrics(m)
         self.kvstore_imported = m.counter("kvstore_imported_tokens_total", "Prompt tokens imported from the kvstore")
         self.recompute = m.counter("recompute_fallbacks_total", "Blocks the kvstore no longer had, recomputed")
         self.kv_blocks_rejected = m.counter("worker_kv_blocks_rejected_total",
@@ -66,6 +67,7 @@ class WorkerMetrics:
         self.preemptions.inc(stats.num_preemptions - before.num_preemptions)
         self.prefix_queried.set(stats.num_prefix_queried_tokens)
         self.prefix_hits.set(stats.num_prefix_hit_tokens)
+        self.host.update(stats, before)
         self.spec.update(stats)
         self.vllm.update(stats, before)
 
@@ -100,6 +102,33 @@ class WorkerMetrics:
     def request_aborted(self) -> None:
         self.requests.labels("aborted").inc()
         self.vllm.finished("abort")
+
+
+class HostTierMetrics:
+    """The host tier (--kv-offloading-size; engine/core/host_tier.py): prompt tokens looked up
+    there (what the device cache missed) and found, since start, as the prefix-cache pair is
+    reported; blocks copied each way; its blocks in use and all of them. All zero without one."""
+
+    def __init__(self, m: Metrics):
+        self.queried = m.gauge("prefix_cache_host_queried_tokens",
+                               "Prompt tokens looked up in the host tier (those the device prefix cache missed)")
+        self.hits = m.gauge("prefix_cache_host_hit_tokens", "Prompt tokens found in the host tier")
+        self.copied = m.counter("kv_host_copied_blocks_total",
+                                "KV blocks copied device -> host (offload) and host -> device (onload)",
+                                ("direction",))
+        for direction in ("offload", "onload"):  # both series from the start, at 0
+            self.copied.labels(direction)
+        self.used = m.gauge("kv_host_blocks_used", "Host-tier KV blocks holding a block the device evicted")
+        self.capacity = m.gauge("kv_host_blocks_capacity", "Host-tier KV blocks in all (0: no host tier)")
+
+    def update(self, stats: EngineStats, before: EngineStats) -> None:
+        host, seen = stats.host, before.host
+        self.queried.set(host.num_queried_tokens)
+        self.hits.set(host.num_hit_tokens)
+        self.copied.labels("offload").inc(host.num_offloaded_blocks - seen.num_offloaded_blocks)
+        self.copied.labels("onload").inc(host.num_onloaded_blocks - seen.num_onloaded_blocks)
+        self.used.set(host.num_used_blocks)
+        self.capacity.set(host.num_total_blocks)
 
 
 class SpecDecodeMetrics:

@@ -49,6 +49,16 @@ class VllmMetrics:
             "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
         self.prefix_cache_hits = self._counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        # vLLM counts a KV connector's hits here (its CPU offloading connector's among them):
+        # the host tier's, of the tokens the device prefix cache missed
+        self.external_prefix_cache_queries = self._counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of "
+            "queried tokens.")
+        self.external_prefix_cache_hits = self._counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of "
+            "cached tokens.")
         self.prompt_tokens = self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = self._counter("vllm:generation_tokens", "Number of generation tokens processed.")
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
@@ -71,6 +81,8 @@ class VllmMetrics:
         self.preemptions.inc(stats.num_preemptions - before.num_preemptions)
         self.prefix_cache_queries.inc(stats.num_prefix_queried_tokens - before.num_prefix_queried_tokens)
         self.prefix_cache_hits.inc(stats.num_prefix_hit_tokens - before.num_prefix_hit_tokens)
+        self.external_prefix_cache_queries.inc(stats.host.num_queried_tokens - before.host.num_queried_tokens)
+        self.external_prefix_cache_hits.inc(stats.host.num_hit_tokens - before.host.num_hit_tokens)
 
     def finished(self, finish_reason: str) -> None:
         """A request that ended on this worker (a hand-off did not: it goes on elsewhere)."""

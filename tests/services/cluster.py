@@ -42,12 +42,14 @@ class Cluster:
 
 def start_cluster(model: str, loaded, num_prefill: int = 2, num_decode: int = 1, short_prompt_tokens: int = 32,
                   kv_cache_memory_bytes: int | None = 8 << 20, kvstore_capacity: int = 64 << 20,
-                  kvstore_transport: str = "grpc", **worker_overrides) -> Cluster:
+                  kvstore_transport: str = "grpc", kv_offloading_bytes: int | None = None,
+                  **worker_overrides) -> Cluster:
     ucx_port = 0 if kvstore_transport == "ucx" else None
     cluster = Cluster(serve_kvstore(KVStoreConfig(capacity_bytes=kvstore_capacity, metrics_port=None,
                                                   ucx_port=ucx_port)))
     try:
-        engine = EngineConfig(model=model, cache=CacheConfig(kv_cache_memory_bytes=kv_cache_memory_bytes))
+        engine = EngineConfig(model=model, cache=CacheConfig(kv_cache_memory_bytes=kv_cache_memory_bytes,
+                                                             kv_offloading_bytes=kv_offloading_bytes))
         cfg = WorkerConfig(engine=engine, kvstore_address=cluster.kvstore.address, metrics_port=0,
                            kvstore_transport=kvstore_transport, **worker_overrides)
         cluster.prefills = [serve_prefill(cfg, loaded) for _ in range(num_prefill)]

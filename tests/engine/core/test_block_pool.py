@@ -8,7 +8,7 @@ import pytest
 
 from engine.core.block_hash import hash_block_tokens, hash_full_blocks, model_fingerprint
 from engine.core.block_pool import BlockPool
-from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.kv_cache_manager import NO_HITS, KVCacheManager
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 
@@ -73,7 +73,7 @@ def test_longest_hit_and_lru_eviction_of_cached_blocks():
 
     b = _request("b", list(range(8)) + [99, 98, 97])
     hits, num_hit_tokens = kv.get_computed_blocks(b)
-    assert [h.block_id for h in hits] == [0, 1] and num_hit_tokens == 8
+    assert [h.block_id for h in hits.device] == [0, 1] and hits.host == [] and num_hit_tokens == 8
     new = kv.allocate_slots(b, 3, hits)
     assert [blk.block_id for blk in new] == [3]
     assert kv.get_block_ids("b") == [0, 1, 3]
@@ -93,7 +93,7 @@ def test_fully_cached_prompt_recomputes_its_last_token():
     kv.allocate_slots(a, 8)
     kv.free(a)
     hits, n = kv.get_computed_blocks(_request("b", list(range(8))))
-    assert len(hits) == 1 and n == 4
+    assert len(hits.device) == 1 and n == 4
 
 
 def test_prefix_caching_off_never_hits():
@@ -101,7 +101,7 @@ def test_prefix_caching_off_never_hits():
     a = _request("a", list(range(9)))
     kv.allocate_slots(a, 9)
     kv.free(a)
-    assert kv.get_computed_blocks(_request("b", list(range(9)))) == ([], 0)
+    assert kv.get_computed_blocks(_request("b", list(range(9)))) == (NO_HITS, 0)
     assert not kv.pool.cached_block_hash_to_block
 
 

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.stats import EngineStats
+from engine.stats import EngineStats, HostTierStats
 from services.worker.metrics import WorkerMetrics
 from services.worker.vllm_metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 
@@ -15,6 +15,7 @@ LABELS = {"model_name": "tiny-chat", "engine": "0"}
 FAMILIES = {
     "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge", "vllm:kv_cache_usage_perc": "gauge",
     "vllm:num_preemptions": "counter", "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter",
+    "vllm:external_prefix_cache_queries": "counter", "vllm:external_prefix_cache_hits": "counter",
     "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter", "vllm:request_success": "counter",
     "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
     "vllm:e2e_request_latency_seconds": "histogram", "vllm:request_queue_time_seconds": "histogram",
@@ -76,6 +77,23 @@ def test_engine_stats_become_gauges_and_counter_increases(metrics):
     # pdserve's own families of the same two facts
     assert metrics.metrics.value("kv_cache_usage_ratio") == 0.75
     assert metrics.metrics.value("worker_preemptions_total") == 4
+
+
+def test_the_host_tier_s_stats_in_both_families(metrics):
+    """vLLM counts a KV connector's hits (its CPU offloading's too) as external prefix-cache
+    hits: here the host tier's, of the tokens the device missed."""
+    assert metrics.metrics.value("kv_host_copied_blocks_total", {"direction": "onload"}) == 0  # there from the start
+    metrics.update(EngineStats(host=HostTierStats(num_queried_tokens=80, num_hit_tokens=32, num_offloaded_blocks=5,
+                                                  num_onloaded_blocks=2, num_used_blocks=5, num_total_blocks=64)))
+    metrics.update(EngineStats(host=HostTierStats(num_queried_tokens=200, num_hit_tokens=96, num_offloaded_blocks=9,
+                                                  num_onloaded_blocks=6, num_used_blocks=9, num_total_blocks=64)))
+    assert _value(metrics, "vllm:external_prefix_cache_queries_total") == 200
+    assert _value(metrics, "vllm:external_prefix_cache_hits_total") == 96
+    m = metrics.metrics
+    assert (m.value("prefix_cache_host_queried_tokens"), m.value("prefix_cache_host_hit_tokens")) == (200, 96)
+    assert m.value("kv_host_copied_blocks_total", {"direction": "offload"}) == 9
+    assert m.value("kv_host_copied_blocks_total", {"direction": "onload"}) == 6
+    assert (m.value("kv_host_blocks_used"), m.value("kv_host_blocks_capacity")) == (9, 64)
 
 
 def test_kv_usage_of_an_engine_not_sized_yet_is_zero():
