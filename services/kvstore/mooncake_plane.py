@@ -40,6 +40,10 @@ LOCAL_BUFFER_BYTES = 16 << 20
 # for the next reads (mooncake_transport.ReadBuffers): a read into fresh memory pays a page
 # fault per 4 KiB, which cost more than the transfer here.
 READ_BUFFER_BYTES = 512 << 20
+# The nice value of the threads that wait for a worker's transfers: Mooncake's client polls
+# for completion without pause, and at this priority the polling leaves the cores to the
+# threads that move the bytes (mooncake_transport.py).
+TRANSFER_WAIT_NICE = 19
 
 
 class MooncakeUnavailable(RuntimeError):

@@ -185,6 +185,32 @@ def test_read_buffers_hold_at_most_their_bound_then_a_read_gets_its_own():
     assert empty.nbytes == 0 and not registered
 
 
+def test_transfers_are_waited_for_on_low_priority_threads_and_fail_as_the_plane_does():
+    """Mooncake's client polls for a transfer's end without pause: it does so at nice 19,
+    off the caller's thread (which sleeps), so the cores go to the threads moving bytes."""
+    import os
+    import threading
+    from services.kvstore.mooncake_transport import MooncakeTransport
+    settings = MooncakeSettings("127.0.0.1:1", "http://127.0.0.1:2/metadata")
+    transport = MooncakeTransport(None, settings, _Registrations())
+    seen, caller_nice = [], os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    def transfer(*args):
+        seen.append((threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return list(args)
+    try:
+        assert transport._transfer("get", transfer, 1, 2) == [1, 2]
+        assert seen[0][0] != threading.get_native_id() and seen[0][1] == mooncake_plane.TRANSFER_WAIT_NICE
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller_nice
+
+        def fails():
+            raise RuntimeError("transfer engine said no")
+        with pytest.raises(grpc.RpcError, match="Mooncake Store get failed: transfer engine said no"):
+            transport._transfer("get", fails)
+    finally:
+        transport._waiters.shutdown()
+
+
 def test_read_buffers_tell_a_range_inside_one_of_their_blocks():
     buffers = ReadBuffers(lambda: _Registrations(), max_bytes=4 << 20)
     view, _ = buffers.take(1 << 20)
