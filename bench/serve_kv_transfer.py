@@ -12,7 +12,7 @@ what a store node's first write into its fresh segment pages cost (`cold_*`: mea
 before `touch_segments`, which every number after it follows, as on a node that has
 served a while).
 
-    .venv/bin/python -m bench.serve_kv_transfer [--num-blocks 64] [--repeats 3]
+    .venv/bin/python -m bench.serve_kv_transfer [--num-blocks 64] [--repeats 3] [--paths mooncake,memory-grpc,...]
 
 Prints one JSON line per path: medians over the repeats of each direction's MB/s, of raw
 TCP's (one send + echo of the same bytes right before each repeat), and of
