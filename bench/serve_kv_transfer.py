@@ -6,12 +6,17 @@ The paths the workers take: put_blocks from one contiguous payload tensor (as th
 exports it), get_blocks into a KVPayload tensor (as the decode imports it). The old
 one-block-per-message Put/Get is measured once more for comparison. With the Mooncake
 backend (a real mooncake_master and store node on loopback, issue 32) the bytes go from
-the payload straight to the store node; its line breaks the time down (the kvstore's
-index calls, Mooncake's transfer, the rest).
+the payload straight to the store node; its line breaks the time down (checksums, the
+kvstore's index calls, Mooncake's transfers, buffer registration, the rest), and says
+what a store node's first write into its fresh segment pages cost (`cold_*`: measured
+before `touch_segments`, which every number after it follows, as on a node that has
+served a while).
 
-    .venv/bin/python -m bench.serve_kv_transfer [--num-blocks 64] [--repeats 3]
+    .venv/bin/python -m bench.serve_kv_transfer [--num-blocks 64] [--repeats 3] [--paths mooncake,memory-grpc,...]
 
-Prints one JSON line per path with MB/s and `ratio_vs_raw_socket`.
+Prints one JSON line per path: medians over the repeats of each direction's MB/s, of raw
+TCP's (one send + echo of the same bytes right before each repeat), and of
+`ratio_vs_raw_socket`, each repeat's raw round trip over its put + get.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import tempfile
 import threading
@@ -31,6 +37,7 @@ import torch
 from cli.bench.mooncake_cluster import MooncakeCluster
 from engine.dtypes import dtype_name
 from engine.kv_transfer import KVLayout, KVPayload
+from services.worker import kv_wire
 from services.worker.kv_wire import block_from_proto, block_to_proto, payload_from_batches, payload_to_put
 from services.kvstore.client import KVStoreClient
 from services.kvstore.server import KVStoreConfig, serve
@@ -45,96 +52,151 @@ def make_payload(num_blocks: int, seed: int) -> KVPayload:
     return KVPayload(num_blocks * 16, blocks, [os.urandom(32) for _ in range(num_blocks)])
 
 
-def raw_socket_mbps(payload: bytes, repeats: int) -> float:
-    """Send the bytes over a loopback TCP connection and read them back whole, as a put+get."""
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
+class RawEcho:
+    """A loopback TCP connection to a thread that echoes what it reads: one round_trip()
+    sends the bytes and reads them back whole, as a put then a get. Interleaved with the
+    store's repeats, so a machine busy with other work slows both alike."""
 
-    def echo():
-        conn, _ = server.accept()
+    def __init__(self, payload: bytes):
+        self.payload = payload
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._thread = threading.Thread(target=self._echo, daemon=True)
+        self._thread.start()
+        self._client = socket.create_connection(self._server.getsockname())
+
+    def _echo(self):
+        conn, _ = self._server.accept()
         with conn:
-            for _ in range(repeats):
+            while True:
                 data = bytearray()
-                while len(data) < len(payload):
-                    data += conn.recv(1 << 20)
+                while len(data) < len(self.payload):
+                    chunk = conn.recv(1 << 20)
+                    if not chunk:
+                        return
+                    data += chunk
                 conn.sendall(data)
-    thread = threading.Thread(target=echo, daemon=True)
-    thread.start()
-    with socket.create_connection(("127.0.0.1", port)) as client:
+
+    def round_trip(self) -> float:
         start = time.perf_counter()
-        for _ in range(repeats):
-            client.sendall(payload)
-            got = 0
-            while got < len(payload):
-                got += len(client.recv(1 << 20))
-        elapsed = time.perf_counter() - start
-    thread.join()
-    server.close()
-    return 2 * len(payload) * repeats / elapsed / 1e6
+        self._client.sendall(self.payload)
+        got = 0
+        while got < len(self.payload):
+            got += len(self._client.recv(1 << 20))
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        self._client.close()
+        self._thread.join()
+        self._server.close()
 
 
-def store_mbps(client: KVStoreClient, payload: KVPayload, repeats: int) -> tuple[float, float]:
-    """put_blocks then get_blocks of the payload, as the workers do (export layout in, a
-    KVPayload tensor out); MB/s of each direction (bytes of block data)."""
-    num_bytes = payload.blocks.numel() * payload.blocks.element_size()
-    put_s = get_s = 0.0
+def renamed(payload: KVPayload) -> KVPayload:
+    """The same bytes under new block hashes: every put writes new blocks, as a prefill does
+    (it looks up what is stored and skips it). A put of hashes already stored is cheaper
+    than a write on some backends (Mooncake keeps the first object under a key and answers
+    a second put of it at once), so repeating one payload would not measure a write."""
+    return KVPayload(payload.num_tokens, payload.blocks, [os.urandom(32) for _ in payload.block_hashes])
+
+
+def store_times(client: KVStoreClient, payload: KVPayload, repeats: int, echo: RawEcho) -> list[tuple[float, ...]]:
+    """(raw TCP round trip, put, get) seconds for each repeat: put_blocks then get_blocks of
+    the payload, as the workers do (export layout in, a KVPayload tensor out), new hashes
+    each time, right after one raw round trip of the same bytes."""
+    times = []
     for _ in range(repeats):
+        payload = renamed(payload)
+        raw_s = echo.round_trip()
         t = time.perf_counter()
         layout = KVLayout.of("bench", dtype_name(payload.blocks.dtype), tuple(payload.blocks.shape[1:]))
         headers, data = payload_to_put(payload, layout, tail_key="")
         client.put_blocks(headers, data)
-        put_s += time.perf_counter() - t
+        put_s = time.perf_counter() - t
         t = time.perf_counter()
         got = payload_from_batches(client.get_blocks(payload.block_hashes), payload.block_hashes, layout).payload
-        get_s += time.perf_counter() - t
+        times.append((raw_s, put_s, time.perf_counter() - t))
         assert got is not None and got.num_blocks == payload.num_blocks
     assert torch.equal(got.blocks, payload.blocks)
-    return num_bytes * repeats / put_s / 1e6, num_bytes * repeats / get_s / 1e6
+    return times
 
 
-def store_mbps_per_block(client: KVStoreClient, payload: KVPayload, repeats: int) -> tuple[float, float]:
+def store_times_per_block(client: KVStoreClient, payload: KVPayload, repeats: int,
+                          echo: RawEcho) -> list[tuple[float, ...]]:
     """The one-block-per-message Put and Get (before issue 13), for comparison: as the
     workers did, the messages are built from the payload and the tensor from the answer."""
-    num_bytes = payload.blocks.numel() * payload.blocks.element_size()
-    put_s = get_s = 0.0
+    times = []
     for _ in range(repeats):
+        payload = renamed(payload)
+        raw_s = echo.round_trip()
         t = time.perf_counter()
         client.put([block_to_proto(b, 16, block_hash=h) for b, h in zip(payload.blocks, payload.block_hashes)])
-        put_s += time.perf_counter() - t
+        put_s = time.perf_counter() - t
         t = time.perf_counter()
         got = torch.stack([block_from_proto(b) for b in client.get(payload.block_hashes)])  # as decodes did
-        get_s += time.perf_counter() - t
+        times.append((raw_s, put_s, time.perf_counter() - t))
     assert torch.equal(got, payload.blocks)
-    return num_bytes * repeats / put_s / 1e6, num_bytes * repeats / get_s / 1e6
+    return times
 
 
-def mooncake_breakdown(client: KVStoreClient, payload: KVPayload, repeats: int) -> dict[str, float]:
-    """Where a Mooncake put+get's time goes, in ms per put+get: the kvstore's index calls
-    (gRPC), Mooncake's own transfers (batch_put_from/batch_get_into, their buffer
-    registration included), and the rest (headers, sealing, the payload's views)."""
-    transport = client._block_transport()
-    spent = {"index_ms": 0.0, "transfer_ms": 0.0}
+def summary(times: list[tuple[float, ...]], num_bytes: int) -> dict[str, float]:
+    """Medians over the repeats: MB/s of each direction, raw TCP's MB/s (both ways), and the
+    ratio of the store's put+get to the raw round trip of the same repeat (the harmonic mean
+    of put and get MB/s over raw's)."""
+    raw, put, get = zip(*times)
+    return {"put_mb_s": round(num_bytes / statistics.median(put) / 1e6, 1),
+            "get_mb_s": round(num_bytes / statistics.median(get) / 1e6, 1),
+            "ratio_vs_raw_socket": round(statistics.median(r / (p + g) for r, p, g in times), 2),
+            "raw_mb_s": round(2 * num_bytes / statistics.median(raw) / 1e6, 1)}
 
-    def timed(key, method):
-        def call(*args):
-            t = time.perf_counter()
-            try:
-                return method(*args)
-            finally:
-                spent[key] += (time.perf_counter() - t) * 1e3
-        return call
-    control, plane = transport._control, transport._plane
-    originals = (control.put_blocks, control.get_blocks, transport._put_bytes, transport._get_bytes)
-    control.put_blocks, control.get_blocks = timed("index_ms", originals[0]), timed("index_ms", originals[1])
-    transport._put_bytes, transport._get_bytes = timed("transfer_ms", originals[2]), timed("transfer_ms", originals[3])
-    try:
+
+class _TimedPlane:
+    """The Mooncake client with its calls timed into `spent` (ms, by the name of the call)."""
+
+    def __init__(self, plane, spent: dict[str, float], names: dict[str, str]):
+        self._plane, self._spent, self._names = plane, spent, names
+
+    def __getattr__(self, name):
+        method = getattr(self._plane, name)
+        if name not in self._names:
+            return method
+        return _timed(self._spent, self._names[name], method)
+
+
+def _timed(spent: dict[str, float], key: str, method):
+    def call(*args, **kwargs):
         t = time.perf_counter()
-        store_mbps(client, payload, repeats)
-        total_ms = (time.perf_counter() - t) * 1e3
+        try:
+            return method(*args, **kwargs)
+        finally:
+            spent[key] += (time.perf_counter() - t) * 1e3
+    return call
+
+
+def mooncake_measured(client: KVStoreClient, payload: KVPayload, repeats: int,
+                      echo: RawEcho) -> tuple[list[tuple[float, ...]], dict[str, float]]:
+    """store_times over Mooncake, and where its time went, in ms per put+get (means over the
+    repeats): sealing (the writer's checksums) and checking (the reader's: checksums and
+    headers), the kvstore's index calls (gRPC), Mooncake's transfers (batch_put_from,
+    batch_get_into), registering buffers with the transfer engine, and the rest (headers,
+    object keys, the payload's views)."""
+    transport = client._block_transport()
+    keys = ("seal_ms", "check_ms", "index_ms", "put_transfer_ms", "get_transfer_ms", "register_ms")
+    spent = dict.fromkeys(keys, 0.0)
+    control, plane = transport._control, transport._plane
+    patched = [(kv_wire, "seal"), (kv_wire, "refusal"), (control, "put_blocks"), (control, "get_blocks")]
+    originals = [getattr(owner, name) for owner, name in patched]
+    for (owner, name), key in zip(patched, ("seal_ms", "check_ms", "index_ms", "index_ms")):
+        setattr(owner, name, _timed(spent, key, getattr(owner, name)))
+    transport._plane = _TimedPlane(plane, spent, {
+        "batch_put_from": "put_transfer_ms", "batch_get_into": "get_transfer_ms",
+        "register_buffer": "register_ms", "unregister_buffer": "register_ms"})
+    try:
+        times = store_times(client, payload, repeats, echo)
     finally:
-        control.put_blocks, control.get_blocks, transport._put_bytes, transport._get_bytes = originals
-    spent["other_ms"] = total_ms - spent["index_ms"] - spent["transfer_ms"]
-    return {k: round(v / repeats, 1) for k, v in spent.items()}
+        for (owner, name), original in zip(patched, originals):
+            setattr(owner, name, original)
+        transport._plane = plane
+    spent["other_ms"] = sum(p + g for _, p, g in times) * 1e3 - sum(spent.values())
+    return times, {k: round(v / repeats, 1) for k, v in spent.items()}
 
 
 def start_redis() -> tuple[subprocess.Popen, str]:
@@ -157,42 +219,68 @@ def start_redis() -> tuple[subprocess.Popen, str]:
     raise SystemExit("redis-server did not start")
 
 
+# name: (backend, transport, measure)
+PATHS = {"mooncake": ("mooncake", "mooncake", store_times), "memory-grpc": ("memory", "grpc", store_times),
+         "memory-ucx": ("memory", "ucx", store_times), "redis": ("redis", "grpc", store_times),
+         "memory-grpc-per-block": ("memory", "grpc", store_times_per_block)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-blocks", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--paths", default=",".join(PATHS),
+                        help=f"which store paths to measure, of {','.join(PATHS)} (default all)")
     args = parser.parse_args()
+    chosen = args.paths.split(",")
+    if unknown := set(chosen) - set(PATHS):
+        parser.error(f"--paths: {sorted(unknown)} not among {list(PATHS)}")
     payload = make_payload(args.num_blocks, seed=0)
     num_bytes = payload.blocks.numel() * payload.blocks.element_size()
-    raw = raw_socket_mbps(payload.blocks.numpy().tobytes(), args.repeats)
-    print(json.dumps({"path": "raw loopback TCP (send + echo)", "mb_s": round(raw, 1), "bytes": num_bytes}))
-    redis_proc, redis_url = start_redis()
+    echo = RawEcho(payload.blocks.numpy().tobytes())
+    echo.round_trip()
+    raw = [echo.round_trip() for _ in range(args.repeats)]
+    print(json.dumps({"path": "raw loopback TCP (send + echo)", "mb_s": round(2 * num_bytes / statistics.median(raw)
+                                                                             / 1e6, 1), "bytes": num_bytes}))
+    redis_proc, redis_url = start_redis() if "redis" in chosen else (None, "")
+    # Room for every put of the run (each writes new blocks): the index evicts at 4 payloads,
+    # but Mooncake refuses to remove an object read in the last seconds (its lease).
     mooncake = MooncakeCluster(Path(tempfile.mkdtemp(prefix="bench-mooncake-")),
-                               segment_bytes=8 * num_bytes).start_all()
-    paths = [("mooncake", "mooncake", store_mbps), ("memory", "grpc", store_mbps), ("memory", "ucx", store_mbps),
-             (redis_url, "grpc", store_mbps), ("memory", "grpc", store_mbps_per_block)]
+                               segment_bytes=(args.repeats + 6) * num_bytes).start_all() \
+        if "mooncake" in chosen else None
+    paths = [(name, *PATHS[name]) for name in PATHS if name in chosen]
     try:
-        for backend, transport, measure in paths:
+        for _, backend, transport, measure in paths:
+            backend = redis_url if backend == "redis" else backend
             store = serve(KVStoreConfig(capacity_bytes=4 * num_bytes, metrics_port=None, backend=backend,
                                         ucx_port=0 if transport == "ucx" else None,
                                         mooncake=mooncake.settings if backend == "mooncake" else None))
             client = KVStoreClient(store.address, transport=transport)
+            extra = {}
             try:
-                measure(client, payload, 1)  # untimed: connect, and let gRPC's flow control windows grow
-                put, get = measure(client, payload, args.repeats)
-                breakdown = mooncake_breakdown(client, payload, args.repeats) if backend == "mooncake" else {}
+                # untimed: connect, and let gRPC's flow control windows grow
+                cold = summary(measure(client, payload, 1, echo), num_bytes)
+                if backend == "mooncake":  # a node's first write into its pages: see touch_segments
+                    extra = {"cold_put_mb_s": cold["put_mb_s"], "cold_get_mb_s": cold["get_mb_s"],
+                             "segment_touch_s": round(mooncake.touch_segments(), 2)}
+                    measure(client, payload, 1, echo)  # the second read buffer (the first is still viewed)
+                    times, breakdown = mooncake_measured(client, payload, args.repeats, echo)
+                    extra = {**breakdown, **extra}
+                else:
+                    times = measure(client, payload, args.repeats, echo)
             finally:
                 client.close()
                 store.stop()
-            both = 2 / (1 / put + 1 / get)
             name = f"kvstore {backend if backend in ('memory', 'mooncake') else 'redis'} over {transport}"
-            print(json.dumps({"path": name + (" (one block per message)" if measure is store_mbps_per_block else ""),
-                              "put_mb_s": round(put, 1), "get_mb_s": round(get, 1),
-                              "ratio_vs_raw_socket": round(both / raw, 2), **breakdown}))
+            print(json.dumps({"path": name + (" (one block per message)" if measure is store_times_per_block else ""),
+                              **summary(times, num_bytes), **extra}))
     finally:
-        mooncake.stop()
-        redis_proc.terminate()
-        redis_proc.wait()
+        echo.close()
+        if mooncake is not None:
+            mooncake.stop()
+        if redis_proc is not None:
+            redis_proc.terminate()
+            redis_proc.wait()
 
 
 if __name__ == "__main__":

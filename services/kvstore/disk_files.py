@@ -7,9 +7,10 @@ One file per full block (keys b"h:..."), named by its key in hex, holding
     key | serialized KVBlockHeader | data
 
 The crc32 covers the fields before it and everything after it. It is there for torn and
-rotted files (a write cut by a power loss without fsync, a bad sector), so it is the
-cheapest one (services/worker/kv_integrity.py gives the numbers); a block's own seal, which
-the reader verifies before use, still guards it end to end. Writes are atomic: a tmp file
+rotted files (a write cut by a power loss without fsync, a bad sector), and runs faster
+than a disk reads (docs/kvstore.md gives the numbers); a block's own seal (XXH3,
+services/worker/kv_integrity.py), which the reader verifies before use, still guards it
+end to end. Writes are atomic: a tmp file
 in the same folder renamed over the name. On start the folder is scanned: the index is
 rebuilt oldest modification first (least recent), tmp files are deleted, and so is a file
 whose size disagrees with its own lengths; a checksum failure is found on read (counted,

@@ -36,6 +36,14 @@ _KEY_PREFIX = "pdserve/"
 # What a worker's client sets aside for Mooncake's own staging buffer: the block paths
 # register the engine's buffers and never copy through it.
 LOCAL_BUFFER_BYTES = 16 << 20
+# What a worker's client keeps of the buffers its reads landed in, registered and mapped,
+# for the next reads (mooncake_transport.ReadBuffers): a read into fresh memory pays a page
+# fault per 4 KiB, which cost more than the transfer here.
+READ_BUFFER_BYTES = 512 << 20
+# The nice value of the threads that wait for a worker's transfers: Mooncake's client polls
+# for completion without pause, and at this priority the polling leaves the cores to the
+# threads that move the bytes (mooncake_transport.py).
+TRANSFER_WAIT_NICE = 19
 
 
 class MooncakeUnavailable(RuntimeError):

@@ -1,28 +1,36 @@
 """Is a KV block read from the kvstore what this engine asked for? Checked before it is used.
 
-The writer seals each block: a crc32 over the header's fields (hash or tail key, dtype,
-shape, layer range, tokens, model fingerprint and id) and then the block's bytes, in the
-header's `checksum`. The reader checks, in order, that the header names the block it asked
+The writer seals each block: an XXH3-64 over the header's fields (hash or tail key,
+dtype, shape, layer range, tokens, model fingerprint and id) and then the block's bytes,
+its low 32 bits in the header's `checksum`. The reader checks, in order, that the header names the block it asked
 for, describes this engine's layout (KVLayout: model fingerprint, dtype, shape) and that
 the checksum holds over the header and the bytes it received. The first block that fails
 is refused with a reason (the worker counts it), and it and every block after it are
 recomputed: KV is only valid after every token before it.
 
-Why crc32 (zlib): it is the cheapest check in the standard library on the decode's read
-path (one pass over the bytes the transport received, no copy); measured here, about
-0.4 ms per MiB, against about 1.8 ms per MiB for blake2b (docs/kvstore.md). It catches
+Why XXH3 (the `xxhash` wheel): the check is one pass over every byte a decode reads, on
+its read path, and XXH3 runs at memory speed. Measured on this machine over SmolLM2's
+720 KiB blocks, read in place: XXH3-64 26-32 GB/s, CRC-32C 12-15 GB/s (google-crc32c
+takes only `bytes`, so a copy first), zlib's crc32 2.3-6 GB/s, blake2b 0.5 GB/s
+(docs/kvstore.md). A 32-bit slice of a 64-bit hash misses a random corruption with
+probability 2^-32, as crc32 did; it gives up crc32's guarantee for short bursts, which
+matters on a wire without its own checks, not for bytes TCP or RDMA delivered. It catches
 corruption and blocks written for another model or layout; it is not a signature: who may
 write blocks at all is the kvstore's authentication.
+
+The format is versioned by the domain string hashed first: a block sealed by another
+version (v1 was zlib's crc32) fails the check as any changed block does, and is recomputed.
 """
 from __future__ import annotations
 
 import struct
-import zlib
+
+import xxhash
 
 from engine.kv_transfer import KVLayout
 from services.pb import kvstore_pb2
 
-_DOMAIN = b"pdserve-kv-block-v1"
+_DOMAIN = b"pdserve-kv-block-v2-xxh3"  # v1: zlib.crc32
 
 # reasons a block is refused, the label of pdserve_worker_kv_blocks_rejected_total
 HASH = "hash"                # the header names another block than the one asked for
@@ -46,8 +54,11 @@ def header_bytes(header: kvstore_pb2.KVBlockHeader) -> bytes:
 
 
 def checksum(header: kvstore_pb2.KVBlockHeader, data) -> int:
-    """crc32 of the header's fields, then of `data` (any buffer; read in place)."""
-    return zlib.crc32(data, zlib.crc32(header_bytes(header)))
+    """The low 32 bits of XXH3-64 over the header's fields, then `data` (any contiguous
+    buffer; read in place)."""
+    digest = xxhash.xxh3_64(header_bytes(header))
+    digest.update(data)
+    return digest.intdigest() & 0xFFFFFFFF
 
 
 def seal(header: kvstore_pb2.KVBlockHeader, data) -> kvstore_pb2.KVBlockHeader:

@@ -21,6 +21,7 @@ from services.kvstore.kv_metrics import KVStoreMetrics
 from services.kvstore.main import config_from_args, main
 from services.kvstore.memory_store import MemoryBlockStore
 from services.kvstore.mooncake_plane import MooncakeSettings, object_key
+from services.kvstore.mooncake_transport import ReadBuffers
 from services.kvstore.server import KVStoreConfig, serve
 from services.kvstore.store import hash_key
 from services.kvstore.batch_codec import Decoded
@@ -133,6 +134,91 @@ def test_the_metadata_server_defaults_to_the_masters_host():
     assert config.mooncake.failover_s == mooncake_plane.DEFAULT_FAILOVER_S  # replicas 2: fail over
 
 
+class _Registrations:
+    """What ReadBuffers registers and unregisters with the (fake) transfer engine."""
+
+    def __init__(self):
+        self.registered: dict[int, int] = {}
+        self.calls = 0
+
+    def register_buffer(self, address: int, size: int) -> int:
+        self.registered[address] = size
+        self.calls += 1
+        return 0
+
+    def unregister_buffer(self, address: int) -> int:
+        del self.registered[address]
+        return 0
+
+
+def test_reads_land_in_a_kept_buffer_once_nothing_views_it():
+    plane = _Registrations()
+    buffers = ReadBuffers(lambda: plane, max_bytes=8 << 20)
+    first, registered = buffers.take(3 << 20)
+    assert registered and first.nbytes == 3 << 20 and plane.registered == {first.ctypes.data: 4 << 20}
+    view = torch.frombuffer(memoryview(first)[:1024], dtype=torch.uint8)  # as a read's payload views it
+    del first
+    second, _ = buffers.take(1 << 20)  # the first is still viewed: another block
+    assert second.ctypes.data not in {view.data_ptr()} and len(plane.registered) == 2
+    address = view.data_ptr()
+    del view, second
+    third, registered = buffers.take(2 << 20)  # both free: the smallest that fits, registered already
+    assert registered and third.ctypes.data in plane.registered and plane.calls == 2
+    del third
+    again, _ = buffers.take(3 << 20)
+    assert again.ctypes.data == address and plane.calls == 2
+
+
+def test_read_buffers_hold_at_most_their_bound_then_a_read_gets_its_own():
+    plane = _Registrations()
+    buffers = ReadBuffers(lambda: plane, max_bytes=4 << 20)
+    small, _ = buffers.take(1 << 20)
+    del small
+    big, registered = buffers.take(3 << 20)  # 4 MiB: the free 1 MiB block is let go for it
+    assert registered and buffers.held_bytes == 4 << 20 and list(plane.registered.values()) == [4 << 20]
+    other, registered = buffers.take(1 << 20)  # no room while `big` is viewed: a buffer of its own
+    assert not registered and other.nbytes == 1 << 20 and len(plane.registered) == 1
+    del other
+    buffers.close()  # `big` is still viewed: kept registered until the client closes
+    assert len(plane.registered) == 1 and buffers.held_bytes == 0
+    empty, registered = buffers.take(0)
+    assert empty.nbytes == 0 and not registered
+
+
+def test_transfers_are_waited_for_on_low_priority_threads_and_fail_as_the_plane_does():
+    """Mooncake's client polls for a transfer's end without pause: it does so at nice 19,
+    off the caller's thread (which sleeps), so the cores go to the threads moving bytes."""
+    import os
+    import threading
+    from services.kvstore.mooncake_transport import MooncakeTransport
+    settings = MooncakeSettings("127.0.0.1:1", "http://127.0.0.1:2/metadata")
+    transport = MooncakeTransport(None, settings, _Registrations())
+    seen, caller_nice = [], os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    def transfer(*args):
+        seen.append((threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return list(args)
+    try:
+        assert transport._transfer("get", transfer, 1, 2) == [1, 2]
+        assert seen[0][0] != threading.get_native_id() and seen[0][1] == mooncake_plane.TRANSFER_WAIT_NICE
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller_nice
+
+        def fails():
+            raise RuntimeError("transfer engine said no")
+        with pytest.raises(grpc.RpcError, match="Mooncake Store get failed: transfer engine said no"):
+            transport._transfer("get", fails)
+    finally:
+        transport._waiters.shutdown()
+
+
+def test_read_buffers_tell_a_range_inside_one_of_their_blocks():
+    buffers = ReadBuffers(lambda: _Registrations(), max_bytes=4 << 20)
+    view, _ = buffers.take(1 << 20)
+    base = view.ctypes.data
+    assert buffers.covers(base, 1 << 20) and buffers.covers(base + 100, 1000)
+    assert not buffers.covers(base - 1, 10) and not buffers.covers(base, (1 << 20) + 1)
+
+
 # ---- a real Mooncake Store ---------------------------------------------------------------
 
 @pytest.fixture
@@ -170,6 +256,27 @@ def test_the_bytes_live_in_mooncake_and_the_kvstore_holds_none(plane_kvstore, mo
     finally:
         plane.close()
     assert all(len(e.block.data) == 0 for e in running.store._entries.values())
+
+
+def test_reads_reuse_their_buffers_and_bytes_read_can_be_written_again(plane_kvstore):
+    _, client = plane_kvstore()
+    first, second = payload(4, seed=11), payload(4, seed=12)
+    assert put(client, first) == 4 and put(client, second) == 4
+    got = read(client, first)
+    reads = client._block_transport()._reads
+    held = reads.held_bytes
+    address = got.blocks.data_ptr()
+    # blocks viewed where a read put them (a view of a kept, registered buffer) are written
+    # again under other hashes: the buffer stays registered for the reads after
+    again = [h(f"again-{i}".encode()) for i in range(4)]
+    assert put(client, KVPayload(got.num_tokens, got.blocks, again)) == 4
+    del got
+    for p in (first, second, KVPayload(first.num_tokens, first.blocks, again), first):
+        got = read(client, p)  # each read lands in the buffer the one before let go of
+        assert got is not None and torch.equal(got.blocks, p.blocks)
+        assert got.blocks.data_ptr() == address
+        del got
+    assert reads.held_bytes == held
 
 
 def test_a_block_the_index_evicts_leaves_mooncake_too(plane_kvstore, mooncake_cluster):

@@ -66,3 +66,28 @@ def test_a_missing_block_is_no_refusal():
     read = payload_from_batches(_answer([headers[0], missing], data[:LAYOUT.block_nbytes], [True, False]),
                                 HASHES[:2], LAYOUT)
     assert read.refused is None and read.payload.num_tokens == 4
+
+
+def test_a_block_sealed_by_the_first_format_is_refused_as_a_checksum_mismatch():
+    """v1 sealed with zlib's crc32 under its own domain string: such a block (a kvstore or a
+    disk tier written before the change) fails the check and is recomputed, never used."""
+    import struct
+    import zlib
+    payload, headers, data = _sealed()
+
+    def v1_header_bytes(h):
+        texts = (h.block_hash, h.tail_key.encode(), h.dtype.encode(), h.model_fingerprint, h.model_id.encode())
+        numbers = (h.layer_start, h.layer_end, h.num_tokens, len(h.shape), *h.shape)
+        return b"".join([b"pdserve-kv-block-v1"] + [struct.pack("<I", len(t)) + t for t in texts]
+                        + [struct.pack(f"<{len(numbers)}I", *numbers)])
+    n = LAYOUT.block_nbytes
+    for i, header in enumerate(headers):
+        header.checksum = zlib.crc32(data[i * n:(i + 1) * n], zlib.crc32(v1_header_bytes(header)))
+    read = payload_from_batches(_answer(headers, data), HASHES, LAYOUT, "r/tail/x", 2)
+    assert read.refused == integrity.CHECKSUM and read.payload is None
+
+
+def test_the_checksum_reads_views_of_a_tensor_in_place():
+    payload, headers, data = _sealed()
+    view = memoryview(payload.blocks[1].contiguous().view(torch.uint8).numpy()).cast("B")
+    assert integrity.checksum(headers[1], view) == integrity.checksum(headers[1], bytes(view)) == headers[1].checksum
