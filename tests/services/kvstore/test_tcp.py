@@ -111,6 +111,38 @@ def test_stored_blocks_keep_their_own_buffers(start_kvstore):
     client.close()
 
 
+def test_an_answer_in_use_is_never_received_into_again(start_kvstore):
+    """Answers' buffers are reused (ReceiveBuffers), but only once nothing views them."""
+    running = start_kvstore(capacity_bytes=8 << 20)
+    client = tcp_client(running)
+    sent = [payload(3, 3 * BLOCK_SIZE, seed=s) for s in (10, 11)]
+    for p in sent:
+        client.put_blocks(*payload_to_put(p, LAYOUT, tail_key=""))
+
+    def read(p: KVPayload) -> torch.Tensor:
+        return payload_from_batches(client.get_blocks(p.block_hashes), p.block_hashes, LAYOUT).payload.blocks
+    kept = read(sent[0])  # a payload tensor still in use, as an import in progress
+    for _ in range(6):
+        assert torch.equal(read(sent[1]), sent[1].blocks)
+    assert torch.equal(kept, sent[0].blocks)
+    client.close()
+
+
+def test_receive_buffers_are_reused_once_free_and_bounded():
+    from services.kvstore.tcp_client import ReceiveBuffers
+    buffers = ReceiveBuffers(max_buffers=2)
+    first = buffers.take(100)
+    owner = id(first.obj)  # not the object: a reference to it would keep it in use
+    del first
+    again = buffers.take(80)  # free and large enough: the same memory
+    assert id(again.obj) == owner and len(again) == 80
+    held = [again, buffers.take(100), buffers.take(100)]  # the third is not kept: the pool is full
+    assert len({id(v.obj) for v in held}) == 3 and len(buffers._buffers) == 2
+    del held
+    big = buffers.take(1000)  # every kept one free but too small: a new one, kept in place of the smallest
+    assert len(buffers._buffers) == 2 and any(b is big.obj for b in buffers._buffers)
+
+
 def test_a_waiting_get_holds_up_no_other_call_of_the_client(start_kvstore):
     running = start_kvstore(capacity_bytes=8 << 20)
     client = tcp_client(running)
