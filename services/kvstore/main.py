@@ -14,7 +14,7 @@ import sys
 from services.common.defaults import KVSTORE_PORT
 from services.common.process import configure_logging, wait_for_shutdown
 from services.common.security import add_internal_token_argument, add_server_tls_arguments, internal_server_security
-from services.kvstore import mooncake_plane
+from services.kvstore import heap, mooncake_plane
 from services.kvstore.errors import KVStoreError
 from services.kvstore.server import KVStoreConfig, check_backend, serve
 
@@ -146,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"pdserve kvstore: error: {e}", file=sys.stderr)
         return 2
+    heap.keep_freed_memory(config.capacity_bytes)  # a put's buffers reuse freed memory, no fresh pages
     try:
         running = serve(config)
     except (KVStoreError, OSError, RuntimeError) as e:  # Redis unreachable, port taken (grpc raises
