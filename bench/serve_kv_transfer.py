@@ -10,8 +10,19 @@ the payload straight to the store node; its line breaks the time down (the kvsto
 index calls, Mooncake's transfer, the rest).
 
     .venv/bin/python -m bench.serve_kv_transfer [--num-blocks 64] [--repeats 3]
+        [--paths memory-tcp,memory-grpc]   (default: every path)
 
-Prints one JSON line per path with MB/s and `ratio_vs_raw_socket`.
+The kvstores run in this process, with the allocator settings `pdserve kvstore` gives its
+own process (services/kvstore/heap.py: freed memory kept for the next blocks), for every
+path alike.
+
+Prints one JSON line per path with MB/s and `ratio_vs_raw_socket`, and for the workers'
+path `kv_wire_ms` (per put+get: the CRC-32 seal and check, and joining an answer of several
+batches into one tensor) with `ratio_without_kv_wire` (the same put+get less that: what
+the transport and store cost). The raw loopback
+measurement is taken again after each path, and each path's ratio is against the mean
+of the two around it, so a machine that gets busier or quieter during the run moves
+both sides of a ratio alike.
 """
 from __future__ import annotations
 
@@ -32,6 +43,7 @@ from cli.bench.mooncake_cluster import MooncakeCluster
 from engine.dtypes import dtype_name
 from engine.kv_transfer import KVLayout, KVPayload
 from services.worker.kv_wire import block_from_proto, block_to_proto, payload_from_batches, payload_to_put
+from services.kvstore import heap
 from services.kvstore.client import KVStoreClient
 from services.kvstore.server import KVStoreConfig, serve
 
@@ -73,22 +85,32 @@ def raw_socket_mbps(payload: bytes, repeats: int) -> float:
     return 2 * len(payload) * repeats / elapsed / 1e6
 
 
-def store_mbps(client: KVStoreClient, payload: KVPayload, repeats: int) -> tuple[float, float]:
+def store_mbps(client: KVStoreClient, payload: KVPayload, repeats: int,
+               spent: dict[str, float] | None = None) -> tuple[float, float]:
     """put_blocks then get_blocks of the payload, as the workers do (export layout in, a
-    KVPayload tensor out); MB/s of each direction (bytes of block data)."""
+    KVPayload tensor out, each block sealed and checked: kv_wire.py); MB/s of each
+    direction (bytes of block data). `spent`: seconds added under "kv_wire" (in kv_wire:
+    sealing the headers with CRC-32, checking the blocks read, and joining an answer of
+    several batches into one tensor) and "total"."""
     num_bytes = payload.blocks.numel() * payload.blocks.element_size()
-    put_s = get_s = 0.0
+    put_s = get_s = kv_wire_s = 0.0
+    layout = KVLayout.of("bench", dtype_name(payload.blocks.dtype), tuple(payload.blocks.shape[1:]))
     for _ in range(repeats):
-        t = time.perf_counter()
-        layout = KVLayout.of("bench", dtype_name(payload.blocks.dtype), tuple(payload.blocks.shape[1:]))
+        t0 = time.perf_counter()
         headers, data = payload_to_put(payload, layout, tail_key="")
+        t1 = time.perf_counter()
         client.put_blocks(headers, data)
-        put_s += time.perf_counter() - t
-        t = time.perf_counter()
-        got = payload_from_batches(client.get_blocks(payload.block_hashes), payload.block_hashes, layout).payload
-        get_s += time.perf_counter() - t
+        t2 = time.perf_counter()
+        batches = client.get_blocks(payload.block_hashes)
+        t3 = time.perf_counter()
+        got = payload_from_batches(batches, payload.block_hashes, layout).payload
+        t4 = time.perf_counter()
+        put_s, get_s, kv_wire_s = put_s + t2 - t0, get_s + t4 - t2, kv_wire_s + (t1 - t0) + (t4 - t3)
         assert got is not None and got.num_blocks == payload.num_blocks
     assert torch.equal(got.blocks, payload.blocks)
+    if spent is not None:
+        spent["kv_wire"] = spent.get("kv_wire", 0.0) + kv_wire_s
+        spent["total"] = spent.get("total", 0.0) + put_s + get_s
     return num_bytes * repeats / put_s / 1e6, num_bytes * repeats / get_s / 1e6
 
 
@@ -157,42 +179,68 @@ def start_redis() -> tuple[subprocess.Popen, str]:
     raise SystemExit("redis-server did not start")
 
 
+# name: (backend, transport, measure); "redis" stands for the URL of a redis-server started here
+PATHS = {"mooncake": ("mooncake", "mooncake", store_mbps), "memory-grpc": ("memory", "grpc", store_mbps),
+         "memory-tcp": ("memory", "tcp", store_mbps), "memory-ucx": ("memory", "ucx", store_mbps),
+         "redis-grpc": ("redis", "grpc", store_mbps), "memory-grpc-per-block": ("memory", "grpc", store_mbps_per_block)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-blocks", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
     args = parser.parse_args()
+    names = args.paths.split(",")
+    if unknown := [n for n in names if n not in PATHS]:
+        parser.error(f"--paths: {unknown} not among {list(PATHS)}")
     payload = make_payload(args.num_blocks, seed=0)
     num_bytes = payload.blocks.numel() * payload.blocks.element_size()
-    raw = raw_socket_mbps(payload.blocks.numpy().tobytes(), args.repeats)
+    heap.keep_freed_memory(4 * num_bytes)  # as `pdserve kvstore` does for its capacity
+    raw_bytes = payload.blocks.numpy().tobytes()
+    raw = raw_socket_mbps(raw_bytes, args.repeats)
     print(json.dumps({"path": "raw loopback TCP (send + echo)", "mb_s": round(raw, 1), "bytes": num_bytes}))
-    redis_proc, redis_url = start_redis()
+    redis_proc, redis_url = start_redis() if "redis-grpc" in names else (None, "")
     mooncake = MooncakeCluster(Path(tempfile.mkdtemp(prefix="bench-mooncake-")),
-                               segment_bytes=8 * num_bytes).start_all()
-    paths = [("mooncake", "mooncake", store_mbps), ("memory", "grpc", store_mbps), ("memory", "ucx", store_mbps),
-             (redis_url, "grpc", store_mbps), ("memory", "grpc", store_mbps_per_block)]
+                               segment_bytes=8 * num_bytes).start_all() if "mooncake" in names else None
     try:
-        for backend, transport, measure in paths:
+        for name in names:
+            backend, transport, measure = PATHS[name]
+            backend = redis_url if backend == "redis" else backend
             store = serve(KVStoreConfig(capacity_bytes=4 * num_bytes, metrics_port=None, backend=backend,
                                         ucx_port=0 if transport == "ucx" else None,
+                                        tcp_port=0 if transport == "tcp" else None,
                                         mooncake=mooncake.settings if backend == "mooncake" else None))
             client = KVStoreClient(store.address, transport=transport)
+            spent: dict[str, float] = {}
             try:
                 measure(client, payload, 1)  # untimed: connect, and let gRPC's flow control windows grow
-                put, get = measure(client, payload, args.repeats)
+                put, get = measure(client, payload, args.repeats, spent) if measure is store_mbps else \
+                    measure(client, payload, args.repeats)
                 breakdown = mooncake_breakdown(client, payload, args.repeats) if backend == "mooncake" else {}
             finally:
                 client.close()
                 store.stop()
             both = 2 / (1 / put + 1 / get)
-            name = f"kvstore {backend if backend in ('memory', 'mooncake') else 'redis'} over {transport}"
-            print(json.dumps({"path": name + (" (one block per message)" if measure is store_mbps_per_block else ""),
-                              "put_mb_s": round(put, 1), "get_mb_s": round(get, 1),
-                              "ratio_vs_raw_socket": round(both / raw, 2), **breakdown}))
+            raw_after = raw_socket_mbps(raw_bytes, args.repeats)
+            raw_mean = (raw + raw_after) / 2
+            if spent:  # the same put+get less kv_wire's seal, check and join: what the transport itself costs
+                wire = {"kv_wire_ms": round(spent["kv_wire"] / args.repeats * 1e3, 1),
+                        "ratio_without_kv_wire": round(2 * num_bytes * args.repeats / 1e6 / (
+                            spent["total"] - spent["kv_wire"]) / raw_mean, 2)}
+            else:
+                wire = {}
+            label = f"kvstore {backend if backend in ('memory', 'mooncake') else 'redis'} over {transport}"
+            print(json.dumps({"path": label + (" (one block per message)" if measure is store_mbps_per_block else ""),
+                              "put_mb_s": round(put, 1), "get_mb_s": round(get, 1), "raw_mb_s": round(raw_mean, 1),
+                              "ratio_vs_raw_socket": round(both / raw_mean, 2), **wire, **breakdown}))
+            raw = raw_after
     finally:
-        mooncake.stop()
-        redis_proc.terminate()
-        redis_proc.wait()
+        if mooncake is not None:
+            mooncake.stop()
+        if redis_proc is not None:
+            redis_proc.terminate()
+            redis_proc.wait()
 
 
 if __name__ == "__main__":
