@@ -179,6 +179,7 @@ class TcpKVStoreServer:
             header.check((frames.PUT_BLOCKS, frames.PUT_END), frames.MAX_MESSAGE_BYTES, 1 << 63)
             total += header.data_len
             if total > capacity:  # it could never be stored: refused before a byte of it is read
+                self.handlers.metrics.puts_rejected_total.labels("full").inc()
                 raise BadFrame(KVStoreFullError(f"frame.data_length: {header.data_len} bytes is above the limit of "
                                                 f"{capacity - total + header.data_len} (the store's capacity, less "
                                                 "this put's earlier frames); nothing was stored"))

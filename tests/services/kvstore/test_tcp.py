@@ -212,6 +212,7 @@ def test_a_put_above_the_capacity_is_full(start_kvstore):
     with pytest.raises(KVStoreError) as e:
         client.put_blocks(*payload_to_put(payload(8, 8 * BLOCK_SIZE), LAYOUT, tail_key=""))
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "frame.data_length" in e.value.details()
+    assert running.metrics.puts_rejected_total.labels("full")._value.get() == 1
     assert client.put_blocks(*payload_to_put(payload(2, 2 * BLOCK_SIZE), LAYOUT, tail_key="")) == 2
     client.close()
 
