@@ -12,11 +12,17 @@ what a store node's first write into its fresh segment pages cost (`cold_*`: mea
 before `touch_segments`, which every number after it follows, as on a node that has
 served a while).
 
-    .venv/bin/python -m bench.serve_kv_transfer [--num-blocks 64] [--repeats 3] [--paths mooncake,memory-grpc,...]
+    .venv/bin/python -m bench.serve_kv_transfer [--num-blocks 64] [--repeats 3] [--paths mooncake,memory-tcp,...]
+
+The kvstores run in this process, with the allocator settings `pdserve kvstore` gives its
+own process (services/kvstore/heap.py: freed memory kept for the next blocks), for every
+path alike.
 
 Prints one JSON line per path: medians over the repeats of each direction's MB/s, of raw
 TCP's (one send + echo of the same bytes right before each repeat), and of
-`ratio_vs_raw_socket`, each repeat's raw round trip over its put + get.
+`ratio_vs_raw_socket`, each repeat's raw round trip over its put + get; `seal_ms` and
+`check_ms` (the writer's and reader's checksums, kv_wire.py) per put+get, and
+`ratio_without_checksums`, the same put+get less them: what the transport and store cost.
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ from engine.dtypes import dtype_name
 from engine.kv_transfer import KVLayout, KVPayload
 from services.worker import kv_wire
 from services.worker.kv_wire import block_from_proto, block_to_proto, payload_from_batches, payload_to_put
+from services.kvstore import heap
 from services.kvstore.client import KVStoreClient
 from services.kvstore.server import KVStoreConfig, serve
 
@@ -171,32 +178,43 @@ def _timed(spent: dict[str, float], key: str, method):
     return call
 
 
-def mooncake_measured(client: KVStoreClient, payload: KVPayload, repeats: int,
-                      echo: RawEcho) -> tuple[list[tuple[float, ...]], dict[str, float]]:
-    """store_times over Mooncake, and where its time went, in ms per put+get (means over the
-    repeats): sealing (the writer's checksums) and checking (the reader's: checksums and
-    headers), the kvstore's index calls (gRPC), Mooncake's transfers (batch_put_from,
-    batch_get_into), registering buffers with the transfer engine, and the rest (headers,
-    object keys, the payload's views)."""
+def measured(client: KVStoreClient, payload: KVPayload, repeats: int, echo: RawEcho,
+             measure=None) -> tuple[list[tuple[float, ...]], dict[str, float]]:
+    """`measure` (store_times by default), and where its time went, in ms per put+get (means
+    over the repeats): sealing (the writer's checksums) and checking (the reader's: checksums
+    and headers); over Mooncake also the kvstore's index calls (gRPC), Mooncake's transfers
+    (batch_put_from, batch_get_into), registering buffers with the transfer engine, and the
+    rest (headers, object keys, the payload's views)."""
+    measure = measure or store_times
+    spent = {"seal_ms": 0.0, "check_ms": 0.0}
+    patched = [(kv_wire, "seal", "seal_ms"), (kv_wire, "refusal", "check_ms")]
     transport = client._block_transport()
-    keys = ("seal_ms", "check_ms", "index_ms", "put_transfer_ms", "get_transfer_ms", "register_ms")
-    spent = dict.fromkeys(keys, 0.0)
-    control, plane = transport._control, transport._plane
-    patched = [(kv_wire, "seal"), (kv_wire, "refusal"), (control, "put_blocks"), (control, "get_blocks")]
-    originals = [getattr(owner, name) for owner, name in patched]
-    for (owner, name), key in zip(patched, ("seal_ms", "check_ms", "index_ms", "index_ms")):
+    plane = getattr(transport, "_plane", None)
+    if plane is not None:  # Mooncake: the bytes' own path, timed call by call
+        spent.update(index_ms=0.0, put_transfer_ms=0.0, get_transfer_ms=0.0, register_ms=0.0)
+        patched += [(transport._control, "put_blocks", "index_ms"), (transport._control, "get_blocks", "index_ms")]
+        transport._plane = _TimedPlane(plane, spent, {
+            "batch_put_from": "put_transfer_ms", "batch_get_into": "get_transfer_ms",
+            "register_buffer": "register_ms", "unregister_buffer": "register_ms"})
+    originals = [getattr(owner, name) for owner, name, _ in patched]
+    for owner, name, key in patched:
         setattr(owner, name, _timed(spent, key, getattr(owner, name)))
-    transport._plane = _TimedPlane(plane, spent, {
-        "batch_put_from": "put_transfer_ms", "batch_get_into": "get_transfer_ms",
-        "register_buffer": "register_ms", "unregister_buffer": "register_ms"})
     try:
-        times = store_times(client, payload, repeats, echo)
+        times = measure(client, payload, repeats, echo)
     finally:
-        for (owner, name), original in zip(patched, originals):
+        for (owner, name, _), original in zip(patched, originals):
             setattr(owner, name, original)
-        transport._plane = plane
-    spent["other_ms"] = sum(p + g for _, p, g in times) * 1e3 - sum(spent.values())
+        if plane is not None:
+            transport._plane = plane
+    if plane is not None:
+        spent["other_ms"] = sum(p + g for _, p, g in times) * 1e3 - sum(spent.values())
     return times, {k: round(v / repeats, 1) for k, v in spent.items()}
+
+
+def without_checksums(times: list[tuple[float, ...]], breakdown: dict[str, float]) -> float:
+    """The median ratio vs raw of the put+get less the seal and check (their mean per repeat)."""
+    checks_s = (breakdown["seal_ms"] + breakdown["check_ms"]) / 1e3
+    return round(statistics.median(r / max(p + g - checks_s, 1e-9) for r, p, g in times), 2)
 
 
 def start_redis() -> tuple[subprocess.Popen, str]:
@@ -220,9 +238,9 @@ def start_redis() -> tuple[subprocess.Popen, str]:
 
 
 # name: (backend, transport, measure)
-PATHS = {"mooncake": ("mooncake", "mooncake", store_times), "memory-grpc": ("memory", "grpc", store_times),
-         "memory-ucx": ("memory", "ucx", store_times), "redis": ("redis", "grpc", store_times),
-         "memory-grpc-per-block": ("memory", "grpc", store_times_per_block)}
+PATHS = {"mooncake": ("mooncake", "mooncake", store_times), "memory-tcp": ("memory", "tcp", store_times),
+         "memory-grpc": ("memory", "grpc", store_times), "memory-ucx": ("memory", "ucx", store_times),
+         "redis": ("redis", "grpc", store_times), "memory-grpc-per-block": ("memory", "grpc", store_times_per_block)}
 
 
 def main() -> None:
@@ -237,6 +255,7 @@ def main() -> None:
         parser.error(f"--paths: {sorted(unknown)} not among {list(PATHS)}")
     payload = make_payload(args.num_blocks, seed=0)
     num_bytes = payload.blocks.numel() * payload.blocks.element_size()
+    heap.keep_freed_memory(4 * num_bytes)  # as `pdserve kvstore` does for its capacity
     echo = RawEcho(payload.blocks.numpy().tobytes())
     echo.round_trip()
     raw = [echo.round_trip() for _ in range(args.repeats)]
@@ -254,6 +273,7 @@ def main() -> None:
             backend = redis_url if backend == "redis" else backend
             store = serve(KVStoreConfig(capacity_bytes=4 * num_bytes, metrics_port=None, backend=backend,
                                         ucx_port=0 if transport == "ucx" else None,
+                                        tcp_port=0 if transport == "tcp" else None,
                                         mooncake=mooncake.settings if backend == "mooncake" else None))
             client = KVStoreClient(store.address, transport=transport)
             extra = {}
@@ -264,8 +284,9 @@ def main() -> None:
                     extra = {"cold_put_mb_s": cold["put_mb_s"], "cold_get_mb_s": cold["get_mb_s"],
                              "segment_touch_s": round(mooncake.touch_segments(), 2)}
                     measure(client, payload, 1, echo)  # the second read buffer (the first is still viewed)
-                    times, breakdown = mooncake_measured(client, payload, args.repeats, echo)
-                    extra = {**breakdown, **extra}
+                if measure is store_times:
+                    times, breakdown = measured(client, payload, args.repeats, echo)
+                    extra = {**breakdown, "ratio_without_checksums": without_checksums(times, breakdown), **extra}
                 else:
                     times = measure(client, payload, args.repeats, echo)
             finally:

@@ -18,7 +18,11 @@ JSON line: TTFT mean/p50 per condition, the prefill/KV split, cached tokens, and
 ratios off/local and off/kvstore.
 
     .venv/bin/python -m bench.serve_prefix_cache [--model smollm2 --prefix-len 1024
-        --suffix-len 32 --output-len 8 --num-requests 8 --result-dir /tmp/pdserve-bench]
+        --suffix-len 32 --output-len 8 --num-requests 8 --result-dir /tmp/pdserve-bench
+        --kv-transport grpc|tcp|ucx --conditions off,local,kvstore]
+
+`--kv-transport` is how the workers move KV to and from the kvstore (the workers'
+--kvstore-transport): it matters to the kvstore condition, where worker B reads the prefix.
 """
 from __future__ import annotations
 
@@ -59,11 +63,15 @@ class LocalCluster:
                 part.stop()
 
 
-def start(model: str, loaded, num_prefill: int, prefix_caching: bool, kv_bytes: int) -> LocalCluster:
-    c = LocalCluster(serve_kvstore(KVStoreConfig(capacity_bytes=4 * kv_bytes, metrics_port=None)))
+def start(model: str, loaded, num_prefill: int, prefix_caching: bool, kv_bytes: int,
+          kv_transport: str = "grpc") -> LocalCluster:
+    c = LocalCluster(serve_kvstore(KVStoreConfig(capacity_bytes=4 * kv_bytes, metrics_port=None,
+                                                 tcp_port=0 if kv_transport == "tcp" else None,
+                                                 ucx_port=0 if kv_transport == "ucx" else None)))
     try:
         cache = CacheConfig(kv_cache_memory_bytes=kv_bytes, enable_prefix_caching=prefix_caching)
-        cfg = WorkerConfig(engine=EngineConfig(model=model, cache=cache), kvstore_address=c.kvstore.address)
+        cfg = WorkerConfig(engine=EngineConfig(model=model, cache=cache), kvstore_address=c.kvstore.address,
+                           kvstore_transport=kv_transport)
         c.prefills = [serve_prefill(cfg, loaded) for _ in range(num_prefill)]
         c.decode = serve_decode(cfg, loaded)
         c.routers = [serve_router(RouterConfig(model=model, prefill_addresses=(p.address,),
@@ -90,20 +98,20 @@ def bench(router, args, label: str, num: int, seed: int, prefix_seed: int, num_p
 def condition(model, loaded, args, name: str) -> dict:
     n, kv_bytes = args.num_requests, args.kv_cache_mb << 20
     if name == "off":
-        c = start(model, loaded, 1, prefix_caching=False, kv_bytes=kv_bytes)
+        c = start(model, loaded, 1, prefix_caching=False, kv_bytes=kv_bytes, kv_transport=args.kv_transport)
         try:
             bench(c.routers[0], args, "warmup", 1, seed=100, prefix_seed=99, quiet=True)  # another prompt
             return bench(c.routers[0], args, "prefix-off", n, seed=0, prefix_seed=0, num_prefixes=n)
         finally:
             c.stop()
     if name == "local":
-        c = start(model, loaded, 1, prefix_caching=True, kv_bytes=kv_bytes)
+        c = start(model, loaded, 1, prefix_caching=True, kv_bytes=kv_bytes, kv_transport=args.kv_transport)
         try:
             bench(c.routers[0], args, "warmup", 1, seed=100, prefix_seed=0, quiet=True)
             return bench(c.routers[0], args, "prefix-local", n, seed=0, prefix_seed=0)
         finally:
             c.stop()
-    c = start(model, loaded, 2, prefix_caching=False, kv_bytes=kv_bytes)
+    c = start(model, loaded, 2, prefix_caching=False, kv_bytes=kv_bytes, kv_transport=args.kv_transport)
     try:
         bench(c.routers[0], args, "warmup", 1, seed=100, prefix_seed=0, quiet=True)  # through worker A
         return bench(c.routers[1], args, "prefix-kvstore", n, seed=0, prefix_seed=0)  # through worker B
@@ -121,11 +129,14 @@ def main() -> int:
     p.add_argument("--kv-cache-mb", type=int, default=512, help="each worker's KV cache (the kvstore: 4x)")
     p.add_argument("--result-dir", default="/tmp/pdserve-bench/prefix_cache")
     p.add_argument("--conditions", default="off,local,kvstore")
+    p.add_argument("--kv-transport", choices=("grpc", "tcp", "ucx"), default="grpc",
+                   help="the workers' --kvstore-transport (default: grpc)")
     args = p.parse_args()
     model = args.model
     loaded = load_model(resolve_model(args.model), torch.float32, "cpu", progress=False)
     out = {"model": args.model, "prefix_len": args.prefix_len, "suffix_len": args.suffix_len,
-           "output_len": args.output_len, "num_requests": args.num_requests, "torch_threads": torch.get_num_threads()}
+           "output_len": args.output_len, "num_requests": args.num_requests, "torch_threads": torch.get_num_threads(),
+           "kv_transport": args.kv_transport}
     for name in args.conditions.split(","):
         s = condition(model, loaded, args, name)
         b = s["ttft_breakdown"] or {}

@@ -65,7 +65,7 @@ class PlatformConfig:
     cpus_per_worker: int | None = None
     path_policy: str = PathConfig.policy
     short_prompt_tokens: int = RouterConfig.short_prompt_tokens
-    kv_transport: str = "grpc"                # "ucx": the kvstore also serves UCX, workers move KV over it
+    kv_transport: str = "grpc"                # "tcp"/"ucx": the kvstore also serves it, workers move KV over it
     # "mooncake": block bytes in Mooncake Store (cli/mooncake_procs.py: a master and store
     # nodes), the kvstore their index and leases, the workers on transport "mooncake"
     kvstore_backend: str = "memory"
@@ -130,8 +130,8 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     # (a folder named like one of its packages where `pdserve up` was started cannot shadow it)
     cli = [sys.executable, "-P", "-m", "cli.main"]
     kvstore = f"{cfg.host}:{cfg.kvstore_port}"
-    # UCX on a free port: workers ask the kvstore for it (gRPC metadata on Stats)
-    ucx = ["--ucx-port", "0"] if cfg.kv_transport == "ucx" else []
+    # TCP or UCX on a free port: workers ask the kvstore for it (gRPC metadata on Stats)
+    kv_port = {"ucx": ["--ucx-port", "0"], "tcp": ["--tcp-port", "0"]}.get(cfg.kv_transport, [])
     mooncake = cfg.kvstore_backend == "mooncake"
     kv_transport = "mooncake" if mooncake else cfg.kv_transport
     backend = cfg.mooncake.kvstore_args(cfg.host, cfg.kvstore_capacity_bytes) if mooncake else \
@@ -140,7 +140,7 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
         backend = [*backend, "--disk-dir", cfg.kvstore_disk_dir,
                    "--disk-capacity-bytes", str(cfg.kvstore_disk_capacity_bytes)]
     specs = [ProcessSpec("kvstore", [*cli, "kvstore", "--host", cfg.host, "--port", str(cfg.kvstore_port),
-                                     "--metrics-port", str(cfg.metrics_base_port), *ucx, *backend], kvstore,
+                                     "--metrics-port", str(cfg.metrics_base_port), *kv_port, *backend], kvstore,
                          cfg.metrics_base_port)]
     roles = ["prefill"] * cfg.num_prefill + ["decode"] * cfg.num_decode
     pool_args = {"prefill": (*cfg.worker_args, *cfg.prefill_args), "decode": (*cfg.worker_args, *cfg.decode_args)}

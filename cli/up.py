@@ -54,8 +54,10 @@ def add_arguments(p) -> None:
                    help="how the router chooses each request's path (see `pdserve router --help`)")
     p.add_argument("--short-prompt-tokens", type=int, default=PlatformConfig.short_prompt_tokens,
                    help="the threshold path policy's direct-path limit")
-    p.add_argument("--kv-transport", choices=("grpc", "ucx"), default=PlatformConfig.kv_transport,
-                   help="how KV blocks move between workers and the kvstore (ucx: the kvstore also serves UCX)")
+    p.add_argument("--kv-transport", "--kvstore-transport", dest="kv_transport", choices=("grpc", "tcp", "ucx"),
+                   default=PlatformConfig.kv_transport,
+                   help="how KV blocks move between workers and the kvstore (tcp: raw frames on a TCP port of the "
+                        "kvstore's; ucx: the kvstore also serves UCX)")
     p.add_argument("--kvstore-backend", choices=("memory", "mooncake"), default=PlatformConfig.kvstore_backend,
                    help="where the kvstore keeps block bytes: in its own memory (default), or in Mooncake Store "
                         "(a mooncake_master and --kvstore-replicas store nodes are started; the workers move "

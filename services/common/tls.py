@@ -7,6 +7,7 @@ instead of the dialed host.
 """
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 
 import grpc
@@ -40,6 +41,15 @@ class ServerTLS:
         cert, key, ca = self.pem()  # read at each start: a restart picks up a renewed certificate
         return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
 
+    def ssl_context(self) -> ssl.SSLContext:
+        """The same certificates for a port served with Python's ssl (the kvstore's TCP port)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.cert_file, self.key_file)
+        if self.client_ca_file:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(cafile=self.client_ca_file)
+        return context
+
 
 @dataclass(frozen=True)
 class ClientTLS:
@@ -58,6 +68,14 @@ class ClientTLS:
         cert = read_pem(self.cert_file, "tls cert_file") if self.cert_file else None
         key = read_pem(self.key_file, "tls key_file") if self.key_file else None
         return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The same trust for a connection made with Python's ssl; dial with
+        server_hostname=self.server_name or the host."""
+        context = ssl.create_default_context(cafile=self.ca_file)
+        if self.cert_file:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        return context
 
     def options(self) -> list[tuple[str, str]]:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []

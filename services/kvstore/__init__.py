@@ -10,6 +10,8 @@
     grpc_servicer.py  the gRPC service           ucx_server.py  Put/Get over UCX
     transport.py      client transports (gRPC)   ucx_client.py  the UCX one
     ucx_frames.py     the UCX framing            ucx_runtime.py the process's UCX loop
+    tcp_frames.py     raw TCP block frames       tcp_server.py  PutBlocks/GetBlocks over TCP
+    tcp_client.py     the TCP transport          heap.py        the process keeps freed memory
     kv_metrics.py     Prometheus metrics         server.py      config, serve()
     client.py         KVStoreClient              main.py        `pdserve kvstore`
 

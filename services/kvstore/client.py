@@ -1,7 +1,7 @@
 """The Python client of the KV cache service, used by prefill and decode workers.
 
-Blocks travel over the chosen transport (gRPC streams by default, UCX, or Mooncake Store
-straight between the worker and the store nodes, the kvstore indexing them); lookups,
+Blocks travel over the chosen transport (gRPC streams by default, raw TCP frames, UCX, or
+Mooncake Store straight between the worker and the store nodes, the kvstore indexing them); lookups,
 leases and stats always over gRPC. Every failure is a grpc.RpcError with its status code
 (from either transport); a Put that does not fit raises KVStoreFullError. One client may
 be shared by many threads.
@@ -23,6 +23,7 @@ from services.common.grpc_server import channel
 from services.common.security import ClientSecurity
 from services.kvstore.batch_codec import Decoded, OutBatch
 from services.kvstore.errors import KVStoreError, KVStoreFullError  # noqa: F401  (part of this API)
+from services.kvstore.tcp_frames import TCP_PORT_METADATA
 from services.kvstore.transport import BlockTransport, GrpcTransport
 from services.kvstore.ucx_frames import UCX_PORT_METADATA
 from services.kvstore.validate import block_nbytes
@@ -30,25 +31,27 @@ from services.pb import kvstore_pb2, kvstore_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
-TRANSPORTS = ("grpc", "ucx", "mooncake")
+TRANSPORTS = ("grpc", "tcp", "ucx", "mooncake")
 
 
 class KVStoreClient:
     def __init__(self, address: str, transport: str = "grpc", ucx_address: str | None = None,
                  timeout_s: float = 30.0, security: ClientSecurity = ClientSecurity(),
-                 channel_options: tuple[tuple[str, int], ...] = ()):
-        """`ucx_address` ("host:port") is only for transport="ucx"; without it, the port is
-        asked from the server at the first Put or Get, on the host of `address`.
-        `security`: the internal token (sent over both transports) and TLS (gRPC only).
+                 channel_options: tuple[tuple[str, int], ...] = (), tcp_address: str | None = None):
+        """`ucx_address` / `tcp_address` ("host:port") are only for transport "ucx" / "tcp";
+        without one, the port is asked from the server at the first Put or Get, on the host
+        of `address`. `security`: the internal token (sent over every transport) and TLS
+        (gRPC and TCP; UCX has none).
         `channel_options`: extra gRPC channel options (a worker's reconnect backoff)."""
         if transport not in TRANSPORTS:
             raise ValueError(f"transport: {transport!r} is not one of {TRANSPORTS}")
-        if ucx_address is not None:
-            split_host_port(ucx_address, "ucx_address")
+        for name, value in (("ucx_address", ucx_address), ("tcp_address", tcp_address)):
+            if value is not None:
+                split_host_port(value, name)
         self.address, self.transport = address, transport
-        self._ucx_address = ucx_address
+        self._ucx_address, self._tcp_address = ucx_address, tcp_address
         self._timeout_s = timeout_s
-        self._token = security.token
+        self._token, self._tls = security.token, security.tls
         self._channel = channel(address, channel_options, security=security)
         self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
         self._lock = threading.Lock()
@@ -149,9 +152,19 @@ class KVStoreClient:
             return GrpcTransport(self._channel, self._stub, self._timeout_s)
         if self.transport == "mooncake":
             return self._connect_mooncake()
+        if self.transport == "tcp":
+            from services.kvstore.tcp_client import TcpTransport
+
+            def locate() -> tuple[str, int]:
+                return split_host_port(self._discover_address(TCP_PORT_METADATA, "TCP", "--tcp-port"), "tcp_address")
+            host, port = split_host_port(self._tcp_address, "tcp_address") if self._tcp_address else locate()
+            rpc = GrpcTransport(self._channel, self._stub, self._timeout_s)
+            return TcpTransport(host, port, self._timeout_s, rpc, self._token, self._tls,
+                                locate=None if self._tcp_address else locate)
         # Imported only here: a gRPC-only process never loads UCX.
         from services.kvstore.ucx_client import UcxTransport
-        host, port = split_host_port(self._ucx_address or self._discover_ucx_address(), "ucx_address")
+        address = self._ucx_address or self._discover_address(UCX_PORT_METADATA, "UCX", "--ucx-port")
+        host, port = split_host_port(address, "ucx_address")
         return UcxTransport(host, port, self._timeout_s, self._token)
 
     def _connect_mooncake(self) -> BlockTransport:
@@ -171,10 +184,11 @@ class KVStoreClient:
             raise KVStoreError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
         return MooncakeTransport(GrpcTransport(self._channel, self._stub, self._timeout_s), settings, plane)
 
-    def _discover_ucx_address(self) -> str:
+    def _discover_address(self, metadata_key: str, name: str, flag: str) -> str:
+        """The port the server announces under `metadata_key` (Stats), on its gRPC host."""
         _, call = self._stub.Stats.with_call(kvstore_pb2.StatsRequest(), timeout=self._timeout_s)
-        ports = [value for key, value in call.initial_metadata() if key == UCX_PORT_METADATA]
+        ports = [value for key, value in call.initial_metadata() if key == metadata_key]
         if not ports:
-            raise KVStoreError(grpc.StatusCode.UNAVAILABLE, f"the kvstore at {self.address} serves no UCX "
-                                                                "(start it with --ucx-port)")
+            raise KVStoreError(grpc.StatusCode.UNAVAILABLE, f"the kvstore at {self.address} serves no {name} "
+                                                                f"(start it with {flag})")
         return f"{split_host_port(self.address, 'address')[0]}:{ports[0]}"

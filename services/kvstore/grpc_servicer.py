@@ -5,8 +5,8 @@ PutBlocks and GetBlocks are registered with the codec of batch_codec.py instead 
 protobuf's: their block bytes are viewed in the received message and joined once into
 the sent one (see add_to_server). Every other method uses the generated serializers.
 
-The UCX port of this server, if it has one, is sent as initial metadata of every Stats
-answer: a client asked for transport="ucx" without an address finds the port there,
+The UCX and TCP ports of this server, if it has them, are sent as initial metadata of every
+Stats answer: a client asked for transport="ucx" or "tcp" without an address finds the port there,
 since the KVStore contract has no field for it. So are a Mooncake data plane's settings
 (transport="mooncake" connects to the plane they name).
 """
@@ -20,6 +20,7 @@ from services.kvstore import batch_codec
 from services.kvstore.errors import InvalidArgument, KVStoreError
 from services.kvstore.handlers import KVStoreHandlers
 from services.kvstore.mooncake_plane import MOONCAKE_METADATA, MooncakeSettings
+from services.kvstore.tcp_frames import TCP_PORT_METADATA
 from services.kvstore.ucx_frames import UCX_PORT_METADATA
 from services.pb import kvstore_pb2 as pb
 from services.pb import kvstore_pb2_grpc
@@ -29,10 +30,11 @@ SERVICE_NAME = "pdserve.v1.KVStore"
 
 class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def __init__(self, handlers: KVStoreHandlers, ucx_port: int | None = None,
-                 mooncake: MooncakeSettings | None = None):
+                 mooncake: MooncakeSettings | None = None, tcp_port: int | None = None):
         self.handlers = handlers
-        self.ucx_port = ucx_port
+        self.ucx_port, self.tcp_port = ucx_port, tcp_port
         metadata = [(UCX_PORT_METADATA, str(ucx_port))] if ucx_port is not None else []
+        metadata += [(TCP_PORT_METADATA, str(tcp_port))] if tcp_port is not None else []
         metadata += [(MOONCAKE_METADATA, mooncake.to_json())] if mooncake is not None else []
         self._stats_metadata = tuple(metadata)
 

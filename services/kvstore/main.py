@@ -2,6 +2,7 @@
 
     pdserve kvstore --port 50060 --capacity-bytes 8GiB --metrics-port 9060
     pdserve kvstore --backend redis://127.0.0.1:6379/0 --ucx-port 50061
+    pdserve kvstore --tcp-port 50062
     pdserve kvstore --capacity-bytes 8GiB --disk-dir /var/lib/pdserve/kv --disk-capacity-bytes 64GiB
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from services.common.defaults import KVSTORE_PORT
 from services.common.process import configure_logging, wait_for_shutdown
 from services.common.security import add_internal_token_argument, add_server_tls_arguments, internal_server_security
 from services.common.sizes import parse_bytes
-from services.kvstore import mooncake_plane
+from services.kvstore import heap, mooncake_plane
 from services.kvstore.errors import KVStoreError
 from services.kvstore.server import KVStoreConfig, check_backend, serve
 
@@ -59,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "how long a prefill's KV stays pinned for its decode (default: 30000)")
     parser.add_argument("--ucx-port", type=_port, default=None,
                         help="also serve Put/Get over UCX on this port (default: off; 0: a free one)")
+    parser.add_argument("--tcp-port", type=_port, default=None,
+                        help="also serve PutBlocks/GetBlocks as raw TCP frames on this port, on --host, with the "
+                             "internal token and the gRPC port's TLS (default: off; 0: a free one)")
     mooncake = parser.add_argument_group("Mooncake Store data plane (--backend mooncake)")
     mooncake.add_argument("--mooncake-master", metavar="HOST:PORT", default=None,
                           help="mooncake_master's RPC address")
@@ -77,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                f"(default: {mooncake_plane.DEFAULT_FAILOVER_S}, for --client_ttl="
                                f"{mooncake_plane.MASTER_CLIENT_TTL_S})")
     add_internal_token_argument(parser)
-    add_server_tls_arguments(parser, "the gRPC port (UCX has no TLS: docs/security.md)")
+    add_server_tls_arguments(parser, "the gRPC and TCP ports (UCX has no TLS: docs/security.md)")
 
 
 def mooncake_settings(args: argparse.Namespace) -> mooncake_plane.MooncakeSettings | None:
@@ -115,7 +119,7 @@ def config_from_args(args: argparse.Namespace) -> KVStoreConfig:
                          capacity_bytes=args.capacity_bytes, backend=args.backend,
                          default_lease_ttl_ms=args.lease_ttl_ms,
                          max_lease_ttl_ms=max(args.lease_ttl_ms, KVStoreConfig.max_lease_ttl_ms),
-                         ucx_port=args.ucx_port, security=internal_server_security(args),
+                         ucx_port=args.ucx_port, tcp_port=args.tcp_port, security=internal_server_security(args),
                          mooncake=mooncake_settings(args), disk_dir=args.disk_dir,
                          disk_capacity_bytes=args.disk_capacity_bytes)
 
@@ -128,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"pdserve kvstore: error: {e}", file=sys.stderr)
         return 2
+    heap.keep_freed_memory(config.capacity_bytes)  # a put's buffers reuse freed memory, no fresh pages
     try:
         running = serve(config)
     except (KVStoreError, OSError, RuntimeError) as e:  # Redis unreachable, port taken (grpc raises
@@ -137,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     backend = re.sub(r"//[^@/]*@", "//***@", args.backend)  # no Redis password in logs
     parts = [f"kvstore serving on {running.address}", f"backend {backend}", f"capacity {args.capacity_bytes}"]
     parts += [f"ucx {running.ucx_address}"] if running.ucx_address else []
+    parts += [f"tcp {running.tcp_address}"] if running.tcp_address else []
     if args.disk_dir is not None:  # what a restart found there
         disk = running.store.stats().disk
         parts += [f"disk {args.disk_dir} ({disk.num_blocks} blocks, {disk.used_bytes} bytes)"]

@@ -1,5 +1,6 @@
 """The KV cache service process: a BlockStore behind gRPC (with health and reflection),
-optionally UCX, Prometheus metrics, and a sweeper that ends expired leases."""
+optionally raw TCP and UCX for block bytes, Prometheus metrics, and a sweeper that ends
+expired leases."""
 from __future__ import annotations
 
 import logging
@@ -19,6 +20,7 @@ from services.kvstore.disk_tier import DiskTier
 from services.kvstore.memory_store import MemoryBlockStore
 from services.kvstore.mooncake_plane import MooncakeSettings
 from services.kvstore.store import BlockStore, StoreEvents
+from services.kvstore.tcp_server import TcpKVStoreServer
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +36,8 @@ class KVStoreConfig:
     max_lease_ttl_ms: int = 600_000
     sweep_interval_ms: int = 1_000     # how often expired leases are ended in the background
     ucx_port: int | None = None        # None: no UCX listener; 0: a free port
-    security: ServerSecurity = ServerSecurity()  # the internal token (gRPC and UCX), TLS (gRPC)
+    tcp_port: int | None = None        # None: no TCP listener for block bytes (tcp_server.py); 0: a free port
+    security: ServerSecurity = ServerSecurity()  # the internal token (every port), TLS (gRPC and TCP)
     disk_dir: str | None = None        # the memory backend's disk tier (disk_tier.py); None: memory only
     disk_capacity_bytes: int | None = None  # its block bytes, with disk_dir
     mooncake: MooncakeSettings | None = None  # the data plane of backend "mooncake"
@@ -45,7 +48,7 @@ class KVStoreConfig:
                 raise ValueError(f"{name}: {getattr(self, name)} must be positive")
         if self.default_lease_ttl_ms > self.max_lease_ttl_ms:
             raise ValueError(f"default_lease_ttl_ms: {self.default_lease_ttl_ms} is above max_lease_ttl_ms")
-        for name in ("port", "metrics_port", "ucx_port"):
+        for name in ("port", "metrics_port", "ucx_port", "tcp_port"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < 65536:
                 raise ValueError(f"{name}: {value} is not a port number")
@@ -53,8 +56,9 @@ class KVStoreConfig:
         check_disk(self.backend, self.disk_dir, self.disk_capacity_bytes)
         if (self.backend == "mooncake") != (self.mooncake is not None):
             raise ValueError("mooncake: the Mooncake settings go with backend 'mooncake', and only with it")
-        if self.mooncake is not None and self.ucx_port is not None:
-            raise ValueError("ucx_port: with backend 'mooncake' the bytes move over Mooncake's transfer engine")
+        for name in ("ucx_port", "tcp_port"):
+            if self.mooncake is not None and getattr(self, name) is not None:
+                raise ValueError(f"{name}: with backend 'mooncake' the bytes move over Mooncake's transfer engine")
 
 
 def check_backend(backend: str) -> None:
@@ -120,13 +124,16 @@ class RunningKVStore:
     _ucx: object | None
     _sweeper: LeaseSweeper
     kv_events: KVEventPublisher | None = None  # its blocks' changes, for routers (KVEvents)
+    tcp_address: str | None = None  # "host:PORT" when TCP is on
+    _tcp: object | None = None
 
     def stop(self, grace: float | None = 2.0) -> None:
         if self.kv_events is not None:
             self.kv_events.close()  # its open streams would otherwise hold the whole grace
         self._grpc.stop(grace)
-        if self._ucx is not None:
-            self._ucx.stop()
+        for listener in (self._ucx, self._tcp):
+            if listener is not None:
+                listener.stop()
         self.metrics.metrics.close()  # a no-op without a /metrics port
         self._sweeper.stop()
         self.store.close()
@@ -140,13 +147,18 @@ def serve(config: KVStoreConfig, clock: Callable[[], float] | None = None) -> Ru
     metrics.watch(store.stats)
     handlers = KVStoreHandlers(store, metrics, LeasePolicy(config.default_lease_ttl_ms, config.max_lease_ttl_ms),
                                data_plane=config.mooncake is not None)
-    ucx = grpc_server = None
+    ucx = tcp = grpc_server = None
     try:
         if config.ucx_port is not None:
             from services.kvstore.ucx_server import UcxKVStoreServer  # only a UCX-enabled server loads UCX
             ucx = UcxKVStoreServer(handlers, config.ucx_port, config.security.tokens)
             warn_if_open(config.security, f"UCX port {ucx.port}")
-        servicer = KVStoreServicer(handlers, ucx.port if ucx else None, config.mooncake)
+        if config.tcp_port is not None:
+            tcp = TcpKVStoreServer(handlers, config.host, config.tcp_port, config.security.tokens,
+                                   config.security.tls)
+            warn_if_open(config.security, f"TCP port {tcp.port}")
+        servicer = KVStoreServicer(handlers, ucx.port if ucx else None, config.mooncake,
+                                   tcp.port if tcp else None)
         spec = ServiceSpec(SERVICE_NAME, add_to_server, servicer)
         grpc_server = start_server([spec, kv_events_service(kv_events)], host=config.host, port=config.port,
                                    security=config.security)
@@ -154,12 +166,14 @@ def serve(config: KVStoreConfig, clock: Callable[[], float] | None = None) -> Ru
     except BaseException:  # a port already taken: free what started before re-raising
         if grpc_server is not None:
             grpc_server.stop(0)
-        if ucx is not None:
-            ucx.stop()
+        for listener in (ucx, tcp):
+            if listener is not None:
+                listener.stop()
         store.close()
         raise
     sweeper = LeaseSweeper(store, config.sweep_interval_ms / 1000)
     return RunningKVStore(
         address=f"{config.host}:{grpc_server.port}", metrics_port=metrics_port,
         ucx_address=f"{config.host}:{ucx.port}" if ucx else None, store=store, metrics=metrics,
-        servicer=servicer, _grpc=grpc_server, _ucx=ucx, _sweeper=sweeper, kv_events=kv_events)
+        servicer=servicer, _grpc=grpc_server, _ucx=ucx, _sweeper=sweeper, kv_events=kv_events,
+        tcp_address=f"{config.host}:{tcp.port}" if tcp else None, _tcp=tcp)

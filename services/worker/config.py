@@ -88,9 +88,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, rol
     parser.add_argument("--port", type=int, default=default_port)
     parser.add_argument("--metrics-port", type=int, default=_WORKER.metrics_port)
     parser.add_argument("--kvstore", default=defaults.KVSTORE_ADDRESS, help="KV cache service address")
-    parser.add_argument("--kvstore-transport", default=_WORKER.kvstore_transport, choices=["grpc", "ucx", "mooncake"],
-                        help="how KV blocks move: grpc, ucx (the kvstore serves UCX), or mooncake (straight to the "
-                             "Mooncake Store data plane of a kvstore run with --backend mooncake)")
+    parser.add_argument("--kvstore-transport", default=_WORKER.kvstore_transport,
+                        choices=["grpc", "tcp", "ucx", "mooncake"],
+                        help="how KV blocks move: grpc, tcp (raw frames; the kvstore serves --tcp-port), ucx (the "
+                             "kvstore serves UCX), or mooncake (straight to the Mooncake Store data plane of a "
+                             "kvstore run with --backend mooncake)")
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=_ENGINE.cache.kv_cache_memory_bytes,
                         help="the KV cache's exact size per rank (default: from --gpu-memory-utilization on "
                              f"CUDA, {_ENGINE.cache.kv_cache_memory_fraction:g} of free memory on the CPU)")

@@ -1,4 +1,5 @@
-"""`pdserve up --kv-transport ucx`: the kvstore serves UCX, every worker moves KV over it;
+"""`pdserve up --kv-transport ucx` (or tcp): the kvstore serves UCX (or raw TCP frames), every
+worker moves KV over it;
 `--kvstore-backend mooncake`: a Mooncake master and store nodes start first, the kvstore
 indexes what they hold, every worker moves KV to and from them."""
 from __future__ import annotations
@@ -21,15 +22,24 @@ def test_ucx_reaches_the_kvstore_and_every_worker():
         assert _flag(specs[name], "--kvstore-transport") == "ucx"
 
 
+def test_tcp_reaches_the_kvstore_and_every_worker():
+    specs = {s.name: s.argv for s in plan(PlatformConfig(num_prefill=1, num_decode=2, kv_transport="tcp"), [0, 1])}
+    assert _flag(specs["kvstore"], "--tcp-port") == "0" and "--ucx-port" not in specs["kvstore"]
+    for name in ("prefill-0", "decode-0", "decode-1"):
+        assert _flag(specs[name], "--kvstore-transport") == "tcp"
+
+
 def test_grpc_is_the_default_and_serves_no_ucx():
     specs = {s.name: s.argv for s in plan(PlatformConfig(), [0, 1])}
-    assert "--ucx-port" not in specs["kvstore"]
+    assert "--ucx-port" not in specs["kvstore"] and "--tcp-port" not in specs["kvstore"]
     assert _flag(specs["prefill-0"], "--kvstore-transport") == "grpc"
 
 
-def test_the_up_command_takes_the_flag():
-    args = build_parser().parse_args(["up", "--kv-transport", "ucx"])
-    assert args.kv_transport == "ucx"
+@pytest.mark.parametrize("flag", ["--kv-transport", "--kvstore-transport"])  # the workers' name works too
+@pytest.mark.parametrize("transport", ["ucx", "tcp"])
+def test_the_up_command_takes_the_flag(flag, transport):
+    args = build_parser().parse_args(["up", flag, transport])
+    assert args.kv_transport == transport
 
 
 def test_mooncake_starts_a_master_and_a_store_node_per_replica_before_the_kvstore():
@@ -62,6 +72,7 @@ def test_the_memory_backend_starts_no_mooncake():
 @pytest.mark.parametrize("argv, message", [
     (["--kvstore-replicas", "2"], "--kvstore-replicas: only with --kvstore-backend mooncake"),
     (["--kvstore-backend", "mooncake", "--kv-transport", "ucx"], "--kv-transport"),
+    (["--kvstore-backend", "mooncake", "--kvstore-transport", "tcp"], "--kv-transport"),
     (["--kvstore-backend", "mooncake", "--kvstore-replicas", "9"], "--kvstore-replicas"),
 ])
 def test_up_refuses_mooncake_flags_that_disagree(argv, message):

@@ -1,5 +1,6 @@
-"""kvstore.transport=ucx: the kvstore listens on UCX (container, Service and NetworkPolicy
-ports), every worker moves KV over it, and the command lines are what `pdserve` accepts."""
+"""kvstore.transport=ucx (or tcp): the kvstore listens on UCX (or raw TCP frames) with its
+container, Service and NetworkPolicy ports, every worker moves KV over it, and the command
+lines are what `pdserve` accepts."""
 from __future__ import annotations
 
 from tests.deploy.chart import FULLNAME, container, port_number, render
@@ -20,10 +21,23 @@ def test_ucx_is_served_and_used_end_to_end():
         assert parse(container(deployment(m, pool))).kvstore_transport == "ucx"
 
 
+def test_tcp_is_served_and_used_end_to_end():
+    m = render(sets=("kvstore.transport=tcp", "kvstore.tcpPort=50072", "networkPolicy.enabled=true"))
+    kvstore = container(deployment(m, "kvstore"))
+    assert parse(kvstore).tcp_port == 50072 and port_number(kvstore, "kv-tcp") == 50072
+    assert parse(kvstore).ucx_port is None
+    service = m.get("Service", f"{FULLNAME}-kvstore")
+    assert {"name": "kv-tcp", "port": 50072, "targetPort": "kv-tcp", "protocol": "TCP"} in service["spec"]["ports"]
+    policy = m.get("NetworkPolicy", f"{FULLNAME}-kvstore")
+    assert {"port": "kv-tcp", "protocol": "TCP"} in policy["spec"]["ingress"][0]["ports"]
+    for pool in ("prefill", "decode"):
+        assert parse(container(deployment(m, pool))).kvstore_transport == "tcp"
+
+
 def test_grpc_by_default_with_no_ucx_port():
     m = render()
     kvstore = container(deployment(m, "kvstore"))
-    assert parse(kvstore).ucx_port is None
+    assert parse(kvstore).ucx_port is None and parse(kvstore).tcp_port is None
     assert "ucx" not in [p["name"] for p in m.get("Service", f"{FULLNAME}-kvstore")["spec"]["ports"]]
     for pool in ("prefill", "decode"):
         assert parse(container(deployment(m, pool))).kvstore_transport == "grpc"

@@ -45,8 +45,9 @@ def start_cluster(model: str, loaded, num_prefill: int = 2, num_decode: int = 1,
                   kvstore_transport: str = "grpc", kv_offloading_bytes: int | None = None,
                   **worker_overrides) -> Cluster:
     ucx_port = 0 if kvstore_transport == "ucx" else None
+    tcp_port = 0 if kvstore_transport == "tcp" else None
     cluster = Cluster(serve_kvstore(KVStoreConfig(capacity_bytes=kvstore_capacity, metrics_port=None,
-                                                  ucx_port=ucx_port)))
+                                                  ucx_port=ucx_port, tcp_port=tcp_port)))
     try:
         engine = EngineConfig(model=model, cache=CacheConfig(kv_cache_memory_bytes=kv_cache_memory_bytes,
                                                              kv_offloading_bytes=kv_offloading_bytes))

@@ -24,7 +24,7 @@ def offline(tiny, tiny_llama_dir):
     return {tuple(p): o.token_ids for p, o in zip(LONG, outs)}
 
 
-@pytest.fixture(params=["grpc", "ucx"])
+@pytest.fixture(params=["grpc", "tcp", "ucx"])
 def cluster(request, tiny, tiny_llama_dir):
     c = start_cluster(tiny_llama_dir, tiny, num_prefill=1, kvstore_transport=request.param)
     yield c

@@ -271,15 +271,17 @@ def test_smollm2_through_the_platform(smollm2_path):
         c.stop()
 
 
-def test_kv_moves_over_ucx(tiny, tiny_llama_dir, offline):
-    c = start_cluster(tiny_llama_dir, tiny, num_prefill=1, kvstore_transport="ucx")
+@pytest.mark.parametrize("transport", ["ucx", "tcp"])
+def test_kv_moves_over_ucx_and_tcp(tiny, tiny_llama_dir, offline, transport):
+    c = start_cluster(tiny_llama_dir, tiny, num_prefill=1, kvstore_transport=transport)
     try:
         with ThreadPoolExecutor(len(LONG)) as pool:
             results = list(pool.map(lambda p: _generate(c.router.address, p), LONG))
         for p, msgs in zip(LONG, results):
             assert _tokens(msgs) == offline[tuple(p)].token_ids
         assert c.decodes[0].servicer.metrics.kvstore_imported._value.get() == sum(map(len, LONG))
-        assert c.kvstore.ucx_address
+        assert c.kvstore.ucx_address if transport == "ucx" else c.kvstore.tcp_address
+        assert c.kvstore.metrics.get_bytes.labels(transport)._value.get() > 0  # the bytes went that way
         assert_nothing_leaked(c)
     finally:
         c.stop()

@@ -155,10 +155,10 @@ def start_kvstore(clock, request):
     mooncake = callspec is not None and callspec.params.get("transport") == "mooncake"
 
     def start(**overrides):
-        defaults = {"capacity_bytes": 1 << 20, "ucx_port": 0, "metrics_port": None}
+        defaults = {"capacity_bytes": 1 << 20, "ucx_port": 0, "tcp_port": 0, "metrics_port": None}
         if mooncake:
             defaults.update(backend="mooncake", mooncake=request.getfixturevalue("mooncake_cluster").settings,
-                            ucx_port=None)
+                            ucx_port=None, tcp_port=None)
         config = KVStoreConfig(**{**defaults, **overrides})
         running.append(serve(config, clock=clock))
         return running[-1]

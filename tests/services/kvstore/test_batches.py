@@ -51,7 +51,7 @@ def payload(num_blocks: int, num_tokens: int, seed: int = 0) -> KVPayload:
     return KVPayload(num_tokens, blocks, hashes)
 
 
-@pytest.fixture(params=["grpc", "ucx"])
+@pytest.fixture(params=["grpc", "tcp", "ucx"])
 def client(request, start_kvstore):
     running = start_kvstore(capacity_bytes=64 << 20)
     c = KVStoreClient(running.address, transport=request.param)
@@ -85,7 +85,7 @@ def test_an_answer_of_many_batches_joins_in_order(client, monkeypatch):
     sent = payload(num_blocks=6, num_tokens=6 * BLOCK_SIZE, seed=3)
     client.put_blocks(*payload_to_put(sent, LAYOUT, tail_key=""))
     batches = client.get_blocks(sent.block_hashes)
-    assert len(batches) == 6
+    assert len(batches) == (1 if client.transport == "tcp" else 6)  # TCP: one frame, one buffer, whatever the batches
     assert torch.equal(payload_from_batches(batches, sent.block_hashes, LAYOUT).payload.blocks, sent.blocks)
 
 

@@ -14,7 +14,7 @@ from services.worker.kv_wire import block_from_proto, block_to_proto
 from services.kvstore.client import KVStoreClient, KVStoreFullError
 from tests.services.kvstore.conftest import WIRE_BLOCK_BYTES, free_port, h, wire_block
 
-TRANSPORTS = ["grpc", "ucx", "mooncake"]
+TRANSPORTS = ["grpc", "tcp", "ucx", "mooncake"]
 
 
 @pytest.fixture(params=TRANSPORTS)

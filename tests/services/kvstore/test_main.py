@@ -37,8 +37,8 @@ def test_sizes_accept_suffixes(text, expected):
 
 def test_defaults():
     args = parser().parse_args([])
-    assert (args.host, args.port, args.metrics_port, args.capacity_bytes, args.backend, args.ucx_port) == (
-        "127.0.0.1", 50060, None, 1 << 30, "memory", None)
+    assert (args.host, args.port, args.metrics_port, args.capacity_bytes, args.backend, args.ucx_port,
+            args.tcp_port) == ("127.0.0.1", 50060, None, 1 << 30, "memory", None, None)
 
 
 @pytest.mark.parametrize("argv,flag", [
@@ -48,6 +48,7 @@ def test_defaults():
     (["--port", "70000"], "--port"),
     (["--metrics-port", "http"], "--metrics-port"),
     (["--ucx-port", "-1"], "--ucx-port"),
+    (["--tcp-port", "70000"], "--tcp-port"),
     (["--backend", "ftp://x"], "--backend"),
     (["--lease-ttl-ms", "0"], "--lease-ttl-ms"),
 ])

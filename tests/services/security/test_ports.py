@@ -1,6 +1,6 @@
 """Every port of a fully secured platform, as real processes over real sockets: the router
 takes the API key over TLS, the workers and the kvstore the internal token over mTLS (and
-over UCX, in its hello). A caller without the credential, or with a wrong one, is refused;
+over TCP and UCX, in their hello). A caller without the credential, or with a wrong one, is refused;
 with it, it works; the two keys of a rotation are both accepted.
 
     router  ── API key, TLS ──────────── clients
@@ -57,7 +57,7 @@ def secured(tmp_path_factory, tiny_llama_dir):
     tmp = tmp_path_factory.mktemp("secured")
     certs = make_certs(tmp)
     (tmp / "token").write_text(TOKENS + "\n")
-    names = ["kvstore", "ucx", "prefill", "decode", "router", "http"]
+    names = ["kvstore", "ucx", "tcp", "prefill", "decode", "router", "http"]
     ports = dict(zip(names + [f"{n}-health" for n in names], free_ports(2 * len(names))))
     serve_tls = ["--tls-cert-file", certs.cert, "--tls-key-file", certs.key]
     internal_server = [*serve_tls, "--tls-client-ca-file", certs.ca, "--internal-token-file", str(tmp / "token")]
@@ -71,7 +71,8 @@ def secured(tmp_path_factory, tiny_llama_dir):
         procs.start(name, [*args, "--host", "127.0.0.1", "--port", str(ports[name]),
                            "--health-port", str(ports[f"{name}-health"])], env)
     try:
-        serve("kvstore", ["kvstore", "--ucx-port", str(ports["ucx"]), *internal_server])
+        serve("kvstore", ["kvstore", "--ucx-port", str(ports["ucx"]), "--tcp-port", str(ports["tcp"]),
+                          *internal_server])
         for role in ("prefill", "decode"):
             serve(role, [role, "--model", tiny_llama_dir, "--kvstore", secured.address("kvstore"),
                          "--kvstore-transport", "ucx", "--kv-cache-memory-bytes", str(8 << 20), "--threads", "1",
@@ -127,6 +128,24 @@ def test_the_ucx_port_takes_only_the_internal_token(secured):
             get(token)
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "internal token" in e.value.details()
     assert [b.found for b in get("tok-old")] == [False]
+
+
+def test_the_tcp_port_takes_only_the_internal_token_over_mtls(secured):
+    def get(token, cert=True):
+        client = KVStoreClient(secured.address("kvstore"), transport="tcp", tcp_address=secured.address("tcp"),
+                               timeout_s=10, security=secured.internal(token, cert))
+        try:
+            return [found for batch in client.get_blocks([bytes(32)]) for found in batch.message.found]
+        finally:
+            client.close()
+    for token in (None, "wrong"):
+        with pytest.raises(KVStoreError) as e:
+            get(token)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "internal token" in e.value.details()
+    with pytest.raises(KVStoreError) as e:  # mTLS: no client certificate, no connection
+        get("tok-new", cert=False)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert get("tok-old") == [False]
 
 
 def test_the_router_takes_only_the_api_key_and_moves_kv_through_the_secured_store(secured):
