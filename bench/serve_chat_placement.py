@@ -21,8 +21,10 @@ local_platform.py), one core per worker:
 Prints one JSON line: per placement the prefix-cache hit rate of the workers that
 prefill (hit tokens / looked-up tokens, from their /metrics), the tokens they imported
 from the kvstore, the reuse rate (prompt tokens not computed, locally cached or imported:
-the requests' usage.cached_prompt_tokens), TTFT mean/p50/p90 (client side), requests per
-worker, and the router's placement decisions by reason.
+the requests' usage.cached_prompt_tokens), the reused prompt tokens by tier (the device
+prefix cache, the host tier of --kv-offloading-size, the kvstore: which since issue 32 also
+holds each finished turn's answer, written by the decode worker), TTFT mean/p50/p90 (client
+side), requests per worker, and the router's placement decisions by reason.
 
     .venv/bin/python -m bench.serve_chat_placement [--topology disagg --placements kv,affinity,least_loaded
         --conversations 8 --turns 4 --system-len 512 --user-len 64 --output-len 32]
@@ -121,15 +123,20 @@ def summarize(workers, before, after, router, turns, errors, duration) -> dict:
         return _sum(after[n], name, **labels) - _sum(before[n], name, **labels)
     queried = sum(delta("pdserve_prefix_cache_queried_tokens", n) for n in workers)
     hits = sum(delta("pdserve_prefix_cache_hit_tokens", n) for n in workers)
+    host_hits = int(sum(delta("pdserve_prefix_cache_host_hit_tokens", n) for n in workers))
     imported = int(sum(delta("pdserve_kvstore_imported_tokens_total", n) for n in workers))
     t = np.array([ttft for ttft, _, _ in turns]) * 1000 if turns else np.zeros(1)
     num_prompt, num_cached = sum(n for _, n, _ in turns), sum(c for _, _, c in turns)
+    # what the prefilling workers reused of the prompts, by where it came from
+    tiers = {"device": int(hits), "host": host_hits, "kvstore": imported}
     reasons = {dict(ls)["reason"]: v for (n, ls), v in router.items()
                if n == "pdserve_router_placement_total" and v and dict(ls).get("pool") == ("prefill" if any(
                    w.startswith("prefill") for w in workers) else "decode")}
     return {"turns_completed": len(turns), "errors": errors[:3], "duration_s": round(duration, 1),
             "prefix_hit_rate": round(hits / queried, 3) if queried else 0.0,
             "kvstore_imported_tokens": imported,
+            "reused_tokens_by_tier": tiers,
+            "reused_share_by_tier": {k: round(v / num_prompt, 3) if num_prompt else 0.0 for k, v in tiers.items()},
             # reused either way, the worker's own cache or the kvstore's (the requests' usage)
             "reuse_rate": round(num_cached / num_prompt, 3) if num_prompt else 0.0,
             "ttft_ms": {"mean": round(float(t.mean())), "p50": round(float(np.percentile(t, 50))),
