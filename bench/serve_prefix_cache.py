@@ -19,16 +19,23 @@ ratios off/local and off/kvstore.
 
     .venv/bin/python -m bench.serve_prefix_cache [--model smollm2 --prefix-len 1024
         --suffix-len 32 --output-len 8 --num-requests 8 --result-dir /tmp/pdserve-bench
-        --kv-transport grpc|tcp|ucx --conditions off,local,kvstore]
+        --kv-transport grpc|tcp|ucx|mooncake --conditions off,local,kvstore]
 
 `--kv-transport` is how the workers move KV to and from the kvstore (the workers'
 --kvstore-transport): it matters to the kvstore condition, where worker B reads the prefix.
+`mooncake` puts the kvstore on the Mooncake backend (a real mooncake_master and store node
+on loopback, cli/bench/mooncake_cluster.py): the block bytes go between the workers and
+the store node, the kvstore holds the index. `ttft_ratio_kvstore_vs_local` is issue 32's
+measure (target <= 1.25).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -39,6 +46,7 @@ from engine.model.source import resolve_model
 from cli.bench.arrivals import ArrivalConfig
 from cli.bench.datasets import DatasetConfig, LengthDist
 from cli.bench.main import BenchConfig, run_bench
+from cli.bench.mooncake_cluster import MooncakeCluster
 from cli.bench.targets import TargetConfig
 from engine.config import CacheConfig, EngineConfig
 from services.worker.config import WorkerConfig
@@ -64,10 +72,12 @@ class LocalCluster:
 
 
 def start(model: str, loaded, num_prefill: int, prefix_caching: bool, kv_bytes: int,
-          kv_transport: str = "grpc") -> LocalCluster:
+          kv_transport: str = "grpc", mooncake: MooncakeCluster | None = None) -> LocalCluster:
     c = LocalCluster(serve_kvstore(KVStoreConfig(capacity_bytes=4 * kv_bytes, metrics_port=None,
                                                  tcp_port=0 if kv_transport == "tcp" else None,
-                                                 ucx_port=0 if kv_transport == "ucx" else None)))
+                                                 ucx_port=0 if kv_transport == "ucx" else None,
+                                                 backend="mooncake" if mooncake else "memory",
+                                                 mooncake=mooncake.settings if mooncake else None)))
     try:
         cache = CacheConfig(kv_cache_memory_bytes=kv_bytes, enable_prefix_caching=prefix_caching)
         cfg = WorkerConfig(engine=EngineConfig(model=model, cache=cache), kvstore_address=c.kvstore.address,
@@ -95,23 +105,26 @@ def bench(router, args, label: str, num: int, seed: int, prefix_seed: int, num_p
     return run_bench(cfg, quiet=quiet).summary
 
 
-def condition(model, loaded, args, name: str) -> dict:
+def condition(model, loaded, args, name: str, mooncake: MooncakeCluster | None = None) -> dict:
     n, kv_bytes = args.num_requests, args.kv_cache_mb << 20
     if name == "off":
-        c = start(model, loaded, 1, prefix_caching=False, kv_bytes=kv_bytes, kv_transport=args.kv_transport)
+        c = start(model, loaded, 1, prefix_caching=False, kv_bytes=kv_bytes, kv_transport=args.kv_transport,
+                  mooncake=mooncake)
         try:
             bench(c.routers[0], args, "warmup", 1, seed=100, prefix_seed=99, quiet=True)  # another prompt
             return bench(c.routers[0], args, "prefix-off", n, seed=0, prefix_seed=0, num_prefixes=n)
         finally:
             c.stop()
     if name == "local":
-        c = start(model, loaded, 1, prefix_caching=True, kv_bytes=kv_bytes, kv_transport=args.kv_transport)
+        c = start(model, loaded, 1, prefix_caching=True, kv_bytes=kv_bytes, kv_transport=args.kv_transport,
+                  mooncake=mooncake)
         try:
             bench(c.routers[0], args, "warmup", 1, seed=100, prefix_seed=0, quiet=True)
             return bench(c.routers[0], args, "prefix-local", n, seed=0, prefix_seed=0)
         finally:
             c.stop()
-    c = start(model, loaded, 2, prefix_caching=False, kv_bytes=kv_bytes, kv_transport=args.kv_transport)
+    c = start(model, loaded, 2, prefix_caching=False, kv_bytes=kv_bytes, kv_transport=args.kv_transport,
+              mooncake=mooncake)
     try:
         bench(c.routers[0], args, "warmup", 1, seed=100, prefix_seed=0, quiet=True)  # through worker A
         return bench(c.routers[1], args, "prefix-kvstore", n, seed=0, prefix_seed=0)  # through worker B
@@ -129,27 +142,37 @@ def main() -> int:
     p.add_argument("--kv-cache-mb", type=int, default=512, help="each worker's KV cache (the kvstore: 4x)")
     p.add_argument("--result-dir", default="/tmp/pdserve-bench/prefix_cache")
     p.add_argument("--conditions", default="off,local,kvstore")
-    p.add_argument("--kv-transport", choices=("grpc", "tcp", "ucx"), default="grpc",
-                   help="the workers' --kvstore-transport (default: grpc)")
+    p.add_argument("--kv-transport", choices=("grpc", "tcp", "ucx", "mooncake"), default="grpc",
+                   help="the workers' --kvstore-transport (default: grpc; mooncake: the Mooncake backend)")
     args = p.parse_args()
     model = args.model
     loaded = load_model(resolve_model(args.model), torch.float32, "cpu", progress=False)
     out = {"model": args.model, "prefix_len": args.prefix_len, "suffix_len": args.suffix_len,
            "output_len": args.output_len, "num_requests": args.num_requests, "torch_threads": torch.get_num_threads(),
            "kv_transport": args.kv_transport}
-    for name in args.conditions.split(","):
-        s = condition(model, loaded, args, name)
-        b = s["ttft_breakdown"] or {}
-        out[name] = {"completed": s["completed"], "ttft_mean_ms": 1000 * s["ttft_s"]["mean"],
-                     "ttft_p50_ms": 1000 * s["ttft_s"]["p50"], "ttft_p90_ms": 1000 * s["ttft_s"]["p90"],
-                     "prefill_mean_ms": 1000 * b["prefill_s"]["mean"],
-                     "kv_write_mean_ms": 1000 * b["kv_write_s"]["mean"],
-                     "other_mean_ms": 1000 * b["other_s"]["mean"], "kv_read_mean_ms": 1000 * b["kv_read_s"]["mean"],
-                     "cached_tokens_per_request": s["cached_tokens"] / max(s["completed"], 1)}
+    with contextlib.ExitStack() as stack:
+        mooncake = None
+        if args.kv_transport == "mooncake":  # a segment for the kvstore's 4x of a worker's cache
+            mooncake = MooncakeCluster(Path(tempfile.mkdtemp(prefix="bench-mooncake-")),
+                                       segment_bytes=4 * (args.kv_cache_mb << 20)).start_all()
+            stack.callback(mooncake.stop)
+            mooncake.touch_segments()  # as a node that has served a while: its pages mapped
+        for name in args.conditions.split(","):
+            out[name] = summarize_condition(condition(model, loaded, args, name, mooncake))
     ttft = {name: out[name]["ttft_mean_ms"] for name in args.conditions.split(",")}
-    out.update(ratios(ttft, [("off", "local"), ("off", "kvstore")], "ttft_ratio_{a}_vs_{b}"))
+    out.update(ratios(ttft, [("off", "local"), ("off", "kvstore"), ("kvstore", "local")], "ttft_ratio_{a}_vs_{b}"))
     emit_result(out)
     return 0
+
+
+def summarize_condition(s: dict) -> dict:
+    b = s["ttft_breakdown"] or {}
+    return {"completed": s["completed"], "ttft_mean_ms": 1000 * s["ttft_s"]["mean"],
+            "ttft_p50_ms": 1000 * s["ttft_s"]["p50"], "ttft_p90_ms": 1000 * s["ttft_s"]["p90"],
+            "prefill_mean_ms": 1000 * b["prefill_s"]["mean"],
+            "kv_write_mean_ms": 1000 * b["kv_write_s"]["mean"],
+            "other_mean_ms": 1000 * b["other_s"]["mean"], "kv_read_mean_ms": 1000 * b["kv_read_s"]["mean"],
+            "cached_tokens_per_request": s["cached_tokens"] / max(s["completed"], 1)}
 
 
 if __name__ == "__main__":

@@ -16,11 +16,26 @@ from dataclasses import replace
 from cli.launcher import Platform, PlatformConfig, plan
 
 
+def _ephemeral_start(default: int = 32768) -> int:
+    """The first port the kernel hands to outgoing connections (and to bind(0))."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
 def free_port_range(n: int, rng: random.Random | None = None, attempts: int = 200) -> int:
-    """The first of `n` consecutive loopback ports that are free now."""
+    """The first of `n` consecutive loopback ports that are free now, below the kernel's
+    ephemeral range where it leaves room: a port picked there can be taken by any outgoing
+    connection between the pick and the bind of the process it is meant for (seen: a
+    platform's worker failing to bind during a full test run). Mooncake's transfer engine
+    listens in 15000-17000, below this."""
     rng = rng or random.Random()
+    top = _ephemeral_start()
+    top = top if top - n > 20000 + 1000 else 60000
     for _ in range(attempts):
-        base = rng.randrange(20000, 60000 - n)
+        base = rng.randrange(20000, top - n)
         socks = []
         try:
             for port in range(base, base + n):
@@ -34,6 +49,12 @@ def free_port_range(n: int, rng: random.Random | None = None, attempts: int = 20
             for s in socks:
                 s.close()
     raise RuntimeError(f"no {n} consecutive free loopback ports")
+
+
+def free_port() -> int:
+    """One loopback port that is free now (free_port_range's rule): for a process started
+    afterwards, where binding port 0 would pick from the ephemeral range."""
+    return free_port_range(1)
 
 
 def with_free_ports(cfg: PlatformConfig, http: bool = False) -> PlatformConfig:

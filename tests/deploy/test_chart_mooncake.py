@@ -20,6 +20,7 @@ import psutil
 import pytest
 import yaml
 
+from cli.bench.local_platform import free_port_range
 from cli.mooncake_procs import INDEX_SHARE, MooncakePlan
 from services.kvstore.main import config_from_args, mooncake_settings
 from services.kvstore.mooncake_plane import DEFAULT_FAILOVER_S, MASTER_CLIENT_TTL_S, MooncakeSettings
@@ -376,9 +377,7 @@ def test_the_segment_must_fit_the_memory_limit_with_512mi_to_spare(limit, fits, 
 # --- the rendered master and store node, started here ---
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port_range(1)  # below the ephemeral range: a process binds it later
 
 
 def _free_range(size: int) -> int:

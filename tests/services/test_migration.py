@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
+from cli.bench.local_platform import free_port
 from engine import LLM, SamplingParams
 from engine.config import CacheConfig, EngineConfig
 from services.kvstore.server import KVStoreConfig
@@ -45,9 +45,7 @@ SEEDED_N = dataclasses.replace(SEEDED, n=3)
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()  # below the ephemeral range: the decode process binds it seconds later
 
 
 def _start_decode(model: str, kvstore: str) -> tuple[subprocess.Popen, str]:

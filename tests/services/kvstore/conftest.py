@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import time
 
 import pytest
 import redis
 
+from cli.bench.local_platform import free_port_range
 from services.kvstore.memory_store import MemoryBlockStore
 from services.kvstore.redis_store import RedisBlockStore
 from services.kvstore.server import KVStoreConfig, serve
@@ -37,9 +37,7 @@ class FakeClock:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port_range(1)  # below the ephemeral range: a process binds it later
 
 
 @contextlib.contextmanager

@@ -4,24 +4,21 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cli.bench.local_platform import free_port_range
 from services.common.grpc_server import is_serving
 
 
 def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    """n free ports below the ephemeral range (cli/bench/local_platform.py: processes bind
+    them later, when an outgoing connection could have taken a port bind(0) gave)."""
+    base = free_port_range(n)
+    return list(range(base, base + n))
 
 
 @dataclass

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import time
 
 import openai
 
+from cli.bench.local_platform import free_port_range
 from engine.config import CacheConfig, EngineConfig
 from services.decode.server import serve as serve_decode
 from services.kvstore.server import KVStoreConfig
@@ -78,9 +78,7 @@ def raw_request(router, method: str, path: str, body: dict | bytes | None = None
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port_range(1)  # below the ephemeral range: a process binds it later
 
 
 def wait_until(condition, what: str, timeout_s: float = 20.0) -> None:
