@@ -27,6 +27,12 @@ ratios off/local and off/kvstore.
 on loopback, cli/bench/mooncake_cluster.py): the block bytes go between the workers and
 the store node, the kvstore holds the index. `ttft_ratio_kvstore_vs_local` is issue 32's
 measure (target <= 1.25).
+
+`--rounds R` measures the conditions interleaved instead: every condition's cluster up at
+once, then R rounds of one request to each condition in a shuffled order (the same
+suffix seed within a round), so a machine whose speed drifts (this VM's moves by 20-50 %
+between sittings) slows every condition alike; it prints each condition's TTFT median and
+mean and the median of the per-round ratios (`paired_ratio_kvstore_vs_local`).
 """
 from __future__ import annotations
 
@@ -105,6 +111,46 @@ def bench(router, args, label: str, num: int, seed: int, prefix_seed: int, num_p
     return run_bench(cfg, quiet=quiet).summary
 
 
+def warm(model, loaded, args, name: str, mooncake: MooncakeCluster | None = None):
+    """The condition's cluster, warmed up as `condition` does; (cluster, router measured)."""
+    kv_bytes = args.kv_cache_mb << 20
+    caching, prefills, warm_at, prefix_seed = {"off": (False, 1, 0, 99), "local": (True, 1, 0, 0),
+                                              "kvstore": (False, 2, 0, 0)}[name]
+    c = start(model, loaded, prefills, prefix_caching=caching, kv_bytes=kv_bytes, kv_transport=args.kv_transport,
+              mooncake=mooncake)
+    bench(c.routers[warm_at], args, "warmup", 1, seed=100, prefix_seed=prefix_seed, quiet=True)
+    return c, c.routers[-1]
+
+
+def interleaved(model, loaded, args, names: list[str], mooncake: MooncakeCluster | None) -> dict:
+    """R rounds of one request per condition, in a shuffled order each round."""
+    import random
+    import statistics
+    clusters = {}
+    try:
+        for name in names:
+            clusters[name] = warm(model, loaded, args, name, mooncake)
+        ttft: dict[str, list[float]] = {name: [] for name in names}
+        order_rng = random.Random(0)
+        for r in range(args.rounds):
+            order = list(names)
+            order_rng.shuffle(order)
+            for name in order:
+                # "off": a prompt of its own each round (nothing to reuse anywhere)
+                s = bench(clusters[name][1], args, name, 1, seed=r, prefix_seed=1000 + r if name == "off" else 0,
+                          quiet=True)
+                ttft[name].append(1000 * s["ttft_s"]["mean"])
+    finally:
+        for c, _ in clusters.values():
+            c.stop()
+    out = {name: {"ttft_median_ms": round(statistics.median(v), 1), "ttft_mean_ms": round(statistics.mean(v), 1),
+                  "ttft_ms": [round(x) for x in v]} for name, v in ttft.items()}
+    if "kvstore" in ttft and "local" in ttft:
+        out["paired_ratio_kvstore_vs_local"] = round(statistics.median(
+            k / local for k, local in zip(ttft["kvstore"], ttft["local"])), 3)
+    return out
+
+
 def condition(model, loaded, args, name: str, mooncake: MooncakeCluster | None = None) -> dict:
     n, kv_bytes = args.num_requests, args.kv_cache_mb << 20
     if name == "off":
@@ -142,6 +188,8 @@ def main() -> int:
     p.add_argument("--kv-cache-mb", type=int, default=512, help="each worker's KV cache (the kvstore: 4x)")
     p.add_argument("--result-dir", default="/tmp/pdserve-bench/prefix_cache")
     p.add_argument("--conditions", default="off,local,kvstore")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="interleave the conditions: this many rounds of one request each (0: one condition after another)")
     p.add_argument("--kv-transport", choices=("grpc", "tcp", "ucx", "mooncake"), default="grpc",
                    help="the workers' --kvstore-transport (default: grpc; mooncake: the Mooncake backend)")
     args = p.parse_args()
@@ -157,6 +205,10 @@ def main() -> int:
                                        segment_bytes=4 * (args.kv_cache_mb << 20)).start_all()
             stack.callback(mooncake.stop)
             mooncake.touch_segments()  # as a node that has served a while: its pages mapped
+        if args.rounds:
+            out.update(interleaved(model, loaded, args, args.conditions.split(","), mooncake))
+            emit_result(out)
+            return 0
         for name in args.conditions.split(","):
             out[name] = summarize_condition(condition(model, loaded, args, name, mooncake))
     ttft = {name: out[name]["ttft_mean_ms"] for name in args.conditions.split(",")}

@@ -46,14 +46,29 @@ class KVLayout:
 
 @dataclass
 class KVPayload:
+    """A request's KV up to token `num_tokens`, from block `first_block` on: the blocks
+    before it are not carried, the receiver holds them (a reader that already has a
+    prefix in its cache fetches only what follows it):
+
+        tokens   [ b0 ][ b1 ][ b2 ][ b3 ][ tail ]      num_tokens
+        held     [ b0 ][ b1 ]                           the receiver's prefix cache
+        carried              [ b2 ][ b3 ][ tail ]      first_block = 2, blocks[0] is b2
+    """
     num_tokens: int
     blocks: "torch.Tensor"
-    # hashes of the full blocks (len == num_tokens // block_size), as the engine names them
+    # hashes of the carried full blocks (blocks[i] is named block_hashes[i]), as the engine names them
     block_hashes: list[bytes] = field(default_factory=list)
+    first_block: int = 0
 
     @property
     def num_blocks(self) -> int:
         return self.blocks.shape[0]
+
+    @property
+    def end_block(self) -> int:
+        """One past the last full block carried: the leading full blocks it completes (a
+        partial tail block is carried but never named by a hash)."""
+        return self.first_block + len(self.block_hashes)
 
 
 @dataclass

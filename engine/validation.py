@@ -72,6 +72,9 @@ def validate_transfer(prompt_token_ids, output_token_ids, kv_import, block_shape
                                                f"between 1 and {num_tokens - 1} of the request's {num_tokens}")
     block_size = block_shape[2]
     num_blocks = -(-kv_import.num_tokens // block_size)
+    if not 0 <= kv_import.first_block < num_blocks:
+        raise InvalidRequestError("kv_import", f"first_block {kv_import.first_block}: it must be in [0, {num_blocks})")
+    num_blocks -= kv_import.first_block
     if tuple(kv_import.blocks.shape) != (num_blocks, *block_shape):
         raise InvalidRequestError("kv_import", f"blocks have shape {tuple(kv_import.blocks.shape)}, "
                                                f"expected {(num_blocks, *block_shape)}")

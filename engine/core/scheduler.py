@@ -161,7 +161,7 @@ class Scheduler:
                 skipped += 1  # the first progresses among the running: the rest of the queue need not wait
                 continue
             hits, num_hit_tokens = self.kv.get_computed_blocks(request)
-            num_loaded = max(0, request.kv_import.num_tokens - num_hit_tokens) if request.kv_import else 0
+            num_loaded = self._num_loaded(request, num_hit_tokens)
             num_computed = num_hit_tokens + num_loaded
             num_new = self._num_new_tokens(request, num_computed, budget)
             if num_new == 0:  # waits at the head: skipping it would starve long prompts
@@ -185,6 +185,14 @@ class Scheduler:
             self._advance(request, num_new, out)
             budget -= num_new
 
+    def _num_loaded(self, request: Request, num_hit_tokens: int) -> int:
+        """Imported tokens past the local prefix hits. A payload that starts past them (its
+        reader counted on local blocks evicted since) leaves a gap: nothing of it is used."""
+        payload = request.kv_import
+        if payload is None or payload.first_block * self.kv.block_size > num_hit_tokens:
+            return 0
+        return max(0, payload.num_tokens - num_hit_tokens)
+
     def _take_kv_load(self, request: Request, num_hit_tokens: int, num_loaded: int) -> KVLoad | None:
         """The imported blocks not already covered by local prefix hits; the payload is
         dropped afterwards (a later preemption recomputes instead).
@@ -199,7 +207,7 @@ class Scheduler:
         bs = self.kv.block_size
         first, end = num_hit_tokens // bs, -(-(num_hit_tokens + num_loaded) // bs)
         block_ids = self.kv.get_block_ids(request.req_id)[first:end]
-        return KVLoad(block_ids, payload.blocks[first:end])
+        return KVLoad(block_ids, payload.blocks[first - payload.first_block:end - payload.first_block])
 
     def _advance(self, request: Request, num_new: int, out: SchedulerOutput) -> None:
         out.num_scheduled_tokens[request.req_id] = num_new

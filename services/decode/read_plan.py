@@ -8,6 +8,11 @@
 The blocks are named by the worker's own hashes of the tokens, never the handle's (a
 handle naming other blocks is read as the prompt's). The tail is read only when it is a
 partial block that still leaves the last token to compute; otherwise it is recomputed.
+Blocks the worker's own prefix cache holds (a conversation's earlier turns, on the decode
+worker that streamed them) are not read again: the read starts after them.
+
+    local       |  block 0  |  block 1  |
+    read                                |  hash 2   | tail |      first_block = 2
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ class ReadPlan:
     lease_id: str
     wait_ms: int           # how long the store waits for the lease's write to end
     names_other_blocks: bool  # the handle's hashes are not the prompt's (read the prompt's)
+    first_block: int = 0   # the request's index of block_hashes[0]: the worker holds those before it
 
     @property
     def num_asked(self) -> int:
@@ -48,19 +54,21 @@ class ReadRefusal:
 
 
 def plan_read(handle: common_pb2.KVHandle, token_hashes: list[bytes], num_tokens: int, block_size: int,
-              own_kvstore_address: str) -> ReadPlan | ReadRefusal | None:
+              own_kvstore_address: str, num_local_blocks: int = 0) -> ReadPlan | ReadRefusal | None:
     """`token_hashes`: this worker's hashes of the request's full blocks (prompt and the
-    tokens given), `num_tokens` their token count. None: the handle names no kvstore
-    (nothing was written). A refusal for a handle naming another kvstore than the
-    worker's own: a forged handle would otherwise point the worker at any server."""
+    tokens given), `num_tokens` their token count, `num_local_blocks` how many leading
+    ones its prefix cache holds. None: the handle names no kvstore (nothing was written).
+    A refusal for a handle naming another kvstore than the worker's own: a forged handle
+    would otherwise point the worker at any server."""
     if not handle.kvstore_address:
         return None
     hashes = token_hashes[:handle.num_tokens // block_size]
     num_tail_tokens = _num_tail_tokens(handle, len(hashes), num_tokens, block_size)
     if handle.kvstore_address != own_kvstore_address:
         return ReadRefusal(KVSTORE_ADDRESS, len(hashes) + bool(num_tail_tokens))
-    return ReadPlan(hashes, handle.tail_key if num_tail_tokens else "", num_tail_tokens, handle.lease_id,
-                    KV_WRITE_WAIT_MS if handle.lease_id else 0, list(handle.block_hashes) != hashes)
+    first = min(num_local_blocks, len(hashes))
+    return ReadPlan(hashes[first:], handle.tail_key if num_tail_tokens else "", num_tail_tokens, handle.lease_id,
+                    KV_WRITE_WAIT_MS if handle.lease_id else 0, list(handle.block_hashes) != hashes, first)
 
 
 def _num_tail_tokens(handle: common_pb2.KVHandle, num_blocks: int, num_tokens: int, block_size: int) -> int:

@@ -64,7 +64,7 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
             self.abort_if_engine_dead(context)
         self.abort_when_caller_leaves(req.req_id, context)  # it may have left while the KV was pulled
         finals = yield from self._stream(stream, req, len(first), kv_read_s, context)
-        num_in_store = len(kv_import.block_hashes) if kv_import is not None else 0
+        num_in_store = kv_import.end_block if kv_import is not None else 0
         for final in finals:  # every completion ended normally (_stream ended the RPC otherwise)
             self.finished_kv.submit(FinishedRequest(req.req_id, final.prompt_token_ids + final.token_ids,
                                                     req.cache_salt, num_in_store))
@@ -76,8 +76,9 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
         lease is released: the decode holds its own copy now. Whatever is not read is
         recomputed: slower, never lost."""
         tokens = req.prompt_token_ids + given
-        plan = plan_read(request.kv_handle, self.loop.info.prompt_block_hashes(tokens, req.cache_salt),
-                         len(tokens), self.block_size, self.cfg.kvstore_address)
+        hashes = self.loop.info.prompt_block_hashes(tokens, req.cache_salt)
+        plan = plan_read(request.kv_handle, hashes, len(tokens), self.block_size, self.cfg.kvstore_address,
+                         self.loop.num_local_prefix_blocks(hashes))
         if isinstance(plan, ReadRefusal):
             logger.warning("request %s: its KV handle names kvstore %r, this worker reads only %r; recomputing "
                            "its prompt", req.req_id, request.kv_handle.kvstore_address, self.cfg.kvstore_address)
@@ -99,7 +100,7 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
             batches = self.kvstore.get_blocks(plan.block_hashes, plan.tail_keys, lease_id=plan.lease_id,
                                               wait_ms=plan.wait_ms)
             read = payload_from_batches(batches, plan.block_hashes, self.loop.info.kv_layout, plan.tail_key,
-                                        plan.num_tail_tokens)
+                                        plan.num_tail_tokens, plan.first_block)
         except grpc.RpcError as e:
             logger.warning("kvstore read for %s failed (%s); recomputing its prompt", req_id, e)
             self.metrics.recompute.inc(plan.num_asked)
@@ -115,7 +116,7 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
         seconds = now() - t
         self.metrics.kv_transfer.labels("read").observe(seconds)
         if payload is not None:
-            self.metrics.kvstore_imported.inc(payload.num_tokens)
+            self.metrics.kvstore_imported.inc(payload.num_tokens - payload.first_block * self.block_size)
         return payload, seconds
 
     # ---- streaming -------------------------------------------------------------------

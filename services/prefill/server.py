@@ -120,9 +120,10 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         if num_in_store <= num_local:
             return None, num_in_store
         t = now()
-        try:
-            read = payload_from_batches(self.kvstore.get_blocks(hashes[:num_in_store]), hashes[:num_in_store],
-                                        self.loop.info.kv_layout)
+        try:  # only what follows the local prefix: the engine has the rest
+            wanted = hashes[num_local:num_in_store]
+            read = payload_from_batches(self.kvstore.get_blocks(wanted), wanted, self.loop.info.kv_layout,
+                                        first_block=num_local)
         except grpc.RpcError as e:
             logger.warning("kvstore get failed (%s); computing the whole prompt", e)
             return None, 0
@@ -133,8 +134,8 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         payload = read.payload
         if payload is None:
             return None, 0
-        self.metrics.kvstore_imported.inc(payload.num_tokens)
-        return payload, len(payload.block_hashes)
+        self.metrics.kvstore_imported.inc(payload.num_tokens - num_local * self.block_size)
+        return payload, payload.end_block
 
     def _run(self, req: AdmittedRequest, imported: KVPayload | None, context) -> list[RequestOutput]:
         """The final output of each of the request's n completions, by index."""

@@ -85,7 +85,7 @@ class KVRead:
 
 
 def payload_from_batches(batches: list[Decoded], block_hashes: list[bytes], layout: KVLayout,
-                         tail_key: str = "", tail_tokens: int = 0) -> KVRead:
+                         tail_key: str = "", tail_tokens: int = 0, first_block: int = 0) -> KVRead:
     """A kvstore's get_blocks answer for `block_hashes` (then `tail_key`, holding
     `tail_tokens` tokens, if set) as a KVPayload of the leading blocks that arrived and
     pass kv_integrity's checks:
@@ -97,6 +97,8 @@ def payload_from_batches(batches: list[Decoded], block_hashes: list[bytes], layo
     A gap or a refused block ends the usable prefix (KV is only valid after every token
     before it); the tail counts only when every full block before it was usable. The
     bytes are viewed where the transport received them: checked in place, no copy.
+    `first_block`: the request's index of the first block asked for (the reader holds
+    the ones before it); the payload covers the tokens up to its last usable block.
     """
     asked = [(h, "") for h in block_hashes] + ([(b"", tail_key)] if tail_key else [])
     nbytes, parts, num_used, refused = layout.block_nbytes, [], 0, None
@@ -118,9 +120,9 @@ def payload_from_batches(batches: list[Decoded], block_hashes: list[bytes], layo
     if num_used == 0:
         return KVRead(None, refused)
     num_full = min(num_used, len(block_hashes))
-    covered = num_full * layout.block_size + (tail_tokens if num_used > len(block_hashes) else 0)
+    covered = (first_block + num_full) * layout.block_size + (tail_tokens if num_used > len(block_hashes) else 0)
     blocks = parts[0] if len(parts) == 1 else torch.cat(parts)
-    return KVRead(KVPayload(covered, blocks, list(block_hashes[:num_full])), refused)
+    return KVRead(KVPayload(covered, blocks, list(block_hashes[:num_full]), first_block), refused)
 
 
 def _view(data, dtype: torch.dtype, block_shape: tuple[int, ...], count: int) -> torch.Tensor:

@@ -144,3 +144,41 @@ def test_modes_are_checked_against_the_tokens_a_request_continues(engines):
     with pytest.raises(InvalidRequestError, match="mode"):
         engine.add_request(EngineRequest("d", PROMPTS[0], params, mode="prefill"))
     assert not engine.has_unfinished_requests()
+
+
+def _from_block(payload: KVPayload, first: int) -> KVPayload:
+    """The payload less its first `first` blocks, as a reader holding them fetches it."""
+    return KVPayload(payload.num_tokens, payload.blocks[first:], payload.block_hashes[first:], first)
+
+
+def test_a_payload_carrying_only_what_follows_the_local_prefix_decodes_the_same(engines):
+    """The receiver's prefix cache holds the first block(s); the import carries the rest
+    (a reader skips what it holds); greedy tokens as the reference's."""
+    make, expected = engines
+    prefill, decode = make(), make()
+    prefilled = _prefill(prefill)
+    i, prompt = 1, PROMPTS[1]  # 48 tokens: 3 full blocks of 16 (the last one recomputed: 2 exported full)
+    # warm the decode engine's prefix cache with the prompt's first block
+    _run(decode, lambda: decode.add_request(EngineRequest("warm", prompt[:17], SamplingParams(max_tokens=1))))
+    assert decode.num_local_prefix_blocks(prefilled[f"p{i}"].kv_export.block_hashes) == 1
+    payload = _from_block(prefilled[f"p{i}"].kv_export, 1)
+    outs = _run(decode, lambda: decode.add_request(EngineRequest(
+        "d", prompt, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), mode=RequestMode.DECODE_ONLY,
+        output_token_ids=prefilled[f"p{i}"].token_ids, kv_import=payload)))
+    assert outs["d"].token_ids == expected[i]
+    assert outs["d"].num_cached_tokens == payload.num_tokens  # one block hit, the rest imported, none computed
+
+
+def test_a_payload_starting_past_the_local_prefix_is_not_used(engines):
+    """The block before the payload's first is not held (evicted since the read was
+    planned): the import would leave a gap, so the prompt is computed, tokens the same."""
+    make, expected = engines
+    prefill, decode = make(), make()
+    prefilled = _prefill(prefill)
+    i, prompt = 1, PROMPTS[1]
+    payload = _from_block(prefilled[f"p{i}"].kv_export, 1)
+    outs = _run(decode, lambda: decode.add_request(EngineRequest(
+        "d", prompt, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), mode=RequestMode.DECODE_ONLY,
+        output_token_ids=prefilled[f"p{i}"].token_ids, kv_import=payload)))
+    assert outs["d"].token_ids == expected[i]
+    assert outs["d"].num_cached_tokens == 0

@@ -70,6 +70,17 @@ def _tokens(msgs) -> list[int]:
     return [t for m in msgs for t in m.token_ids]
 
 
+
+def assert_decodes_reused(decodes, num_tokens: int) -> None:
+    """The decode workers computed none of these prompts' KV: each token was imported from
+    the kvstore or found in their own prefix cache (LONG[0] and LONG[2] share 3 blocks: a
+    decode holding them reads only what follows). Run concurrently, a read may still
+    fetch blocks the cache gains before admission, so the sum can pass the tokens."""
+    imported = sum(d.servicer.metrics.kvstore_imported._value.get() for d in decodes)
+    hits = sum(d.loop.stats.num_prefix_hit_tokens for d in decodes)
+    assert imported <= num_tokens <= imported + hits
+    assert sum(d.servicer.metrics.recompute._value.get() for d in decodes) == 0
+
 def test_concurrent_long_and_short_match_offline(cluster, offline):
     prompts = SHORT + LONG
     with ThreadPoolExecutor(len(prompts)) as pool:
@@ -84,7 +95,7 @@ def test_concurrent_long_and_short_match_offline(cluster, offline):
     # the long prompts went prefill -> kvstore -> decode; the short ones did not
     prefilled = sum(w.servicer.metrics.prompt_tokens._value.get() for w in cluster.prefills)
     assert prefilled == sum(map(len, LONG))
-    assert sum(d.servicer.metrics.kvstore_imported._value.get() for d in cluster.decodes) == sum(map(len, LONG))
+    assert_decodes_reused(cluster.decodes, sum(map(len, LONG)))
     assert cluster.kvstore_client().stats().num_blocks >= sum(len(p) // 16 for p in LONG) - 3
 
 
@@ -279,7 +290,7 @@ def test_kv_moves_over_ucx_and_tcp(tiny, tiny_llama_dir, offline, transport):
             results = list(pool.map(lambda p: _generate(c.router.address, p), LONG))
         for p, msgs in zip(LONG, results):
             assert _tokens(msgs) == offline[tuple(p)].token_ids
-        assert c.decodes[0].servicer.metrics.kvstore_imported._value.get() == sum(map(len, LONG))
+        assert_decodes_reused(c.decodes, sum(map(len, LONG)))
         assert c.kvstore.ucx_address if transport == "ucx" else c.kvstore.tcp_address
         assert c.kvstore.metrics.get_bytes.labels(transport)._value.get() > 0  # the bytes went that way
         assert_nothing_leaked(c)

@@ -72,13 +72,17 @@ def _second_turn(c, offline, prompt1: list[int], output1: list[int], num_store_b
     wrote (the answer's KV was never computed on it), and the tokens are the offline engine's."""
     prefill = c.prefills[0].servicer.metrics
     imported_before, hits_before = _value(prefill.kvstore_imported), c.kvstore_client().stats().num_hits
+    local_before = c.prefills[0].loop.stats.num_prefix_hit_tokens
     prompt2 = prompt1 + output1 + NEW
     tokens2, path2 = _generate(c, prompt2)
     assert path2 == "disaggregated"
     assert tokens2 == offline(prompt2)
     imported = _value(prefill.kvstore_imported) - imported_before
-    assert imported == num_store_blocks * BS > (len(prompt1) // BS) * BS  # the answer's blocks too
-    assert c.kvstore_client().stats().num_hits - hits_before >= num_store_blocks
+    local = c.prefills[0].loop.stats.num_prefix_hit_tokens - local_before
+    # the prefill reads only what follows its own prefix cache (turn 1's prompt, where it prefilled it)
+    assert imported + local == num_store_blocks * BS and local <= (len(prompt1) // BS) * BS
+    assert imported >= (num_store_blocks - len(prompt1) // BS) * BS > 0  # the answer's blocks, at least
+    assert c.kvstore_client().stats().num_hits - hits_before >= imported // BS
 
 
 @pytest.mark.parametrize("cluster", ["grpc", "ucx"], indirect=True)

@@ -64,3 +64,14 @@ def test_a_handle_longer_than_the_tokens_asks_only_their_blocks():
 def test_a_handle_naming_another_kvstore_is_refused_counting_its_blocks():
     refusal = plan_read(_handle(10, tail_key="r/tail/x", address="127.0.0.1:1"), HASHES, 12, BLOCK, OWN)
     assert refusal == ReadRefusal(KVSTORE_ADDRESS, 3)
+
+
+def test_blocks_the_worker_holds_are_not_read_again():
+    plan = plan_read(_handle(14, tail_key="t"), HASHES, 17, BLOCK, OWN, num_local_blocks=2)
+    assert (plan.block_hashes, plan.first_block, plan.tail_key, plan.num_tail_tokens) == (HASHES[2:3], 2, "t", 2)
+    assert plan.num_asked == 2
+
+
+def test_holding_every_full_block_leaves_only_the_tail_to_read():
+    plan = plan_read(_handle(14, tail_key="t"), HASHES, 17, BLOCK, OWN, num_local_blocks=4)
+    assert (plan.block_hashes, plan.first_block, plan.num_tail_tokens) == ([], 3, 2)
