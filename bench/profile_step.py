@@ -63,7 +63,7 @@ def instrumented(llm: LLM):
     and by its parts (nested timers run inside the forward's own)."""
     import torch.nn as nn
     import torch.nn.functional as F
-    from engine.model import llama
+    from engine.model import decoder as llama
     from engine.model.packed_linear import PackedLinear
     engine = llm.engine
     runner, scheduler = engine.runner, engine.scheduler
@@ -78,7 +78,7 @@ def instrumented(llm: LLM):
     inner.wrap(llama.RMSNorm, "forward", "norm_rope")
     inner.wrap(type(runner.model.rope), "forward", "norm_rope")
     inner.wrap(type(runner.backend), "forward", "attention")
-    wrapped = ((runner, "model", "forward"), (runner, "_prepare_inputs", "prepare"),
+    wrapped = ((runner.executor, "forward", "forward"), (runner, "_prepare_inputs", "prepare"),
                (scheduler, "schedule", "schedule"), (scheduler, "update_from_output", "schedule"),
                (engine, "_process_tokens", "output"))
     instance_attrs = [(obj, name, obj.__dict__.get(name)) for obj, name, _ in wrapped]
