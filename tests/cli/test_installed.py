@@ -158,12 +158,15 @@ def test_up_installed_serves_a_request_through_the_router_and_stops_on_ctrl_c(in
         assert models["object"] == "list" and models["data"]
         prefilled = up.metric(1, "pdserve_prefill_tokens_total")
         imported = up.metric(2, "pdserve_kvstore_imported_tokens_total")
+        decode_cached = up.metric(2, "vllm:prefix_cache_hits_total", f'{{engine="0",model_name="{tiny_qwen3}"}}')
     (choice,) = answer["choices"]
     assert choice["text"] == generated["text"]
     usage = answer["usage"]
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (38, MAX_TOKENS)
-    # both requests were prefilled by the prefill worker, their KV read by the decode worker
-    assert prefilled == imported == 2 * 38
+    # both requests were prefilled by the prefill worker; the decode worker read the first's KV
+    # whole, and of the second only what follows the blocks it holds from the first
+    assert prefilled == 2 * 38
+    assert decode_cached > 0 and imported + decode_cached == 2 * 38
     log = "".join(up.lines)
     for name in ("kvstore", "prefill-0", "decode-0", "router"):   # every process's log, prefixed
         assert f"[{name:>9}]" in log

@@ -104,9 +104,11 @@ def test_the_master_killed_means_recompute_never_wrong_tokens_then_the_plane_aga
     while scrape(kvstore, "pdserve_kvstore_blocks") > 0:  # the index learns the new master has none of them
         assert time.monotonic() < deadline, "the kvstore's index still names blocks the restarted master lost"
         time.sleep(0.5)
+    master = platform.metrics_url("mooncake-master")
+    while scrape(master, "master_total_capacity_bytes") != 2 * 64 << 20:  # both nodes mount again
+        assert time.monotonic() < deadline + 30, "the store nodes did not mount on the restarted master"
+        time.sleep(0.5)
     put_before, _ = _mooncake_bytes(platform)
     assert _run_all(platform) == reference
     put_after, _ = _mooncake_bytes(platform)
     assert put_after > put_before  # the restarted master places blocks again
-    master = platform.metrics_url("mooncake-master")
-    assert scrape(master, "master_total_capacity_bytes") == 2 * 64 << 20  # both nodes mounted again
