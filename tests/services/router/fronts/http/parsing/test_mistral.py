@@ -41,7 +41,7 @@ def test_text_without_the_marker_is_content_as_it_is():
     '[TOOL_CALLS]get weather[ARGS]{}',                                     # not a name
     '[TOOL_CALLS]get_weather{"city": "Paris"}',                            # no [ARGS]
     '[TOOL_CALLS][]',
-    '[TOOL_CALLS]' + "[" * 100_000,                                        # too deep for json
+    '[TOOL_CALLS]' + "[" * 5_000,                                          # too deep for json
 ])
 def test_a_malformed_marker_is_content_up_to_the_next_and_the_others_are_calls(block):
     text = f"{block}{V11}"
