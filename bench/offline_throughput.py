@@ -13,6 +13,15 @@ Prints one JSON line with every rate, `ratio_vs_vllm` and `ratio_vs_hf`.
     .venv/bin/python -m bench.offline_throughput                 # 64 prompts, pdserve vs transformers
     .venv/bin/python -m bench.offline_throughput --num-prompts 16 --skip-hf --tensor-parallel-size 3 \
         --vllm-python $TMPDIR/vllm-peer/bin/python               # both engines at t = 3 (3 ranks each)
+    .venv/bin/python -m bench.offline_throughput --num-prompts 32 --dtype bfloat16 --skip-hf \
+        --vllm-python $TMPDIR/vllm-peer/bin/python --agreement-prompts 16
+
+`--dtype bfloat16` runs both engines in bf16 (weights and KV cache: vLLM-CPU's default on
+CPUs with AVX512-BF16 or AMX). Greedy bf16 decoding of two implementations diverges once
+rounding flips an argmax, so `--agreement-prompts N` also reports how the engine agrees
+with transformers in the same dtype: each of the first N prompts generated alone (no
+padding) by both, 64 tokens; the share of requests with identical tokens and where the
+others first differ.
 """
 from __future__ import annotations
 
@@ -27,6 +36,7 @@ import time
 import torch
 
 from bench.report import emit_result
+from bench.machine import read_cpu_flags
 from engine.config import DEFAULT_MODEL
 from engine import LLM, SamplingParams
 from engine.model.source import resolve_model
@@ -37,6 +47,26 @@ def make_workload(vocab_size: int, num_prompts: int, seed: int):
     prompts = [[rng.randrange(100, vocab_size) for _ in range(rng.randint(32, 512))] for _ in range(num_prompts)]
     outputs = [rng.randint(16, 256) for _ in range(num_prompts)]
     return prompts, outputs
+
+
+def agreement_with_hf(llm: LLM, hf_dir: str, prompts, dtype: torch.dtype, max_tokens: int = 64) -> dict:
+    """How the engine's greedy tokens agree with transformers' in `dtype`, prompt by prompt."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype).eval()
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    ours = [r.token_ids for r in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+    first_differences = []
+    with torch.inference_mode():
+        for prompt, mine in zip(prompts, ours):
+            ids = torch.tensor([prompt])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                                 min_new_tokens=max_tokens, do_sample=False, pad_token_id=2)
+            theirs = out[0, len(prompt):].tolist()
+            first_differences.append(next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None))
+    differing = sorted(i for i in first_differences if i is not None)
+    return {"agreement_prompts": len(prompts), "agreement_tokens": max_tokens,
+            "identical_share": round(first_differences.count(None) / len(prompts), 3),
+            "first_difference_positions": differing}
 
 
 def run_engine(llm: LLM, prompts, outputs) -> tuple[float, list[list[int]]]:
@@ -78,14 +108,15 @@ def save_hf_folder(gguf_path: str, out_dir: str) -> str:
     return out_dir
 
 
-def run_vllm(python: str, hf_dir: str, prompts, outputs, threads: int, tensor_parallel_size: int = 1) -> dict:
+def run_vllm(python: str, hf_dir: str, prompts, outputs, threads: int, tensor_parallel_size: int = 1,
+             dtype: str = "float32") -> dict:
     """vLLM in a subprocess of its own environment; its JSON line starts with PEER_RESULT."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers", "vllm_offline.py")
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"prompts": prompts, "max_tokens": outputs}, f)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     proc = subprocess.run([python, script, "--model", hf_dir, "--workload", f.name,
-                           "--tensor-parallel-size", str(tensor_parallel_size)], env=env, capture_output=True, text=True)
+                           "--tensor-parallel-size", str(tensor_parallel_size), "--dtype", dtype], env=env, capture_output=True, text=True)
     os.unlink(f.name)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("PEER_RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -103,27 +134,37 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=None, help="a vLLM environment's python: also run vLLM")
     parser.add_argument("--hf-dir", default=os.path.join(tempfile.gettempdir(), "pdserve-smollm2-hf"),
                         help="where the HF folder vLLM reads is saved (once)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="both engines'")
+    parser.add_argument("--agreement-prompts", type=int, default=0,
+                        help="also compare greedy tokens with transformers in --dtype on this many prompts")
     args = parser.parse_args()
+    if args.dtype != "float32" and not args.skip_hf:
+        parser.error("--dtype: the transformers throughput run is float32 only; add --skip-hf")
     torch.manual_seed(args.seed)
     llm = LLM(DEFAULT_MODEL, max_num_seqs=args.concurrency, progress=False,
-              tensor_parallel_size=args.tensor_parallel_size)
+              tensor_parallel_size=args.tensor_parallel_size, dtype=args.dtype)
     prompts, outputs = make_workload(llm.engine.loaded.arch.vocab_size, args.num_prompts, args.seed)
     warm = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     llm.generate({"prompt_token_ids": prompts[0][:64]}, warm)  # as vLLM is warmed up: no request pays start-up
     engine_s, engine_ids = run_engine(llm, prompts, outputs)
     tokens = sum(outputs)
-    result = {"num_prompts": args.num_prompts, "concurrency": args.concurrency,
+    result = {"num_prompts": args.num_prompts, "concurrency": args.concurrency, "dtype": args.dtype,
+              "cpu": read_cpu_flags(),
               "tensor_parallel_size": args.tensor_parallel_size,
               "prompt_tokens": sum(map(len, prompts)), "output_tokens": tokens,
               "engine_s": round(engine_s, 2), "engine_output_tok_s": round(tokens / engine_s, 2),
               "torch_threads": torch.get_num_threads()}
     if args.vllm_python:
         hf_dir = save_hf_folder(resolve_model(DEFAULT_MODEL).path, args.hf_dir)
-        peer = run_vllm(args.vllm_python, hf_dir, prompts, outputs, torch.get_num_threads(), args.tensor_parallel_size)
+        peer = run_vllm(args.vllm_python, hf_dir, prompts, outputs, torch.get_num_threads(), args.tensor_parallel_size,
+                        args.dtype)
         result.update(vllm_s=peer["seconds"], vllm_output_tok_s=peer["output_tok_s"],
                       ratio_vs_vllm=round(peer["seconds"] / engine_s, 2),
                       # greedy float32 on both: requests whose tokens agree exactly (kernels differ in rounding)
                       same_tokens_as_vllm=sum(a == b for a, b in zip(engine_ids, peer["token_ids"])))
+    if args.agreement_prompts:
+        hf_dir = save_hf_folder(resolve_model(DEFAULT_MODEL).path, args.hf_dir)
+        result.update(agreement_with_hf(llm, hf_dir, prompts[:args.agreement_prompts], getattr(torch, args.dtype)))
     if args.tensor_parallel_size > 1:
         llm.engine.shutdown()
     if not args.skip_hf:

@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 
+from bench.machine import read_cpu_flags
 from bench.report import emit_result, emit_row, markdown_table, ratios
 
 SETTINGS = ("plain", "penalties", "masks", "allowed")
@@ -51,7 +52,6 @@ NUM_ALLOWED_IDS = 1024
 FIRST_ID = 100  # random ids from here up: no special or control tokens
 WARM_PROMPT_TOKENS, WARM_MAX_TOKENS = 16, 4
 ENGINES = ("pdserve", "vllm")
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16")
 
 
 def make_prompts(vocab_size: int, num_prompts: int, prompt_len: int, seed: int) -> list[list[int]]:
@@ -92,21 +92,6 @@ def run_order(settings: list[str], repeats: int) -> list[tuple[int, str]]:
     """(round, setting) in run order: every setting once per round, rotated by one each
     round so no setting always runs first (after the warm-up) or last."""
     return [(r, settings[(r + i) % len(settings)]) for r in range(repeats) for i in range(len(settings))]
-
-
-def cpu_flags(cpuinfo: str) -> dict:
-    """The model name and the vector/matrix flags the kernels care about, from /proc/cpuinfo's text."""
-    flags: set[str] = set()
-    model = ""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags" and not flags:
-            flags = set(value.split())
-        elif key.strip() == "model name" and not model:
-            model = value.strip()
-    found = {name: name in flags for name in CPU_FLAGS}
-    found["amx"] = sorted(f for f in flags if f.startswith("amx"))  # amx_tile, amx_bf16, amx_int8: empty = none
-    return {"model_name": model, **found}
 
 
 def summarize(rates: dict[str, dict[str, float]]) -> dict:
@@ -303,14 +288,6 @@ def vllm_model_dir(model: str, hf_dir: str) -> str:
     from engine.model.source import resolve_model
     source = resolve_model(model)
     return source.path if source.kind == "hf_dir" else save_hf_folder(source.path, hf_dir)
-
-
-def read_cpu_flags() -> dict:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return cpu_flags(f.read())
-    except OSError:
-        return {}
 
 
 def main(argv=None) -> None:

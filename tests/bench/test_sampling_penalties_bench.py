@@ -74,16 +74,6 @@ def test_each_round_runs_every_setting_once_rotated():
         (2, "masks"), (2, "plain"), (2, "penalties")]
 
 
-def test_cpu_flags_read_the_first_processor():
-    cpuinfo = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum\n"
-               "flags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n\n"
-               "processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n")
-    assert bench.cpu_flags(cpuinfo) == {"model_name": "Intel(R) Xeon(R) Platinum", "avx2": True, "avx512f": True,
-                                        "avx512_bf16": True, "amx": ["amx_bf16", "amx_int8", "amx_tile"]}
-    assert bench.cpu_flags("flags\t: fpu avx2\n") == {"model_name": "", "avx2": True, "avx512f": False,
-                                                      "avx512_bf16": False, "amx": []}
-
-
 def test_ratios_against_plain_per_engine_and_against_vllm_per_setting():
     rates = {"pdserve": {"plain": 100.0, "penalties": 90.0}, "vllm": {"plain": 80.0, "penalties": 40.0}}
     assert bench.summarize(rates) == {"pdserve_penalties_vs_plain": 0.9, "vllm_penalties_vs_plain": 0.5,
