@@ -11,8 +11,14 @@ tokens, 16 output tokens each) arrive back to back from another client, one afte
 other; the line adds each platform's ITL p90 ratio bursts / calm (issue 13's isolation as a
 client nobody here wrote measures it).
 
+`--dtype bfloat16` serves pdserve and vLLM in bf16. `--llama-server BIN_DIR` adds llama.cpp's
+server (../shared/peers.md) on the embedded GGUF: it computes with its own 4-bit weights, so
+it is what a CPU user would pick, not a same-precision race. The bursts line also gives
+TTFT p90 bursts / calm and the long prompts' own latency (what they pay for the others).
+
     .venv/bin/python -m bench.serve_itl_vs_vllm --guidellm $TMPDIR/guidellm/bin/guidellm \\
-        --vllm-python $TMPDIR/vllm-peer/bin/python [--requests 12] [--bursts]
+        --vllm-python $TMPDIR/vllm-peer/bin/python [--requests 12] [--bursts] [--dtype bfloat16] \\
+        [--llama-server $(dirname of llama-server-vulkan's ggml libs)]
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import threading
 import time
 import urllib.request
 from contextlib import contextmanager
+from dataclasses import replace
 
 from bench.report import emit_result
 from cli.bench.local_platform import local_platform
@@ -98,8 +105,13 @@ def measure(args, base: str, name: str, model: str) -> dict:
             rows[f"{name}_bursts"] = guidellm(args.guidellm, base, args.hf_dir, args.requests, args.out_dir,
                                               f"{name}-bursts")
         rows[f"{name}_bursts"]["long_prompts_done"] = len(latencies)
-        rows[f"{name}_itl_p90_bursts_vs_calm"] = round(rows[f"{name}_bursts"]["itl_p90_ms"]
-                                                       / rows[name]["itl_p90_ms"], 2)
+        if latencies:
+            ordered = sorted(latencies)
+            rows[f"{name}_bursts"]["long_prompt_latency_p50_s"] = round(ordered[len(ordered) // 2], 2)
+            rows[f"{name}_bursts"]["long_prompt_latency_max_s"] = round(ordered[-1], 2)
+        for metric in ("itl", "ttft"):
+            rows[f"{name}_{metric}_p90_bursts_vs_calm"] = round(rows[f"{name}_bursts"][f"{metric}_p90_ms"]
+                                                                / rows[name][f"{metric}_p90_ms"], 2)
     return rows
 
 
@@ -109,25 +121,43 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_vllm_server(python: str, hf_dir: str, log_path: str):
+def wait_healthy(proc: subprocess.Popen, port: int, name: str, log_path: str, timeout_s: float = 900):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited ({proc.returncode}); see {log_path}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return
+        except OSError:
+            time.sleep(2)
+    proc.kill()
+    raise TimeoutError(f"{name} did not start in {timeout_s:.0f} s")
+
+
+def run_llama_server(bin_dir: str, gguf: str, log_path: str):
+    """llama.cpp's server on the same GGUF and 2 cores: 2 slots (the 2 streams), 2,048 tokens each."""
+    port = _free_port()
+    binary = next(os.path.join(bin_dir, b) for b in ("llama-server", "llama-server-vulkan")
+                  if os.path.isfile(os.path.join(bin_dir, b)))
+    log = open(log_path, "w")
+    proc = subprocess.Popen([binary, "-m", gguf, "-t", "2", "-c", "4096", "-np", "2", "--host", "127.0.0.1",
+                             "--port", str(port)], env=dict(os.environ, LD_LIBRARY_PATH=bin_dir),
+                            stdout=log, stderr=log)
+    wait_healthy(proc, port, "llama-server", log_path, timeout_s=120)
+    return proc, port
+
+
+def run_vllm_server(python: str, hf_dir: str, log_path: str, dtype: str = "float32"):
     port = _free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="2",
                VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_NO_USAGE_STATS="1")
     log = open(log_path, "w")
     proc = subprocess.Popen([python, "-m", "vllm.entrypoints.openai.api_server", "--model", hf_dir,
-                             "--served-model-name", DEFAULT_MODEL, "--dtype", "float32", "--max-model-len", "2048",
+                             "--served-model-name", DEFAULT_MODEL, "--dtype", dtype, "--max-model-len", "2048",
                              "--host", "127.0.0.1", "--port", str(port)], env=env, stdout=log, stderr=log)
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM server exited ({proc.returncode}); see {log_path}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-            return proc, port
-        except OSError:
-            time.sleep(2)
-    proc.kill()
-    raise TimeoutError("vLLM server did not start in 15 minutes")
+    wait_healthy(proc, port, "vLLM server", log_path)
+    return proc, port
 
 
 def main() -> None:
@@ -140,7 +170,10 @@ def main() -> None:
     parser.add_argument("--bursts", action="store_true", help="also measure while long prompts arrive")
     parser.add_argument("--burst-len", type=int, default=1900, help="tokens of each long prompt")
     parser.add_argument("--platforms", default="pdserve_1p1d,pdserve_colocated_2cores",
-                        help="which pdserve platforms to measure (comma-separated)")
+                        help="which pdserve platforms to measure (comma-separated; none: peers only)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="pdserve's and vLLM's")
+    parser.add_argument("--llama-server", default=None,
+                        help="the folder of llama.cpp's llama-server and its ggml libraries: also measure it")
     args = parser.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
     if not os.path.isfile(os.path.join(args.hf_dir, "config.json")):
@@ -148,12 +181,14 @@ def main() -> None:
         from bench.offline_throughput import save_hf_folder
         save_hf_folder(resolve_model(DEFAULT_MODEL).path, args.hf_dir)
     result = {}
-    names = args.platforms.split(",")
+    names = [n for n in args.platforms.split(",") if n]
     for name in names:
-        with local_platform(PLATFORMS[name], os.path.join(args.out_dir, f"{name}.log"), http=True) as platform:
+        cfg = replace(PLATFORMS[name], worker_args=(*PLATFORMS[name].worker_args, "--dtype", args.dtype))
+        with local_platform(cfg, os.path.join(args.out_dir, f"{name}.log"), http=True) as platform:
             result.update(measure(args, f"http://127.0.0.1:{platform.cfg.http_port}", name, DEFAULT_MODEL))
     if args.vllm_python:
-        proc, port = run_vllm_server(args.vllm_python, args.hf_dir, os.path.join(args.out_dir, "vllm.log"))
+        proc, port = run_vllm_server(args.vllm_python, args.hf_dir, os.path.join(args.out_dir, "vllm.log"),
+                                     args.dtype)
         try:
             result.update(measure(args, f"http://127.0.0.1:{port}", "vllm", DEFAULT_MODEL))
         finally:
@@ -161,6 +196,19 @@ def main() -> None:
             proc.wait(timeout=60)
         for name in names:
             result[f"{name}_itl_p90_vs_vllm"] = round(result[name]["itl_p90_ms"] / result["vllm"]["itl_p90_ms"], 2)
+    if args.llama_server:
+        from engine.model.source import resolve_model
+        log_path = os.path.join(args.out_dir, "llama-server.log")
+        proc, port = run_llama_server(args.llama_server, resolve_model(DEFAULT_MODEL).path, log_path)
+        try:
+            result.update(measure(args, f"http://127.0.0.1:{port}", "llama_cpp", DEFAULT_MODEL))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+        for name in names:
+            result[f"{name}_itl_p90_vs_llama_cpp"] = round(result[name]["itl_p90_ms"]
+                                                           / result["llama_cpp"]["itl_p90_ms"], 2)
+    result["dtype"] = args.dtype
     emit_result(result)
 
 
