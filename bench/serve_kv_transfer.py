@@ -10,7 +10,10 @@ the payload straight to the store node; its line breaks the time down (checksums
 kvstore's index calls, Mooncake's transfers, buffer registration, the rest), and says
 what a store node's first write into its fresh segment pages cost (`cold_*`: measured
 before `touch_segments`, which every number after it follows, as on a node that has
-served a while).
+served a while). Path `mooncake` is a worker on another host than the store node (every
+byte over Mooncake's transfer engine, TCP here); `mooncake-local` a worker beside it (its
+dummy client: the bytes move by shared memory and the node's memcpy), the payload in the
+shared memory the engine exports into (KVStoreClient.export_buffer), as a worker's is.
 
     .venv/bin/python -m bench.serve_kv_transfer [--num-blocks 64] [--repeats 3] [--paths mooncake,memory-tcp,...]
 
@@ -189,23 +192,26 @@ def measured(client: KVStoreClient, payload: KVPayload, repeats: int, echo: RawE
     spent = {"seal_ms": 0.0, "check_ms": 0.0}
     patched = [(kv_wire, "seal", "seal_ms"), (kv_wire, "refusal", "check_ms")]
     transport = client._block_transport()
-    plane = getattr(transport, "_plane", None)
-    if plane is not None:  # Mooncake: the bytes' own path, timed call by call
+    # Mooncake: the bytes' own path, timed call by call (the local store node's client or the TCP one)
+    local = getattr(transport, "local", None)
+    owner, attribute = (local, "client") if local is not None else (transport, "_plane")
+    plane = getattr(owner, attribute, None) if client.transport == "mooncake" else None
+    if plane is not None:
         spent.update(index_ms=0.0, put_transfer_ms=0.0, get_transfer_ms=0.0, register_ms=0.0)
         patched += [(transport._control, "put_blocks", "index_ms"), (transport._control, "get_blocks", "index_ms")]
-        transport._plane = _TimedPlane(plane, spent, {
+        setattr(owner, attribute, _TimedPlane(plane, spent, {
             "batch_put_from": "put_transfer_ms", "batch_get_into": "get_transfer_ms",
-            "register_buffer": "register_ms", "unregister_buffer": "register_ms"})
-    originals = [getattr(owner, name) for owner, name, _ in patched]
-    for owner, name, key in patched:
-        setattr(owner, name, _timed(spent, key, getattr(owner, name)))
+            "register_buffer": "register_ms", "unregister_buffer": "register_ms", "alloc_from_mem_pool": "register_ms"}))
+    originals = [getattr(o, name) for o, name, _ in patched]
+    for o, name, key in patched:
+        setattr(o, name, _timed(spent, key, getattr(o, name)))
     try:
         times = measure(client, payload, repeats, echo)
     finally:
-        for (owner, name, _), original in zip(patched, originals):
-            setattr(owner, name, original)
+        for (o, name, _), original in zip(patched, originals):
+            setattr(o, name, original)
         if plane is not None:
-            transport._plane = plane
+            setattr(owner, attribute, plane)
     if plane is not None:
         spent["other_ms"] = sum(p + g for _, p, g in times) * 1e3 - sum(spent.values())
     return times, {k: round(v / repeats, 1) for k, v in spent.items()}
@@ -237,8 +243,23 @@ def start_redis() -> tuple[subprocess.Popen, str]:
     raise SystemExit("redis-server did not start")
 
 
-# name: (backend, transport, measure)
-PATHS = {"mooncake": ("mooncake", "mooncake", store_times), "memory-tcp": ("memory", "tcp", store_times),
+def in_export_memory(client: KVStoreClient, payload: KVPayload) -> KVPayload:
+    """The payload's blocks in the memory the client's transport has the engine export
+    into (as EngineCore.set_kv_export_allocator does in a worker); as they are without one."""
+    nbytes = payload.blocks.numel() * payload.blocks.element_size()
+    client._block_transport()  # connected, as a worker's is by its first put or get
+    buffer = client.export_buffer(nbytes)
+    if buffer is None:
+        raise SystemExit("the Mooncake transport gave no export memory: is the store node on this host?")
+    blocks = torch.from_numpy(buffer).view(payload.blocks.dtype).view(payload.blocks.shape)
+    blocks.copy_(payload.blocks)
+    return KVPayload(payload.num_tokens, blocks, payload.block_hashes)
+
+
+# name: (backend, transport, measure); LOCAL: through the store node on this host
+LOCAL = {"mooncake-local"}
+PATHS = {"mooncake": ("mooncake", "mooncake", store_times), "mooncake-local": ("mooncake", "mooncake", store_times),
+         "memory-tcp": ("memory", "tcp", store_times),
          "memory-grpc": ("memory", "grpc", store_times), "memory-ucx": ("memory", "ucx", store_times),
          "redis": ("redis", "grpc", store_times), "memory-grpc-per-block": ("memory", "grpc", store_times_per_block)}
 
@@ -262,43 +283,49 @@ def main() -> None:
     print(json.dumps({"path": "raw loopback TCP (send + echo)", "mb_s": round(2 * num_bytes / statistics.median(raw)
                                                                              / 1e6, 1), "bytes": num_bytes}))
     redis_proc, redis_url = start_redis() if "redis" in chosen else (None, "")
-    # Room for every put of the run (each writes new blocks): the index evicts at 4 payloads,
-    # but Mooncake refuses to remove an object read in the last seconds (its lease).
-    mooncake = MooncakeCluster(Path(tempfile.mkdtemp(prefix="bench-mooncake-")),
-                               segment_bytes=(args.repeats + 6) * num_bytes).start_all() \
-        if "mooncake" in chosen else None
     paths = [(name, *PATHS[name]) for name in PATHS if name in chosen]
     try:
-        for _, backend, transport, measure in paths:
+        for path, backend, transport, measure in paths:
             backend = redis_url if backend == "redis" else backend
+            # A Mooncake path on a store of its own: touch_segments fills the segment, and
+            # another path's objects there would push the master into evicting this one's.
+            # Room for every put of the path (each writes new blocks): the index evicts at 4
+            # payloads, but Mooncake refuses to remove an object read in the last seconds (its lease).
+            mooncake = MooncakeCluster(Path(tempfile.mkdtemp(prefix="bench-mooncake-")),
+                                       segment_bytes=(args.repeats + 6) * num_bytes).start_all() \
+                if backend == "mooncake" else None
             store = serve(KVStoreConfig(capacity_bytes=4 * num_bytes, metrics_port=None, backend=backend,
                                         ucx_port=0 if transport == "ucx" else None,
                                         tcp_port=0 if transport == "tcp" else None,
-                                        mooncake=mooncake.settings if backend == "mooncake" else None))
-            client = KVStoreClient(store.address, transport=transport)
-            extra = {}
+                                        mooncake=mooncake.settings if mooncake is not None else None))
+            client = KVStoreClient(store.address, transport=transport,
+                                   mooncake_local_node="auto" if path in LOCAL else "off")
+            extra, sent = {}, payload
             try:
+                sent = in_export_memory(client, payload) if path in LOCAL else payload
                 # untimed: connect, and let gRPC's flow control windows grow
-                cold = summary(measure(client, payload, 1, echo), num_bytes)
-                if backend == "mooncake":  # a node's first write into its pages: see touch_segments
+                cold = summary(measure(client, sent, 1, echo), num_bytes)
+                if mooncake is not None:  # a node's first write into its pages: see touch_segments
                     extra = {"cold_put_mb_s": cold["put_mb_s"], "cold_get_mb_s": cold["get_mb_s"],
                              "segment_touch_s": round(mooncake.touch_segments(), 2)}
-                    measure(client, payload, 1, echo)  # the second read buffer (the first is still viewed)
+                    measure(client, sent, 1, echo)  # the second read buffer (the first is still viewed)
                 if measure is store_times:
-                    times, breakdown = measured(client, payload, args.repeats, echo)
+                    times, breakdown = measured(client, sent, args.repeats, echo)
                     extra = {**breakdown, "ratio_without_checksums": without_checksums(times, breakdown), **extra}
                 else:
-                    times = measure(client, payload, args.repeats, echo)
+                    times = measure(client, sent, args.repeats, echo)
             finally:
+                del sent  # the transport's memory, if it was: before the client closes
                 client.close()
                 store.stop()
+                if mooncake is not None:
+                    mooncake.stop()
             name = f"kvstore {backend if backend in ('memory', 'mooncake') else 'redis'} over {transport}"
+            name += " (the store node on this host: shared memory)" if path in LOCAL else ""
             print(json.dumps({"path": name + (" (one block per message)" if measure is store_times_per_block else ""),
                               **summary(times, num_bytes), **extra}))
     finally:
         echo.close()
-        if mooncake is not None:
-            mooncake.stop()
         if redis_proc is not None:
             redis_proc.terminate()
             redis_proc.wait()

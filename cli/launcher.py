@@ -179,7 +179,8 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     router += router_discovery_args(cfg.autoscale)
     specs.append(ProcessSpec(ROUTER, router, f"{cfg.host}:{cfg.router_port}", router_metrics, stage=2))
     if mooncake:
-        specs += [ProcessSpec(name, argv, address, metrics_port, health="tcp", stage=stage)
+        specs += [ProcessSpec(name, argv, address, metrics_port, health="tcp", stage=stage,
+                              env=dict(MooncakePlan.NODE_ENV) if name.startswith("store-") else {})
                   for name, argv, address, metrics_port, stage in
                   cfg.mooncake.processes(cfg.host, cfg.kvstore_capacity_bytes)]
     for spec in specs:

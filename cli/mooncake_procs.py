@@ -6,6 +6,12 @@ workers move bytes to and from them directly (services/kvstore/mooncake_plane.py
 
 Ports, from base_port on: the master's RPC, its metadata server, its /metrics, then each
 store node's service port and its /metrics.
+
+The workers share the store nodes' host: each attaches to one as its dummy client and
+moves bytes by shared memory (services/kvstore/mooncake_local.py); the
+kvstore names the nodes to them (--mooncake-store-node). The nodes copy between those
+buffers and their segments with memcpy (MC_STORE_MEMCPY=1; Mooncake turns it on by itself
+for TCP only, and would loop an RDMA transfer back through the NIC otherwise).
 """
 from __future__ import annotations
 
@@ -48,8 +54,16 @@ class MooncakePlan:
     def __post_init__(self):
         if not 1 <= self.replicas <= 8:
             raise ValueError(f"--kvstore-replicas: {self.replicas} is not between 1 and 8")
-        if not 0 < self.base_port < 65536 - 3 - 2 * self.replicas:
+        if not 0 < self.base_port < 65536 - self.num_ports:
             raise ValueError(f"--mooncake-base-port: {self.base_port} leaves no room for its ports")
+
+    @property
+    def num_ports(self) -> int:
+        return 3 + 2 * self.replicas
+
+    def store_node(self, host: str, i: int) -> str:
+        """Store node i's service address, which the workers on its host attach to."""
+        return f"{host}:{self.base_port + 3 + 2 * i}"
 
     @property
     def master_port(self) -> int:
@@ -64,7 +78,11 @@ class MooncakePlan:
                 "--mooncake-metadata", f"http://{host}:{self.metadata_port}/metadata",
                 "--mooncake-replicas", str(self.replicas), "--mooncake-protocol", self.protocol,
                 "--mooncake-failover-s", str(DEFAULT_FAILOVER_S),
-                "--capacity-bytes", str(int(segment_bytes * INDEX_SHARE))]
+                "--capacity-bytes", str(int(segment_bytes * INDEX_SHARE)),
+                *[arg for i in range(self.replicas) for arg in ("--mooncake-store-node", self.store_node(host, i))]]
+
+    # the store nodes' environment: local puts and gets by memcpy (see the module's docstring)
+    NODE_ENV = {"MC_STORE_MEMCPY": "1"}
 
     def processes(self, host: str, segment_bytes: int) -> list[tuple[str, list[str], str, int, int]]:
         """(name, argv, address, metrics port, stage) of the master (stage -1) and each store

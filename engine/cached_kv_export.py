@@ -18,23 +18,27 @@ cache tensors), never from another thread.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.kv_transfer import KVPayload
 
 if TYPE_CHECKING:
+    import torch
+
     from engine.core.kv_cache_manager import KVCacheManager
     from engine.worker.model_runner import ModelRunner
 
 
-def export_cached_blocks(kv_manager: KVCacheManager, runner: ModelRunner,
-                         block_hashes: list[bytes]) -> KVPayload | None:
+def export_cached_blocks(kv_manager: KVCacheManager, runner: ModelRunner, block_hashes: list[bytes],
+                         out: Callable[[int], torch.Tensor | None] = lambda num_blocks: None) -> KVPayload | None:
     """The leading run of `block_hashes` the prefix cache holds, as a KVPayload of full
     blocks (the wire layout); None when it holds not even the first. The blocks are
-    copied out, not taken: nothing in the pool changes (no reference, no recency)."""
+    copied out, not taken: nothing in the pool changes (no reference, no recency).
+    `out(num_blocks)`: the host memory to copy them into, or None (a new tensor)."""
     blocks = kv_manager.find_longest_cache_hit(block_hashes)
     if not blocks:
         return None
     block_ids = [block.block_id for block in blocks]
-    return KVPayload(len(blocks) * kv_manager.block_size, runner.export_blocks(block_ids),
+    return KVPayload(len(blocks) * kv_manager.block_size, runner.export_blocks(block_ids, out(len(block_ids))),
                      list(block_hashes[:len(blocks)]))

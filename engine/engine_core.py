@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -16,6 +17,7 @@ from engine.core.block_hash import check_cache_salt
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.kv_events import KVEvents
 from engine.core.scheduler import Scheduler
+from engine.dtypes import torch_dtype
 from engine.engine_request import EngineRequest
 from engine.errors import InvalidRequestError
 from engine.executor.start import start_executor
@@ -76,6 +78,7 @@ class EngineCore:
         self.outputs = OutputProcessor(self.tokenizer)
         self.families = Families()  # requests with n > 1 (parallel_sampling.py)
         self._aborted: list[RequestOutput] = []
+        self._export_allocator: Callable[[int], torch.Tensor | None] | None = None  # set_kv_export_allocator
         self.step_rates = StepRates()
         self.grammars: StructuredOutputManager | NoStructuredOutputs = NoStructuredOutputs(self._build_structured)
         self.drafting = make_drafting(config, self.source.path, self.loaded, self.executor.holds_whole_model,
@@ -244,14 +247,42 @@ class EngineCore:
         """The KV of every computed token (the prompt; the token just sampled has none yet)."""
         bs, num_tokens = self.config.cache.block_size, request.num_computed_tokens
         block_ids = self.kv_manager.get_block_ids(request.req_id)[:-(-num_tokens // bs)]
-        return KVPayload(num_tokens, self.runner.export_blocks(block_ids),
+        return KVPayload(num_tokens, self.runner.export_blocks(block_ids, self._export_out(len(block_ids))),
                          list(self.kv_manager.block_hashes(request, num_tokens // bs)))
 
     def export_cached_blocks(self, block_hashes: list[bytes]) -> KVPayload | None:
         """The KV of the leading run of `block_hashes` still in the prefix cache (full
         blocks, every token's KV computed), e.g. a finished request's prompt and answer;
         None when not even the first is held. See engine/cached_kv_export.py."""
-        return export_cached_blocks(self.kv_manager, self.runner, block_hashes)
+        return export_cached_blocks(self.kv_manager, self.runner, block_hashes, self._export_out)
+
+    def set_kv_export_allocator(self, allocate: Callable[[int], torch.Tensor | None] | None) -> None:
+        """Where exported KV goes: `allocate(nbytes)` gives host memory (a uint8 tensor of at
+        least nbytes, e.g. a buffer the caller's data plane sends from in place, so the
+        export is the only copy) or None (the engine allocates, as without one). Called on
+        the engine's thread, once per export; an allocator that raises is logged and the
+        engine allocates."""
+        self._export_allocator = allocate
+
+    def _export_out(self, num_blocks: int) -> torch.Tensor | None:
+        allocate = self._export_allocator
+        if allocate is None or num_blocks == 0:
+            return None
+        layout = self.info.kv_layout
+        nbytes = num_blocks * layout.block_nbytes
+        try:
+            buffer = allocate(nbytes)
+        except Exception as e:  # the caller's memory is an optimisation: the export goes on without it
+            logger.warning("the KV export allocator failed (%s); the engine allocates", e)
+            return None
+        if buffer is None:
+            return None
+        if buffer.dtype != torch.uint8 or buffer.device.type != "cpu" or buffer.numel() < nbytes \
+                or not buffer.is_contiguous():
+            logger.warning("the KV export allocator gave %s %s on %s for %d bytes (not host uint8 that long); "
+                           "the engine allocates", tuple(buffer.shape), buffer.dtype, buffer.device, nbytes)
+            return None
+        return buffer[:nbytes].view(torch_dtype(layout.dtype)).view(num_blocks, *layout.block_shape)
 
     # ---- introspection ---------------------------------------------------------------
     def num_local_prefix_blocks(self, block_hashes: list[bytes]) -> int:

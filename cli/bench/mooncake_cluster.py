@@ -31,7 +31,8 @@ def wait_accepting(address: str, timeout_s: float = 20.0) -> None:
 
 class MooncakeCluster:
     def __init__(self, log_dir: Path, replicas: int = 1, segment_bytes: int = 64 << 20):
-        self.plan = MooncakePlan(base_port=free_port_range(3 + 2 * replicas), replicas=replicas)
+        self.plan = MooncakePlan(base_port=free_port_range(MooncakePlan(replicas=replicas).num_ports),
+                                 replicas=replicas)
         self.segment_bytes = segment_bytes
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
@@ -39,12 +40,15 @@ class MooncakeCluster:
                       self.plan.processes("127.0.0.1", segment_bytes)}
         self.settings = MooncakeSettings(f"127.0.0.1:{self.plan.master_port}",
                                          f"http://127.0.0.1:{self.plan.metadata_port}/metadata", replicas,
-                                         failover_s=DEFAULT_FAILOVER_S if replicas > 1 else 0.0)
+                                         failover_s=DEFAULT_FAILOVER_S if replicas > 1 else 0.0,
+                                         store_nodes=tuple(self.plan.store_node("127.0.0.1", i)
+                                                           for i in range(replicas)))
 
     def start(self, name: str) -> None:
         argv, address = self._argv[name]
         log = open(self.log_dir / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=QUIET)
+        env = {**QUIET, **MooncakePlan.NODE_ENV} if name.startswith("store-") else QUIET
+        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         wait_accepting(address)
 

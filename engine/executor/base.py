@@ -43,8 +43,9 @@ class Executor(ABC):
         """Whole blocks (every layer and KV head) into the cache; each rank keeps its part."""
 
     @abstractmethod
-    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
-        """Whole blocks out of the cache, gathered from the ranks that hold them."""
+    def export_blocks(self, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """Whole blocks out of the cache, gathered from the ranks that hold them, into
+        `out` (host memory of their shape and dtype) when given."""
 
     @abstractmethod
     def copy_host_blocks(self, offloads: list[tuple[int, int]], onloads: list[tuple[int, int]]) -> None:

@@ -32,8 +32,8 @@ class LocalExecutor(Executor):
     def import_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
         import_blocks(self.kv_caches, block_ids, blocks)
 
-    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
-        return export_blocks(self.kv_caches, block_ids)
+    def export_blocks(self, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        return export_blocks(self.kv_caches, block_ids, out)
 
     def copy_host_blocks(self, offloads: list[tuple[int, int]], onloads: list[tuple[int, int]]) -> None:
         self.host_kv.copy(offloads, onloads)

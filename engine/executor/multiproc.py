@@ -121,13 +121,15 @@ class MultiProcExecutor(Executor):
             self.groups.cpu.broadcast(blocks, src=0)
             self.worker.import_blocks(block_ids, blocks)
 
-    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
+    def export_blocks(self, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
         """Whole blocks ([n, layers, 2, bs, kv heads, d]), assembled from the ranks' parts."""
         with self._guard("a KV export"):
             self._send_all(M.KV_EXPORT, len(block_ids), 0, block_ids)
             arch, bs = self.arch, self.config.cache.block_size
             dtype = self.worker.kv_caches[0].dtype
-            out = torch.empty((len(block_ids), arch.num_layers, 2, bs, arch.num_kv_heads, arch.head_dim), dtype=dtype)
+            if out is None:
+                out = torch.empty((len(block_ids), arch.num_layers, 2, bs, arch.num_kv_heads, arch.head_dim),
+                                  dtype=dtype)
             for rank, shard in enumerate(self._shards):
                 if not shard.owns_kv_heads:
                     continue

@@ -90,10 +90,13 @@ def stacked_kv_caches(kv_caches: list[torch.Tensor]) -> torch.Tensor:
     return first.as_strided((len(kv_caches), *first.shape), (step, *first.stride()), first.storage_offset())
 
 
-def export_blocks(kv_caches: list[torch.Tensor], block_ids: list[int]) -> torch.Tensor:
+def export_blocks(kv_caches: list[torch.Tensor], block_ids: list[int],
+                  out: torch.Tensor | None = None) -> torch.Tensor:
     """Copy blocks out of the per-layer caches into one contiguous host tensor in the
     KVPayload layout (the wire layout: a block's layers, K and V, back to back), which the
-    kvstore client sends as it is.
+    kvstore client sends as it is. `out`: host memory to write them into (contiguous, of
+    that shape and the cache's dtype), e.g. a buffer the kvstore client's data plane
+    reads from in place; by default a new tensor.
 
         cache[layer]: [2, num_blocks, bs, h, d] ──gather block_ids──▶ out[:, layer]: [n, 2, bs, h, d]
 
@@ -105,14 +108,20 @@ def export_blocks(kv_caches: list[torch.Tensor], block_ids: list[int]) -> torch.
     cache0 = kv_caches[0]
     num_layers, (two, _, bs, h, d) = len(kv_caches), cache0.shape
     index = torch.tensor(block_ids, dtype=torch.long, device=cache0.device)
-    out = torch.empty((len(block_ids), num_layers, two, bs, h, d), dtype=cache0.dtype, device=cache0.device)
+    shape = (len(block_ids), num_layers, two, bs, h, d)
+    if out is not None and (tuple(out.shape) != shape or out.dtype != cache0.dtype or out.device.type != "cpu"
+                            or not out.is_contiguous()):
+        raise ValueError(f"out: {tuple(out.shape)} {out.dtype} on {out.device}, not {shape} {cache0.dtype} "
+                         "contiguous on the host")
+    on_host = cache0.device.type == "cpu"
+    gathered = out if out is not None and on_host else torch.empty(shape, dtype=cache0.dtype, device=cache0.device)
     for layer, cache in enumerate(kv_caches):
-        # the gather keeps the cache's [2, n, ...] order; out[:, layer] transposed is that order
-        out[:, layer].transpose(0, 1).copy_(cache.index_select(1, index))
-    if out.device.type == "cpu":
-        return out
-    host = torch.empty(out.shape, dtype=out.dtype, pin_memory=torch.cuda.is_available())
-    return host.copy_(out)
+        # the gather keeps the cache's [2, n, ...] order; gathered[:, layer] transposed is that order
+        gathered[:, layer].transpose(0, 1).copy_(cache.index_select(1, index))
+    if on_host:
+        return gathered
+    host = out if out is not None else torch.empty(shape, dtype=cache0.dtype, pin_memory=torch.cuda.is_available())
+    return host.copy_(gathered)
 
 
 def import_blocks(kv_caches: list[torch.Tensor], block_ids: list[int], blocks: torch.Tensor) -> None:

@@ -31,7 +31,7 @@ class Forwarder(Protocol):
 
     def forward(self, batches: list[StepInputs]) -> torch.Tensor: ...
     def import_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None: ...
-    def export_blocks(self, block_ids: list[int]) -> torch.Tensor: ...
+    def export_blocks(self, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor: ...
     def copy_host_blocks(self, offloads: list[tuple[int, int]], onloads: list[tuple[int, int]]) -> None: ...
 
 
@@ -152,8 +152,8 @@ class ModelRunner:
                  logits_indices: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions, self.kv_caches, meta, self.backend, logits_indices)
 
-    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
-        return self.executor.export_blocks(block_ids)
+    def export_blocks(self, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.executor.export_blocks(block_ids, out)
 
     def _microbatches(self, sched: SchedulerOutput) -> list[list[str]]:
         """The step's requests, decodes first (the attention backend batches them together),

@@ -37,14 +37,23 @@ TRANSPORTS = ("grpc", "tcp", "ucx", "mooncake")
 class KVStoreClient:
     def __init__(self, address: str, transport: str = "grpc", ucx_address: str | None = None,
                  timeout_s: float = 30.0, security: ClientSecurity = ClientSecurity(),
-                 channel_options: tuple[tuple[str, int], ...] = (), tcp_address: str | None = None):
+                 channel_options: tuple[tuple[str, int], ...] = (), tcp_address: str | None = None,
+                 mooncake_local_node: str = "off"):
         """`ucx_address` / `tcp_address` ("host:port") are only for transport "ucx" / "tcp";
         without one, the port is asked from the server at the first Put or Get, on the host
         of `address`. `security`: the internal token (sent over every transport) and TLS
         (gRPC and TCP; UCX has none).
-        `channel_options`: extra gRPC channel options (a worker's reconnect backoff)."""
+        `channel_options`: extra gRPC channel options (a worker's reconnect backoff).
+        `mooncake_local_node` (transport "mooncake"): the store node on this host to move
+        bytes through by shared memory, its service "host:port" (mooncake_client --port); "auto":
+        the first the kvstore's plane names on this host; "off": none, every byte over the
+        transfer engine (TCP or RDMA). One that cannot be attached to at the first Put or
+        Get is logged, and the transfer engine used."""
         if transport not in TRANSPORTS:
             raise ValueError(f"transport: {transport!r} is not one of {TRANSPORTS}")
+        if mooncake_local_node not in ("off", "auto"):
+            split_host_port(mooncake_local_node, "mooncake_local_node")
+        self._mooncake_local_node = mooncake_local_node
         for name, value in (("ucx_address", ucx_address), ("tcp_address", tcp_address)):
             if value is not None:
                 split_host_port(value, name)
@@ -114,6 +123,25 @@ class KVStoreClient:
         request = kvstore_pb2.GetRequest(block_hashes=block_hashes, tail_keys=list(tail_keys))
         return self._block_transport().get(request)
 
+    @property
+    def mooncake_local_node(self) -> str:
+        return self._mooncake_local_node
+
+    def export_buffer(self, nbytes: int):
+        """Memory to export `nbytes` of KV into, that put_blocks sends without copying it
+        (a numpy uint8 array; the transport's, reused once nothing views it), or None: the
+        transport has none (all but Mooncake with a local store node), is not connected yet
+        (the first put or get connects it: this never waits on the network), or cannot
+        give any now. Never raises."""
+        transport = self._blocks  # never connected here: the caller is the engine's thread
+        if self.transport != "mooncake" or transport is None:
+            return None
+        try:
+            return transport.export_buffer(nbytes)
+        except Exception as e:  # the plane away: the engine allocates
+            logger.debug("no export buffer from the kvstore's transport: %s", e)
+            return None
+
     def release_lease(self, lease_id: str, drop_tail: bool = True) -> bool:
         """True the first time; False when already released or expired."""
         request = kvstore_pb2.ReleaseLeaseRequest(lease_id=lease_id, drop_tail=drop_tail)
@@ -178,11 +206,35 @@ class KVStoreClient:
                                f"the kvstore at {self.address} has no Mooncake data plane (start it with "
                                "--backend mooncake)")
         settings = mooncake_plane.MooncakeSettings.from_json(found[0])
-        try:
-            plane = mooncake_plane.connect(settings)
-        except mooncake_plane.MooncakeUnavailable as e:
-            raise KVStoreError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
-        return MooncakeTransport(GrpcTransport(self._channel, self._stub, self._timeout_s), settings, plane)
+        local = self._attach_local(settings) if self._mooncake_local_node != "off" else None
+        plane = None  # with a local node: connected when it cannot serve
+        if local is None:
+            try:
+                plane = mooncake_plane.connect(settings)
+            except mooncake_plane.MooncakeUnavailable as e:
+                raise KVStoreError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
+        return MooncakeTransport(GrpcTransport(self._channel, self._stub, self._timeout_s), settings, plane,
+                                 local=local)
+
+    def _attach_local(self, settings):
+        """The local store node (mooncake_local_node) attached to, or None."""
+        from services.kvstore import mooncake_local, mooncake_plane
+        if self._mooncake_local_node == "auto":
+            nodes = mooncake_local.local_store_nodes(settings, split_host_port(self.address, "address")[0])
+            if not nodes:
+                logger.info("the kvstore's Mooncake plane names no store node on this host: blocks move over %s",
+                            settings.protocol)
+        else:
+            nodes = [self._mooncake_local_node]
+        for node in nodes:
+            try:
+                client = mooncake_local.connect_local(node, mooncake_plane.READ_BUFFER_BYTES)
+            except Exception as e:  # MooncakeUnavailable, or the package's own: this node is an optimisation
+                logger.warning("%s; blocks move over %s", e, settings.protocol)
+                continue
+            logger.info("blocks move through the Mooncake store node %s on this host (shared memory)", node)
+            return mooncake_local.LocalNode(node, client, settings)
+        return None
 
     def _discover_address(self, metadata_key: str, name: str, flag: str) -> str:
         """The port the server announces under `metadata_key` (Stats), on its gRPC host."""

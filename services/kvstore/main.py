@@ -80,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                "node, until the master drops it (its --client_ttl) and other replicas serve "
                                f"(default: {mooncake_plane.DEFAULT_FAILOVER_S}, for --client_ttl="
                                f"{mooncake_plane.MASTER_CLIENT_TTL_S})")
+    mooncake.add_argument("--mooncake-store-node", action="append", default=[], metavar="HOST:PORT",
+                          help="a store node the workers on its host attach to by shared memory (repeatable): "
+                               "its real-client service address (mooncake_client --port)")
     add_internal_token_argument(parser)
     add_server_tls_arguments(parser, "the gRPC and TCP ports (UCX has no TLS: docs/security.md)")
 
@@ -88,8 +91,12 @@ def mooncake_settings(args: argparse.Namespace) -> mooncake_plane.MooncakeSettin
     """The data plane the flags name; None without --backend mooncake. ValueError naming
     the flag when they disagree."""
     if args.backend != "mooncake":
-        if args.mooncake_master or args.mooncake_metadata or args.mooncake_replicas != 1:
-            raise ValueError("--mooncake-master: only with --backend mooncake")
+        given = [flag for flag, value in (("--mooncake-master", args.mooncake_master),
+                                          ("--mooncake-metadata", args.mooncake_metadata),
+                                          ("--mooncake-replicas", args.mooncake_replicas != 1),
+                                          ("--mooncake-store-node", args.mooncake_store_node)) if value]
+        if given:
+            raise ValueError(f"{given[0]}: only with --backend mooncake")
         return None
     if not args.mooncake_master:
         raise ValueError("--mooncake-master: --backend mooncake needs mooncake_master's HOST:PORT")
@@ -99,9 +106,11 @@ def mooncake_settings(args: argparse.Namespace) -> mooncake_plane.MooncakeSettin
         if failover_s is None:
             failover_s = mooncake_plane.DEFAULT_FAILOVER_S if args.mooncake_replicas > 1 else 0.0
         return mooncake_plane.MooncakeSettings(args.mooncake_master, metadata, args.mooncake_replicas,
-                                               args.mooncake_protocol, args.mooncake_rdma_devices, failover_s)
+                                               args.mooncake_protocol, args.mooncake_rdma_devices, failover_s,
+                                               tuple(args.mooncake_store_node))
     except ValueError as e:
-        raise ValueError("--" + str(e).replace("_", "-", 1)) from None
+        field, _, rest = str(e).partition(":")  # the settings' field, as its flag
+        raise ValueError(f"--{field.replace('_', '-')}:{rest}") from None
 
 
 def check_disk_args(args: argparse.Namespace) -> None:

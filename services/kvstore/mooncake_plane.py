@@ -14,6 +14,9 @@ through Python. `mooncake_master` places objects and keeps their replicas.
 A block's object key names its store key and its checksum, so the writer and every reader
 agree on it from the header alone, and a tail written again with other bytes is a new
 object (Mooncake's put keeps the first bytes under a key).
+
+A worker on a store node's host may move its bytes through that node by shared memory
+instead (services/kvstore/mooncake_local.py).
 """
 from __future__ import annotations
 
@@ -61,8 +64,15 @@ class MooncakeSettings:
     # reads the replica it picked, dead node or not, until the master drops the node (its
     # --client_ttl, MASTER_CLIENT_TTL_S); from then on the other replicas serve.
     failover_s: float = 0.0
+    # The store nodes a worker on their host may attach to, their real-client service
+    # addresses ("host:port", mooncake_client --port): `pdserve up` names its own; in a
+    # cluster each worker names the node on its host itself (--mooncake-local-node)
+    store_nodes: tuple[str, ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "store_nodes", tuple(self.store_nodes))  # from JSON: a list
+        for node in self.store_nodes:
+            split_host_port(node, "mooncake_store_node")
         split_host_port(self.master, "mooncake_master")
         if not self.metadata_server.startswith(("http://", "etcd://", "redis://")) and self.metadata_server != "P2PHANDSHAKE":
             raise ValueError(f"mooncake_metadata: {self.metadata_server!r} is not an http://, etcd:// or redis:// "

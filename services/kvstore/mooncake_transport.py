@@ -11,10 +11,11 @@ Store (services/kvstore/mooncake_plane.py); the kvstore sees only their headers.
 The bytes are copied once, by Mooncake's transfer engine (its own threads), between the
 worker's memory and a store node's segment: no Python, no protobuf, no kvstore process.
 
-Reads land in buffers kept from one get to the next (ReadBuffers): registered with the
-transfer engine once, their pages already mapped. A fresh buffer per read cost more than
-the transfer itself here: the first write to each 4 KiB page faults (about 5 us a page
-on this machine, 55 ms for 45 MiB, against about 30 ms to move the bytes).
+Reads land in buffers kept from one get to the next (ReadBuffers, mooncake_buffers.py):
+registered with the transfer engine once, their pages already mapped. A fresh buffer per
+read cost more than the transfer itself here: the first write to each 4 KiB page faults
+(about 5 us a page on this machine, 55 ms for 45 MiB, against about 30 ms to move the
+bytes).
 
 A transfer is waited for on a thread of low priority (nice TRANSFER_WAIT_NICE): Mooncake's
 client waits for its transfers by polling their status without pause (perf: about 60 %
@@ -22,15 +23,24 @@ of the client's CPU samples in clock_gettime, a mutex and getTransferStatus), wh
 core from the threads that move the bytes (its own TCP thread, the store node's) when
 cores are few. At nice 19 the poll runs when a core is free, and still within a
 scheduler period when none is: on 2 cores, transfers took 20-35 % less time.
+
+With a store node on this host (`local`, mooncake_local.py) no byte crosses TCP: the
+worker is that node's dummy client. Its read buffers and the engine's export buffers
+(export_buffer) are shared memory the node maps (ShmBuffers); a put or get is
+one RPC naming offsets in them, and the node memcpys between them and its segment (or
+sends over its own transfer engine to a replica elsewhere). Bytes that are not in that
+memory are copied into it first, or go over TCP when it is full. A node that is gone
+(its RPCs fail, RPC_FAIL) is left for a client of the usual kind (TCP, connected then):
+the transfers that failed are done again over it at once, the next ones too, until a
+probe finds the node serving again (LocalNode).
 """
 from __future__ import annotations
 
-import collections
+import contextlib
 import logging
 import os
 import threading
 import time
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -39,8 +49,10 @@ import numpy as np
 from services.kvstore.batch_codec import Decoded, OutBatch
 from services.kvstore.errors import KVStoreError
 from services.kvstore import mooncake_plane
-from services.kvstore.mooncake_plane import (READ_BUFFER_BYTES, TRANSFER_FAIL, MooncakeSettings, object_key,
-                                             replicate_config)
+from services.kvstore.mooncake_buffers import ReadBuffers, ShmBuffers, plane_call as _plane_call
+from services.kvstore.mooncake_local import RPC_FAIL, LocalNode
+from services.kvstore.mooncake_plane import (READ_BUFFER_BYTES, TRANSFER_FAIL, MooncakeSettings,
+                                             MooncakeUnavailable, object_key, replicate_config)
 from services.kvstore.transport import BlockTransport, GrpcTransport
 from services.kvstore.validate import block_nbytes, key_for_hash, key_for_tail
 from services.pb import kvstore_pb2
@@ -65,16 +77,37 @@ def _address(view: memoryview) -> tuple[np.ndarray, int]:
 class MooncakeTransport(BlockTransport):
     put_batch_bytes = 1 << 62  # one control message per put: it carries headers only
 
-    def __init__(self, control: GrpcTransport, settings: MooncakeSettings, plane,
-                 read_buffer_bytes: int = READ_BUFFER_BYTES):
+    def __init__(self, control: GrpcTransport, settings: MooncakeSettings, plane=None,
+                 read_buffer_bytes: int = READ_BUFFER_BYTES, local: LocalNode | None = None):
         """`control`: the kvstore's gRPC transport, for the index calls; `plane`: a
-        connected Mooncake client (mooncake_plane.connect); `read_buffer_bytes`: how much
-        memory the read buffers kept between gets may hold."""
+        connected Mooncake client (mooncake_plane.connect), or None to connect one at its
+        first use; `local`: the store node on this host, through which every transfer goes
+        while it serves (then `plane` is only the fallback); `read_buffer_bytes`: how much
+        memory the read (and, with `local`, export) buffers kept between calls may hold."""
         self._control, self.settings, self._plane = control, settings, plane
+        self._plane_lock = threading.Lock()
+        self._local = local
         self._replicate = replicate_config(settings)
-        self._reads = ReadBuffers(lambda: self._plane, read_buffer_bytes)
+        if local is not None:
+            self._reads: ReadBuffers = ShmBuffers(local.client, read_buffer_bytes)
+            local.on_back = self._reads.register_pending
+        else:
+            self._reads = ReadBuffers(lambda: self._plane, read_buffer_bytes)
+        self._tcp_blocks: set[int] = set()  # with `local`: its blocks registered with `plane` too, for fallback
         self._waiters = ThreadPoolExecutor(_TRANSFER_WAITERS, "mooncake-transfer", initializer=_lower_priority,
                                            initargs=(mooncake_plane.TRANSFER_WAIT_NICE,))
+
+    @property
+    def local(self) -> LocalNode | None:
+        return self._local
+
+    def export_buffer(self, nbytes: int) -> np.ndarray | None:
+        """With a local store node: shared memory it reads a put from in place (the engine
+        exports into it, and the put moves it with one memcpy in the node). Else None."""
+        if self._local is None or not self._local.up or nbytes <= 0:
+            return None
+        view, in_pool = self._reads.take(nbytes)
+        return view if in_pool else None
 
     # ---- the block paths ------------------------------------------------------------
     def put_blocks(self, batches: list[OutBatch]) -> kvstore_pb2.PutResponse:
@@ -104,9 +137,8 @@ class MooncakeTransport(BlockTransport):
         wanted = [(a, i, h) for a in answers for i, (h, found) in enumerate(zip(a.message.headers, a.message.found))
                   if found]
         sizes = [block_nbytes(h) for _, _, h in wanted]
-        buffer, registered = self._reads.take(sum(sizes))
-        got = self._get_bytes([object_key(_store_key(h), h.checksum) for _, _, h in wanted], buffer, sizes,
-                              registered)
+        buffer, _ = self._reads.take(sum(sizes))
+        got = self._get_bytes([object_key(_store_key(h), h.checksum) for _, _, h in wanted], buffer, sizes)
         decoded, offset, place = [], 0, 0
         for answer in answers:
             message = kvstore_pb2.KVBlockBatch()
@@ -142,45 +174,102 @@ class MooncakeTransport(BlockTransport):
             arrays = [(joined, joined.ctypes.data + int(o)) for o in offsets]
             base, end = joined.ctypes.data, joined.ctypes.data + joined.nbytes
         ptrs, sizes = [a for _, a in arrays], [v.nbytes for v in views]
-        # bytes a read brought (a view of a read buffer) are registered already, and stay so
-        registered = self._reads.covers(base, end - base)
-        if not registered:
-            self._register(base, end - base)
-        try:
-            codes = self._with_failover("put", lambda todo: self._transfer(
-                "put", self._plane.batch_put_from, [keys[i] for i in todo], [ptrs[i] for i in todo],
-                [sizes[i] for i in todo], self._replicate), len(keys), lambda code, i: code >= 0)
-        finally:
-            if not registered:
-                _plane_call("unregister", self._plane.unregister_buffer, base)
+        staged = None
+        if self._local is not None and self._local.up and not self._reads.covers(base, end - base):
+            # not in the memory the local node maps (the engine exported elsewhere): one copy into it
+            staged, in_pool = self._reads.take(end - base)
+            if in_pool:  # view by view: what lies between them may not be readable memory
+                for view, ptr in zip(views, ptrs):
+                    staged[ptr - base:ptr - base + view.nbytes] = np.frombuffer(view, dtype=np.uint8)
+                ptrs = [staged.ctypes.data + (p - base) for p in ptrs]
+                base, end = staged.ctypes.data, staged.ctypes.data + staged.nbytes
+        codes = self._with_failover("put", lambda todo: self._move("put", keys, ptrs, sizes, todo, base, end - base),
+                                    len(keys), lambda code, i: code >= 0)
+        del staged  # kept to here: the pool block is free again once nothing views it
         failed = [(k, c) for k, c in zip(keys, codes) if c < 0]
         if failed:
             raise KVStoreError(grpc.StatusCode.UNAVAILABLE,
                                f"Mooncake Store refused {len(failed)} of {len(keys)} blocks (first: code "
                                f"{failed[0][1]} for {failed[0][0]}); nothing was indexed")
 
-    def _get_bytes(self, keys: list[str], buffer: np.ndarray, sizes: list[int], registered: bool) -> list[bool]:
-        """Into `buffer`, the objects back to back; `registered`: the buffer is registered
-        with the transfer engine already (one of ReadBuffers'), else only for this call."""
+    def _get_bytes(self, keys: list[str], buffer: np.ndarray, sizes: list[int]) -> list[bool]:
+        """Into `buffer`, the objects back to back."""
         if not keys:
             return []
         base = buffer.ctypes.data
         ptrs = [base + int(o) for o in np.cumsum([0, *sizes[:-1]])]
-        if not registered:
-            self._register(base, buffer.nbytes)
-        try:
-            codes = self._with_failover("get", lambda todo: self._transfer(
-                "get", self._plane.batch_get_into, [keys[i] for i in todo], [ptrs[i] for i in todo],
-                [sizes[i] for i in todo]), len(keys), lambda code, i: code == sizes[i])
-        finally:
-            if not registered:
-                _plane_call("unregister", self._plane.unregister_buffer, base)
+        codes = self._with_failover("get", lambda todo: self._move("get", keys, ptrs, sizes, todo, base,
+                                                                   buffer.nbytes),
+                                    len(keys), lambda code, i: code == sizes[i])
         ok = [code == size for code, size in zip(codes, sizes)]
         if not all(ok):
             lost = [(k, c) for k, c, good in zip(keys, codes, ok) if not good]
             logger.warning("Mooncake Store lost %d of %d indexed blocks (first: code %d for %s); they are recomputed",
                            len(lost), len(keys), lost[0][1], lost[0][0])
         return ok
+
+    def _move(self, what: str, keys: list[str], ptrs: list[int], sizes: list[int], todo: list[int], base: int,
+              span: int) -> list[int]:
+        """The transfers `todo` (indices), their memory within [base, base + span): through
+        the local store node when there is one, it serves and the memory is its shared
+        memory; else, and for those it failed as gone, over the TCP client."""
+        def pick(indices):
+            return [keys[i] for i in indices], [ptrs[i] for i in indices], [sizes[i] for i in indices]
+        codes, redo = [RPC_FAIL] * len(todo), list(range(len(todo)))
+        local = self._local
+        if local is not None and local.up and self._reads.covers(base, span):
+            try:
+                # on this thread: the dummy client waits on its RPC without polling (the node
+                # moves the bytes), so a waiter thread at low priority would only add latency
+                codes = _plane_call(what, local.put if what == "put" else local.get, *pick(todo))
+            except KVStoreError as e:  # the dummy client raised: as gone
+                logger.warning("the local Mooncake store node failed a %s: %s", what, e.details())
+            redo = [j for j, code in enumerate(codes) if code == RPC_FAIL]
+            if not redo:
+                return codes
+            local.gone()
+        plane = self._tcp_plane()
+        with self._registered_for_tcp(plane, base, span):
+            keys_, ptrs_, sizes_ = pick([todo[j] for j in redo])
+            if what == "put":
+                again = self._transfer("put", plane.batch_put_from, keys_, ptrs_, sizes_, self._replicate)
+            else:
+                again = self._transfer("get", plane.batch_get_into, keys_, ptrs_, sizes_)
+        for j, code in zip(redo, again):
+            codes[j] = code
+        return codes
+
+    def _tcp_plane(self):
+        """The Mooncake client of the usual kind (the transfer engine over TCP or RDMA),
+        connected at its first use."""
+        with self._plane_lock:
+            if self._plane is None:
+                try:
+                    self._plane = mooncake_plane.connect(self.settings)
+                except MooncakeUnavailable as e:
+                    raise KVStoreError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
+            return self._plane
+
+    @contextlib.contextmanager
+    def _registered_for_tcp(self, plane, base: int, size: int):
+        """[base, base + size) registered with the TCP client's transfer engine for the
+        block: a kept buffer's block once and for good, other memory for this call only."""
+        if self._local is None and self._reads.covers(base, size):
+            yield  # a read buffer of the TCP client: registered already, and stays so
+            return
+        block = self._reads.block_of(base, size) if self._local is not None else None
+        if block is not None:
+            with self._plane_lock:
+                if block[0] not in self._tcp_blocks:
+                    self._register(plane, *block)
+                    self._tcp_blocks.add(block[0])
+            yield
+            return
+        self._register(plane, base, size)
+        try:
+            yield
+        finally:
+            _plane_call("unregister", plane.unregister_buffer, base)
 
     def _with_failover(self, what: str, call, count: int, succeeded) -> list[int]:
         """`call(indices)` -> codes for those indices, tried again for the ones that failed
@@ -203,8 +292,9 @@ class MooncakeTransport(BlockTransport):
         the module's docstring); this thread sleeps until it is done."""
         return _plane_call(what, lambda: self._waiters.submit(method, *args).result())
 
-    def _register(self, base: int, size: int) -> None:
-        code = _plane_call("register", self._plane.register_buffer, base, size)
+    @staticmethod
+    def _register(plane, base: int, size: int) -> None:
+        code = _plane_call("register", plane.register_buffer, base, size)
         if code != 0:
             raise KVStoreError(grpc.StatusCode.UNAVAILABLE, f"Mooncake could not register {size} bytes: code {code}")
 
@@ -234,103 +324,13 @@ class MooncakeTransport(BlockTransport):
     def close(self) -> None:
         self._waiters.shutdown(wait=True)
         self._reads.close()
-        try:
-            self._plane.close()
-        except Exception as e:
-            logger.warning("closing the Mooncake client failed: %s", e)
-
-
-class ReadBuffers:
-    """Memory the gets land in, kept from one get to the next: each block of it registered
-    with the transfer engine once and its pages mapped by its first use. A get takes the
-    smallest free block that fits and hands out a view of it; the block is free again when
-    nothing views it any more (the decode has copied the KV into its cache and dropped the
-    payload), which a weakref to the view tells. Blocks are sized in powers of two (so later,
-    smaller reads fit) and hold at most `max_bytes` together: past that, free blocks are let
-    go, and a read that still finds no room gets a buffer of its own, registered for that call
-    only (what every read did before)."""
-
-    MIN_BYTES = 1 << 20
-
-    def __init__(self, plane, max_bytes: int):
-        """`plane`: a callable returning the Mooncake client (so a test may swap it)."""
-        self._plane, self._max_bytes = plane, max_bytes
-        self._lock = threading.Lock()
-        self._blocks: dict[int, np.ndarray] = {}  # address -> the block, registered
-        self._free: set[int] = set()
-        # Views that died, appended by their finalizers: these may run in any thread, even
-        # one inside take() (a garbage collection), so they only append, never lock.
-        self._released: collections.deque[int] = collections.deque()
-        self._closed = False
-
-    @property
-    def held_bytes(self) -> int:
-        with self._lock:
-            return sum(b.nbytes for b in self._blocks.values())
-
-    def take(self, nbytes: int) -> tuple[np.ndarray, bool]:
-        """A buffer of `nbytes` and whether it is registered already (a kept block's view)."""
-        if nbytes == 0:
-            return np.empty(0, dtype=np.uint8), False
-        with self._lock:
-            self._collect()
-            fits = [a for a in self._free if self._blocks[a].nbytes >= nbytes]
-            if fits:
-                address = min(fits, key=lambda a: self._blocks[a].nbytes)
-            else:
-                address = self._new_block(max(self.MIN_BYTES, 1 << (nbytes - 1).bit_length()))
-                if address is None:
-                    return np.empty(nbytes, dtype=np.uint8), False
-            self._free.discard(address)
-            view = self._blocks[address][:nbytes]
-        weakref.finalize(view, self._released.append, address)
-        return view, True
-
-    def covers(self, address: int, size: int) -> bool:
-        """Whether [address, address + size) lies in one kept block (registered)."""
-        with self._lock:
-            return any(a <= address and address + size <= a + b.nbytes for a, b in self._blocks.items())
-
-    def _collect(self) -> None:  # lock held
-        while self._released:
-            address = self._released.popleft()
-            if address in self._blocks:
-                self._free.add(address)
-
-    def _new_block(self, size: int) -> int | None:  # lock held
-        held = sum(b.nbytes for b in self._blocks.values())
-        for address in sorted(self._free, key=lambda a: self._blocks[a].nbytes):
-            if held + size <= self._max_bytes:
-                break
-            held -= self._blocks[address].nbytes
-            self._drop(address)
-        if held + size > self._max_bytes or self._closed:
-            return None
-        block = np.empty(size, dtype=np.uint8)
-        address = block.ctypes.data
-        code = _plane_call("register", self._plane().register_buffer, address, size)
-        if code != 0:
-            raise KVStoreError(grpc.StatusCode.UNAVAILABLE, f"Mooncake could not register {size} bytes: code {code}")
-        self._blocks[address] = block
-        return address
-
-    def _drop(self, address: int) -> None:  # lock held; the block is free
-        self._free.discard(address)
-        del self._blocks[address]
-        try:
-            self._plane().unregister_buffer(address)
-        except Exception as e:  # the client closing: nothing to keep registered
-            logger.debug("unregistering a read buffer failed: %s", e)
-
-    def close(self) -> None:
-        """Unregisters the free blocks and keeps no block: one still viewed lives as long as
-        its views do (numpy's base reference), unregistered with the client's close."""
-        with self._lock:
-            self._collect()
-            for address in list(self._free):
-                self._drop(address)
-            self._blocks.clear()
-            self._closed = True
+        for what, client in (("the local store node's", self._local), ("the Mooncake client", self._plane)):
+            if client is None:
+                continue
+            try:
+                client.close()
+            except Exception as e:
+                logger.warning("closing %s failed: %s", what, e)
 
 
 def _lower_priority(nice: int) -> None:
@@ -339,15 +339,6 @@ def _lower_priority(nice: int) -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
     except (OSError, AttributeError) as e:  # not Linux, or not allowed: waits at the caller's priority
         logger.debug("could not lower the Mooncake transfer waiter's priority: %s", e)
-
-
-def _plane_call(what: str, method, *args):
-    """A Mooncake call whose failure the workers handle as any kvstore failure (a
-    grpc.RpcError: the reader recomputes, the writer ends its write failed)."""
-    try:
-        return method(*args)
-    except Exception as e:  # pybind raises RuntimeError and others: all are the plane's
-        raise KVStoreError(grpc.StatusCode.UNAVAILABLE, f"Mooncake Store {what} failed: {e}") from None
 
 
 def _span(arrays: list[tuple[np.ndarray, int]]) -> tuple[int, int]:

@@ -39,6 +39,11 @@ class BlockTransport(abc.ABC):
     def get_blocks(self, request: kvstore_pb2.GetRequest) -> list[Decoded]:
         """The KVBlockBatch answers in order, their data viewed where they arrived."""
 
+    def export_buffer(self, nbytes: int):
+        """Memory for the engine to export `nbytes` of KV into that put_blocks then sends
+        in place (a numpy uint8 array), or None: this transport has none (the default)."""
+        return None
+
     def close(self) -> None:
         """Releases the connection; the default holds none of its own."""
 

@@ -13,6 +13,7 @@ from engine.dtypes import DTYPE_NAMES
 from engine.errors import InvalidRequestError
 from engine.spec_decode.config import SpeculativeConfig
 from services.common import defaults
+from services.common.address import split_host_port
 from services.common.security import (ClientSecurity, ServerSecurity, add_internal_client_arguments,
                                       add_internal_token_argument, add_server_tls_arguments,
                                       internal_client_security, internal_server_security)
@@ -28,6 +29,9 @@ class WorkerConfig:
     metrics_port: int | None = None
     kvstore_address: str = ""
     kvstore_transport: str = "grpc"
+    # with transport "mooncake": the store node on this host to move bytes through by shared
+    # memory ("auto": one the kvstore's plane names here; "off"; or its service HOST:PORT)
+    mooncake_local_node: str = "auto"
     max_waiting: int = 256  # admission bound: beyond it the worker answers RESOURCE_EXHAUSTED
     lease_ttl_ms: int = 0  # a prefill's lease on the KV it wrote; 0: the kvstore's --lease-ttl-ms decides
     drain_timeout_s: float = defaults.DRAIN_TIMEOUT_S  # on shutdown: how long in-flight requests may take to finish
@@ -93,6 +97,14 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, rol
                         help="how KV blocks move: grpc, tcp (raw frames; the kvstore serves --tcp-port), ucx (the "
                              "kvstore serves UCX), or mooncake (straight to the Mooncake Store data plane of a "
                              "kvstore run with --backend mooncake)")
+    parser.add_argument("--mooncake-local-node", default=_WORKER.mooncake_local_node,
+                        metavar="auto|off|HOST:PORT",
+                        help="with --kvstore-transport mooncake: the Mooncake store node on this host that KV "
+                             "moves through by shared memory, no TCP (this worker is its dummy client; the engine "
+                             "exports into memory it maps). auto (default): the first one the kvstore names on "
+                             "this host; off: every byte over the transfer engine; or the node's service address "
+                             "(mooncake_client --port). A node that cannot be attached to, or that dies, means the "
+                             "transfer engine")
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=_ENGINE.cache.kv_cache_memory_bytes,
                         help="the KV cache's exact size per rank (default: from --gpu-memory-utilization on "
                              f"CUDA, {_ENGINE.cache.kv_cache_memory_fraction:g} of free memory on the CPU)")
@@ -152,10 +164,18 @@ def worker_config_from_args(args) -> WorkerConfig:
                                  parallel=parallel_config_from_args(args))
     return WorkerConfig(engine=engine, host=args.host, port=args.port, metrics_port=args.metrics_port,
                         kvstore_address=args.kvstore, kvstore_transport=args.kvstore_transport,
+                        mooncake_local_node=_mooncake_local_node(args),
                         drain_timeout_s=args.drain_timeout_s, security=internal_server_security(args),
                         internal=internal_client_security(args), served_model_names=tuple(args.served_model_name),
                         kv_write_finished=_kv_write_finished(args),
                         kv_write_finished_max_bytes=args.kv_write_finished_max_bytes)
+
+
+def _mooncake_local_node(args) -> str:
+    value = args.mooncake_local_node
+    if value not in ("auto", "off"):
+        split_host_port(value, "--mooncake-local-node")
+    return value
 
 
 def _kv_write_finished(args) -> bool:

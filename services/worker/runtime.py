@@ -72,7 +72,20 @@ def kvstore_client(cfg: WorkerConfig) -> KVStoreClient:
     """The worker's one connection to its own kvstore (--kvstore): a handle naming another
     address is never followed, so no other client is ever needed."""
     return KVStoreClient(cfg.kvstore_address, transport=cfg.kvstore_transport, security=cfg.internal,
-                         channel_options=KVSTORE_CHANNEL_OPTIONS)
+                         channel_options=KVSTORE_CHANNEL_OPTIONS, mooncake_local_node=cfg.mooncake_local_node)
+
+
+def export_into_kvstore_memory(engine: EngineCore, kvstore: KVStoreClient) -> None:
+    """With the Mooncake plane through a store node on this host, the engine exports KV
+    into shared memory that node maps, and a put sends it from there as it is."""
+    if kvstore.transport != "mooncake" or kvstore.mooncake_local_node == "off":
+        return
+    import torch
+
+    def allocate(nbytes: int):
+        buffer = kvstore.export_buffer(nbytes)
+        return None if buffer is None else torch.from_numpy(buffer)
+    engine.set_kv_export_allocator(allocate)
 
 
 def serve_worker(cfg: WorkerConfig, loaded, role: str, service_name: str, register,
@@ -82,10 +95,12 @@ def serve_worker(cfg: WorkerConfig, loaded, role: str, service_name: str, regist
     cfg = _without_prefill_speculation(cfg, role)
     metrics = WorkerMetrics(role, cfg.served_name)
     engine = build_engine(cfg, loaded)
+    kvstore = kvstore_client(cfg)
+    export_into_kvstore_memory(engine, kvstore)
     kv_events = WorkerKVEvents(engine.info)
     loop = EngineLoop(engine, on_step=metrics.update, on_kv_events=kv_events.on_events)
     loop.start()
-    servicer = make_servicer(loop, metrics, kvstore_client(cfg))
+    servicer = make_servicer(loop, metrics, kvstore)
     server = start_server([ServiceSpec(service_name, register, servicer), kv_events_service(kv_events.publisher)],
                           cfg.host, cfg.port, security=cfg.security)
     metrics_port = metrics.metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None

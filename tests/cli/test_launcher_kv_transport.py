@@ -60,6 +60,12 @@ def test_mooncake_starts_a_master_and_a_store_node_per_replica_before_the_kvstor
         assert _flag(specs[name].argv, "--kvstore-transport") == "mooncake"
     assert specs["kvstore"].stage == 1 and specs["router"].stage == 2
     assert all(s.env["GLOG_minloglevel"] == "1" for s in specs.values())
+    # the workers beside the nodes move bytes through them (shared memory): the kvstore names
+    # them to the workers, and the nodes copy by memcpy
+    assert [kvstore[i + 1] for i, a in enumerate(kvstore) if a == "--mooncake-store-node"] == \
+        ["127.0.0.1:41003", "127.0.0.1:41005"]
+    assert all(n.env["MC_STORE_MEMCPY"] == "1" for n in nodes)
+    assert all("MC_STORE_MEMCPY" not in specs[name].env for name in ("mooncake-master", "kvstore", "decode-0"))
 
 
 def test_the_memory_backend_starts_no_mooncake():

@@ -1,9 +1,9 @@
 """`pdserve up --kvstore-backend mooncake --kvstore-replicas 2`: a Mooncake master and two
 store nodes hold the KV bytes, the kvstore indexes them, prefill and decode move them
-straight to and from the nodes. Token-exact with the offline engine through P/D, and
-under kill -9 of a store node (nothing recomputed: the other replica serves) and of the
-master (recomputed, never wrong; the supervisor brings it back and the plane is used
-again).
+straight to and from the nodes (through the one on their host, by shared memory).
+Token-exact with the offline engine through P/D, and under kill -9 of a store node
+(nothing recomputed: the other replica serves) and of the master (recomputed, never
+wrong; the supervisor brings it back and the plane is used again).
 
 One platform serves the module; each test leaves it whole for the next.
 """
@@ -81,6 +81,9 @@ def test_through_mooncake_the_tokens_are_the_offline_engines(platform, reference
     put_bytes, get_bytes = _mooncake_bytes(platform)
     assert put_bytes > 0 and get_bytes > 0  # every hand-off went through the plane
     assert _recomputed(platform) == 0
+    for worker in ("prefill-0", "decode-0"):  # beside the store nodes: through one of them, by shared memory
+        with open(f"/proc/{platform.pid(worker)}/maps") as maps:
+            assert "memfd:mooncake_shm" in maps.read(), worker
     master = platform.metrics_url("mooncake-master")
     assert scrape(master, "master_key_count") > 0
     assert scrape(master, "master_total_capacity_bytes") == 2 * 64 << 20  # both nodes' segments
