@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 # the embedded default model (engine/model/source.py resolves the alias)
 DEFAULT_MODEL = "smollm2"
+# SchedulerConfig.scheduling_policy's choices (engine/core/prefill_order.py)
+SCHEDULING_POLICIES = ("fcfs", "srpt")
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,26 @@ class SchedulerConfig:
     max_model_len: int | None = None  # None: the model's context, capped by the KV pool
     # Off: a prompt's remaining tokens run in one step or wait (vLLM's enable_chunked_prefill).
     enable_chunked_prefill: bool = True
+    # The order of a step's prefill work (engine/core/prefill_order.py): "fcfs", vLLM's
+    # (running first, then waiting by priority and arrival), or "srpt" (decodes first, then
+    # every prefill, running or waiting, by priority and then by aged remaining tokens).
+    scheduling_policy: str = "fcfs"
+    # A step's time bound: its prompt tokens are at most what the measured prefill rate
+    # (engine/step_rates.py) computes in this time beside the step's decodes, never fewer
+    # than one block (Scheduler._step_budget). 0: token budgets only (the engine's default;
+    # pdserve prefill's is 250). Needs chunked prefill; until a rate is measured, the token
+    # budgets alone apply.
+    max_step_ms: float = 0.0
+
+    def __post_init__(self):
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy: must be 'fcfs' or 'srpt', got {self.scheduling_policy!r}")
+        ms = self.max_step_ms
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms < float("inf"):
+            raise ValueError(f"max_step_ms: must be a number of milliseconds >= 0 (0: no time bound), got {ms!r}")
+        if ms and not self.enable_chunked_prefill:
+            raise ValueError("max_step_ms: bounding a step in time splits prompts, so it needs chunked prefill "
+                             "(turn chunked prefill on, or max_step_ms off with 0)")
 
 
 @dataclass(frozen=True)

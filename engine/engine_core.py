@@ -65,7 +65,9 @@ class EngineCore:
         self.kv_manager = KVCacheManager(num_blocks, cache.block_size, self.root_hash,
                                          cache.enable_prefix_caching, window=arch.max_window,
                                          num_host_slots=num_host_slots)
-        self.scheduler = Scheduler(resolve_scheduler_config(config.scheduler, self.max_model_len), self.kv_manager)
+        self.step_rates = StepRates()  # measured by step(), read by the scheduler's time bound (max_step_ms)
+        self.scheduler = Scheduler(resolve_scheduler_config(config.scheduler, self.max_model_len), self.kv_manager,
+                                   self.step_rates)
         kv_caches = allocate_kv_caches(num_blocks, kv_arch, cache.block_size, self.dtype, device)
         self.executor.start_kv(num_blocks, kv_caches, backend, num_host_slots)
         self.runner = ModelRunner(self.loaded.model, kv_caches, cache.block_size, backend, device, config.seed,
@@ -79,7 +81,6 @@ class EngineCore:
         self.families = Families()  # requests with n > 1 (parallel_sampling.py)
         self._aborted: list[RequestOutput] = []
         self._export_allocator: Callable[[int], torch.Tensor | None] | None = None  # set_kv_export_allocator
-        self.step_rates = StepRates()
         self.grammars: StructuredOutputManager | NoStructuredOutputs = NoStructuredOutputs(self._build_structured)
         self.drafting = make_drafting(config, self.source.path, self.loaded, self.executor.holds_whole_model,
                                       self.dtype, num_blocks, self.max_model_len)
@@ -307,6 +308,7 @@ class EngineCore:
                                kv.host.num_onloaded_blocks, kv.host.num_used_slots, kv.host.num_slots),
             prefill_tokens_per_s=self.step_rates.prefill_tokens_per_s,
             decode_step_ms=self.step_rates.decode_step_s * 1000,
+            queued_prefill=scheduler.queued_prefill(), max_step_ms=scheduler.config.max_step_ms,
             spec=self.drafting.stats)
 
 

@@ -38,6 +38,8 @@ class LLM:
                  long_prefill_token_threshold: int = SchedulerConfig.long_prefill_token_threshold,
                  max_model_len: int | None = SchedulerConfig.max_model_len,
                  enable_chunked_prefill: bool = SchedulerConfig.enable_chunked_prefill,
+                 scheduling_policy: str = SchedulerConfig.scheduling_policy,
+                 max_step_ms: float = SchedulerConfig.max_step_ms,
                  cuda_graph_batch_sizes: Sequence[int] = EngineConfig.cuda_graph_batch_sizes,
                  speculative_config: dict | SpeculativeConfig | None = None,
                  tensor_parallel_size: int = ParallelConfig.tensor_parallel_size,
@@ -59,7 +61,7 @@ class LLM:
             seed=seed, cache=CacheConfig(block_size, enable_prefix_caching, kv_cache_memory_bytes,
                                          kv_cache_memory_fraction, gpu_memory_utilization, kv_offloading_bytes),
             scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold,
-                                      max_model_len, enable_chunked_prefill),
+                                      max_model_len, enable_chunked_prefill, scheduling_policy, max_step_ms),
             cuda_graph_batch_sizes=_as_tuple(cuda_graph_batch_sizes),
             speculative_config=SpeculativeConfig.from_dict(speculative_config),
             parallel=ParallelConfig(

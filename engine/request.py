@@ -62,6 +62,10 @@ class Request:
         self.priority = priority  # lower is more urgent; FCFS within a priority
         self.prefill_chunk_tokens = prefill_chunk_tokens  # at most this many prompt tokens a step; 0: no cap
         self.first_scheduled_time: float | None = None
+        # srpt's aging origin: the scheduler's work clock (prompt tokens it has scheduled) when
+        # this request arrived, moved on by each chunk of its own, so that the clock's lead
+        # over it is the prompt work done for other requests meanwhile
+        self.aging_clock = 0
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit at first scheduling; -1 until then
         self.num_preemptions = 0

@@ -33,6 +33,19 @@ class HostTierStats:
 
 
 @dataclass(frozen=True)
+class QueuedPrefill:
+    """Prefill work queued on an engine that a new request of `priority` and n prompt tokens
+    may wait for: requests whose rank (engine/core/prefill_order.py: their place against a
+    newcomer; it goes first when rank <= n) lies in (min_rank_tokens, max_rank_tokens], the
+    lowest bucket holding every rank up to its max; and the prompt tokens they still need."""
+    priority: int
+    min_rank_tokens: int
+    max_rank_tokens: int
+    num_requests: int
+    num_tokens: int
+
+
+@dataclass(frozen=True)
 class EngineStats:
     num_running: int = 0
     num_waiting: int = 0
@@ -44,6 +57,9 @@ class EngineStats:
     num_prefix_hit_tokens: int = 0       # ...and found there
     prefill_tokens_per_s: float = 0.0    # measured over recent steps (engine/step_rates.py); 0: not yet
     decode_step_ms: float = 0.0          # a pure decode step of the recent batches; 0: not yet
+    # the queued prefill work by priority and rank: what a new request would wait for
+    queued_prefill: tuple[QueuedPrefill, ...] = ()
+    max_step_ms: float = 0.0             # the engine's bound on a step (SchedulerConfig); 0: tokens only
     spec: SpecDecodeStats = SpecDecodeStats()
     host: HostTierStats = HostTierStats()
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 # weight of the newest step: ~10 steps of memory, so a burst moves the estimate within a second or two
 _ALPHA = 0.2
 # below this many prompt tokens a step's time is mostly its decode part: too noisy for the rate
+# (a step without decodes measures it whatever its size)
 MIN_PREFILL_TOKENS_FOR_RATE = 32
 
 
@@ -34,12 +35,18 @@ class StepRates:
             if num_decodes:
                 self.decode_step_s = _ewma(self.decode_step_s, seconds)
             return
-        if num_prefill_tokens < MIN_PREFILL_TOKENS_FOR_RATE:
-            return
+        if num_decodes and num_prefill_tokens < MIN_PREFILL_TOKENS_FOR_RATE:
+            return  # (without decodes the whole step is prefill, however small: a time-bounded step's)
         decode_part = self.decode_step_s if num_decodes else 0.0
         # never credit the prefill with less than half the step: a slow step is not a fast prefill
         prefill_s = max(seconds - decode_part, seconds / 2)
         self.prefill_tokens_per_s = _ewma(self.prefill_tokens_per_s, num_prefill_tokens / prefill_s)
+
+    def prefill_tokens_within(self, step_s: float, with_decodes: bool) -> int:
+        """Prompt tokens a step can compute and still last at most `step_s`, beside a decode
+        batch or not; 0 while the prefill rate is not measured."""
+        decode_part = self.decode_step_s if with_decodes else 0.0
+        return int(max(0.0, step_s - decode_part) * self.prefill_tokens_per_s)
 
 
 def _ewma(current: float, sample: float) -> float:

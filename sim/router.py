@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import replace
 
 from services.router.decide.config import RoutingConfig
 from services.router.decide.paths import PathChoice, PoolsNow, path_policy
@@ -90,5 +89,4 @@ class SimRouter:
     def _add(self, pool: str, address: str, requests: int, tokens: int) -> None:
         v = self.views[pool].get(address)
         if v is not None:
-            self.views[pool][address] = replace(v, in_flight=v.in_flight + requests,
-                                                in_flight_tokens=v.in_flight_tokens + tokens)
+            self.views[pool][address] = v.reserved(requests, tokens)

@@ -12,6 +12,12 @@ whose budget holds it (the engine ensures a full budget holds any request).
 
     prompt:  [===computed===|---------------all of it this step---------------]
 
+A step's budget is tokens (max_num_batched_tokens, a chunk at most
+long_prefill_token_threshold) and, with max_step_ms, time: its prompt tokens are what the
+measured prefill rate computes in that time beside the step's decodes, at least one block.
+Which prefill work comes first is the order's (engine/core/prefill_order.py): fcfs, or
+srpt, where a short prompt arriving behind a long one's chunks joins the next step.
+
 The siblings of an n > 1 request (engine/parallel_sampling.py) are passed over in the
 queue until the first's allocation covers the prompt's full blocks; then they hit them:
 
@@ -25,20 +31,38 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from engine.config import SchedulerConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.kv_transfer import KVLoad
 from engine.core.scheduler_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                           SchedulerOutput)
+from engine.core.prefill_order import is_decode, prefill_order, summarize_queue
 from engine.parallel_sampling import waits_for_sibling
 from engine.request import Request, RequestStatus
+from engine.stats import QueuedPrefill
+from engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
+
+
+@dataclass
+class StepBudget:
+    """What is left of one step: its tokens (max_num_batched_tokens) and, within them, its
+    prompt tokens (max_step_ms at the measured rate; the same as the tokens without it)."""
+    num_tokens: int
+    num_prefill_tokens: int
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager):
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, rates: StepRates | None = None):
+        """`rates`: the engine's measured step costs, read for max_step_ms (the engine
+        updates them after each step); None: never measured, so token budgets only."""
         self.config = config
         self.kv = kv_cache_manager
+        self.rates = rates if rates is not None else StepRates()
+        self.order = prefill_order(config.scheduling_policy)
+        self.clock = 0  # prompt tokens scheduled since start: srpt's work clock
+        self._admitted_now: set[str] = set()
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -49,6 +73,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """Queue behind every waiting request of the same or a more urgent priority."""
         self.requests[request.req_id] = request
+        request.aging_clock = self.clock
         if not self.waiting or self.waiting[-1].priority <= request.priority:
             self.waiting.append(request)
             return
@@ -82,61 +107,86 @@ class Scheduler:
 
     # ---- scheduling ------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        """Two passes over one budget: the running requests the order takes first (fcfs: all
+        of them; srpt: the decodes), then the prefill candidates in the order's sequence."""
         out = SchedulerOutput(finished_req_ids=self._finished_req_ids)
         self._finished_req_ids = set()
-        budget = self.config.max_num_batched_tokens
-        budget = self._schedule_running(out, budget)
-        if not out.preempted_req_ids:
-            self._schedule_waiting(out, budget)
+        self._admitted_now = set()
+        budget = self._step_budget()
+        self._schedule_running(out, budget)
+        self._schedule_prefills(out, budget)
         out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
         out.finished_req_ids |= out.preempted_req_ids
         out.kv_offloads, out.kv_onloads = self.kv.take_host_copies()
         return out
 
-    def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
+    def _step_budget(self) -> StepBudget:
+        """This step's tokens, and within them its prompt tokens: with max_step_ms, what the
+        measured prefill rate computes in that time beside this step's decodes (their
+        measured step time taken off), never less than one block; until a rate is measured,
+        and without max_step_ms, the token budget alone.
+
+        Beside decodes, never less than the smallest prefill StepRates measures either: a
+        rate once measured too low (a slow first step) would otherwise size every chunk
+        below it, and so never be measured again."""
+        num_tokens = self.config.max_num_batched_tokens
+        if not self.config.max_step_ms or self.rates.prefill_tokens_per_s <= 0:
+            return StepBudget(num_tokens, num_tokens)
+        with_decodes = any(is_decode(r) for r in self.running)
+        within = self.rates.prefill_tokens_within(self.config.max_step_ms / 1000, with_decodes)
+        floor = max(self.kv.block_size, MIN_PREFILL_TOKENS_FOR_RATE if with_decodes else 0)
+        return StepBudget(num_tokens, min(num_tokens, max(floor, within)))
+
+    def _num_new_tokens(self, request: Request, num_computed: int, budget: StepBudget) -> int:
         """Tokens to compute this step; 0 when chunked prefill is off and the rest does not fit.
         A request may ask for smaller chunks than the engine's (a router sizing a prefill
         to the ITL budget of the streams it joins)."""
         remaining = request.num_tokens - num_computed
+        room = budget.num_tokens if remaining == 1 else min(budget.num_tokens, budget.num_prefill_tokens)
         if not self.config.enable_chunked_prefill:
-            return remaining if remaining <= budget else 0
+            return remaining if remaining <= room else 0
         chunk = self.config.long_prefill_token_threshold
         if request.prefill_chunk_tokens:
             chunk = min(chunk, request.prefill_chunk_tokens)
-        return min(remaining, chunk, budget)
+        return max(0, min(remaining, chunk, room))
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(self, out: SchedulerOutput, budget: StepBudget) -> None:
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget.num_tokens > 0:
             request = self.running[i]
-            num_new = self._num_new_tokens(request, request.num_computed_tokens, budget)
-            if num_new == 0:  # does not fit unsplit: it waits, the decodes behind it need not
-                i += 1
-                continue
-            # drafts ride along a decode, within the budget; they never start a prefix-cache entry
-            drafts, request.spec_token_ids = request.spec_token_ids, []
-            if request.num_tokens - request.num_computed_tokens != 1:
-                drafts = []
-            drafts = drafts[:budget - num_new]
-            self.kv.free_outside_window(request)
-            num_kept = self.kv.num_blocks(request.req_id)
-            new_blocks = self.kv.allocate_slots(request, num_new, num_lookahead_tokens=len(drafts))
-            while new_blocks is None:
-                victim = self.running.pop()  # lowest priority: the latest admitted
-                self._preempt(victim, out)
-                if victim is request:
-                    break
-                new_blocks = self.kv.allocate_slots(request, num_new, num_lookahead_tokens=len(drafts))
-            if new_blocks is None:
+            if self.order.runs_first(request) and not self._schedule_one_running(request, out, budget):
                 break
-            out.scheduled_cached_reqs.append(CachedRequestData(
-                request.req_id, [b.block_id for b in new_blocks], request.num_computed_tokens, num_kept))
-            if drafts:
-                out.spec_token_ids[request.req_id] = drafts
-            self._advance(request, num_new + len(drafts), out)
-            budget -= num_new + len(drafts)
             i += 1
-        return budget
+
+    def _schedule_one_running(self, request: Request, out: SchedulerOutput, budget: StepBudget) -> bool:
+        """Its next tokens, preempting the latest admitted for blocks when they run out (never
+        one admitted in this very step: the request then waits a step instead). False when
+        it had to give up its own blocks: nothing more runs this step."""
+        num_new = self._num_new_tokens(request, request.num_computed_tokens, budget)
+        if num_new == 0:  # does not fit unsplit: it waits, the decodes behind it need not
+            return True
+        # drafts ride along a decode, within the budget; they never start a prefix-cache entry
+        drafts, request.spec_token_ids = request.spec_token_ids, []
+        if not is_decode(request):
+            drafts = []
+        drafts = drafts[:budget.num_tokens - num_new]
+        self.kv.free_outside_window(request)
+        num_kept = self.kv.num_blocks(request.req_id)
+        new_blocks = self.kv.allocate_slots(request, num_new, num_lookahead_tokens=len(drafts))
+        while new_blocks is None:
+            if self.running[-1].req_id in self._admitted_now:
+                return True
+            victim = self.running.pop()  # lowest priority: the latest admitted
+            self._preempt(victim, out)
+            if victim is request:
+                return False
+            new_blocks = self.kv.allocate_slots(request, num_new, num_lookahead_tokens=len(drafts))
+        out.scheduled_cached_reqs.append(CachedRequestData(
+            request.req_id, [b.block_id for b in new_blocks], request.num_computed_tokens, num_kept))
+        if drafts:
+            out.spec_token_ids[request.req_id] = drafts
+        self._advance(request, num_new + len(drafts), out, budget)
+        return True
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         """Recompute preemption: drop the KV, keep the tokens, go to the queue's front."""
@@ -152,38 +202,62 @@ class Scheduler:
         out.spec_token_ids.pop(request.req_id, None)
         request.spec_token_ids = []
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        skipped = 0  # n > 1: siblings left queued until their first has the prompt's blocks
-        while len(self.waiting) > skipped and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[skipped]
-            if self.kv.enable_prefix_caching and waits_for_sibling(request, self.requests.get(request.parent_req_id),
-                                                                   self.kv.block_size):
-                skipped += 1  # the first progresses among the running: the rest of the queue need not wait
-                continue
-            hits, num_hit_tokens = self.kv.get_computed_blocks(request)
-            num_loaded = self._num_loaded(request, num_hit_tokens)
-            num_computed = num_hit_tokens + num_loaded
-            num_new = self._num_new_tokens(request, num_computed, budget)
-            if num_new == 0:  # waits at the head: skipping it would starve long prompts
+    def _schedule_prefills(self, out: SchedulerOutput, budget: StepBudget) -> None:
+        """The running requests the first pass left, and the waiting ones, in the order's
+        sequence. Admissions stop at the first that cannot be admitted (and after a
+        preemption); running prompts behind it still get their chunks.
+
+            srpt, budget 8, a 40-token prompt L running and a 6-token S just arrived:
+                step k:    [ L 8 ]                      (S not there yet)
+                step k+1:  [ S 6 ][ L 2 ]               S ranks first: it joins at once
+                step k+2:  [ L 8 ]
+        """
+        rest = [r for r in self.running if not self.order.runs_first(r)]
+        admitting = True
+        for request in self.order.order(rest, self.waiting, self.clock):
+            if budget.num_tokens <= 0 or budget.num_prefill_tokens <= 0:
                 break
-            new_blocks = self.kv.allocate_slots(request, num_loaded + num_new, hits)
-            if new_blocks is None:
-                break
-            del self.waiting[skipped]
-            kv_load = self._take_kv_load(request, num_hit_tokens, num_loaded)
-            request.num_computed_tokens = num_computed
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = time.monotonic()
-            if request.num_cached_tokens < 0:  # first admission, not a resume
-                request.num_cached_tokens = num_computed  # reused, locally or imported
-                self.kv.count_lookup(request, hits)
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            out.scheduled_new_reqs.append(NewRequestData(
-                request.req_id, list(request.all_token_ids), request.sampling_params,
-                self.kv.get_block_ids(request.req_id), num_computed, kv_load, request.num_prompt_tokens))
-            self._advance(request, num_new, out)
-            budget -= num_new
+            if request.status == RequestStatus.RUNNING:
+                if not self._schedule_one_running(request, out, budget):
+                    break
+            elif admitting and not out.preempted_req_ids:
+                admitting = self._admit(request, out, budget)
+
+    def _admit(self, request: Request, out: SchedulerOutput, budget: StepBudget) -> bool:
+        """Its first chunk (after prefix hits and imported KV); False when it cannot be
+        admitted, and so nothing after it is this step."""
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        # n > 1: siblings stay queued until their first has the prompt's blocks; passed over,
+        # since the first progresses among the running and the rest of the queue need not wait
+        if self.kv.enable_prefix_caching and waits_for_sibling(request, self.requests.get(request.parent_req_id),
+                                                               self.kv.block_size):
+            return True
+        hits, num_hit_tokens = self.kv.get_computed_blocks(request)
+        num_loaded = self._num_loaded(request, num_hit_tokens)
+        num_computed = num_hit_tokens + num_loaded
+        num_new = self._num_new_tokens(request, num_computed, budget)
+        if num_new == 0:  # waits at the head: skipping it would starve long prompts
+            return False
+        new_blocks = self.kv.allocate_slots(request, num_loaded + num_new, hits)
+        if new_blocks is None:
+            return False
+        self.waiting.remove(request)
+        kv_load = self._take_kv_load(request, num_hit_tokens, num_loaded)
+        request.num_computed_tokens = num_computed
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.monotonic()
+        if request.num_cached_tokens < 0:  # first admission, not a resume
+            request.num_cached_tokens = num_computed  # reused, locally or imported
+            self.kv.count_lookup(request, hits)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        self._admitted_now.add(request.req_id)
+        out.scheduled_new_reqs.append(NewRequestData(
+            request.req_id, list(request.all_token_ids), request.sampling_params,
+            self.kv.get_block_ids(request.req_id), num_computed, kv_load, request.num_prompt_tokens))
+        self._advance(request, num_new, out, budget)
+        return True
 
     def _num_loaded(self, request: Request, num_hit_tokens: int) -> int:
         """Imported tokens past the local prefix hits. A payload that starts past them (its
@@ -209,8 +283,13 @@ class Scheduler:
         block_ids = self.kv.get_block_ids(request.req_id)[first:end]
         return KVLoad(block_ids, payload.blocks[first - payload.first_block:end - payload.first_block])
 
-    def _advance(self, request: Request, num_new: int, out: SchedulerOutput) -> None:
+    def _advance(self, request: Request, num_new: int, out: SchedulerOutput, budget: StepBudget) -> None:
         out.num_scheduled_tokens[request.req_id] = num_new
+        if not is_decode(request):  # a prompt chunk: it moves srpt's work clock, the request's own with it
+            budget.num_prefill_tokens -= num_new
+            self.clock += num_new
+            request.aging_clock += num_new
+        budget.num_tokens -= num_new
         request.num_computed_tokens += num_new
 
     # ---- results ---------------------------------------------------------------------
@@ -254,3 +333,8 @@ class Scheduler:
         """Prompt tokens still to compute: the prefill work ahead of a new request."""
         return sum(r.num_tokens - r.num_computed_tokens for r in self.waiting) + sum(
             r.num_tokens - r.num_computed_tokens for r in self.running if r.num_tokens - r.num_computed_tokens > 1)
+
+    def queued_prefill(self) -> tuple[QueuedPrefill, ...]:
+        """That work by priority and rank bucket, as this scheduler's order ranks it against a
+        newcomer (the load report: the router estimates a new request's wait from it)."""
+        return summarize_queue([*self.waiting, *self.running], self.order, self.clock)

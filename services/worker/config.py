@@ -8,7 +8,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from engine.config import EngineConfig, SchedulerConfig
+from engine.config import SCHEDULING_POLICIES, EngineConfig, SchedulerConfig
 from engine.dtypes import DTYPE_NAMES
 from engine.errors import InvalidRequestError
 from engine.spec_decode.config import SpeculativeConfig
@@ -65,6 +65,14 @@ SPECULATIVE_HELP = {
     "prefill": "accepted and IGNORED: prefill workers do not speculate (a prefill-only request ends at its "
                "first token, so there is nothing to draft); set it on the decode workers",
 }
+
+# A prefill worker's steps last at most this long by default, so that a short prompt
+# arriving behind a long one waits for at most one such step (with srpt it then goes
+# first): docs/architecture.md, "Prefill order". A decode worker's default is none: the
+# length of its steps is its streams' ITL, which the router bounds per request (it sizes
+# each prompt's chunks to the ITL target of the streams it joins, prefill_chunk_tokens),
+# and a colocated worker keeps token budgets, vLLM's, for the throughput it is compared on.
+DEFAULT_MAX_STEP_MS = {"prefill": 250.0, "decode": 0.0}
 
 KV_WRITE_FINISHED_HELP = {
     "decode": "write each finished request's full blocks (prompt + answer) to the kvstore in the background, "
@@ -124,6 +132,18 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, rol
                              "--no-chunked-prefill, the max model len)")
     parser.add_argument("--long-prefill-token-threshold", type=int, default=_SCHEDULER.long_prefill_token_threshold)
     parser.add_argument("--max-model-len", type=int, default=_SCHEDULER.max_model_len)
+    parser.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="srpt",
+                        help="the order of each step's prefill work: srpt (decodes first, then prompts by SLO class "
+                             "and then by the tokens they still need, less the prompt tokens computed for others "
+                             "since they arrived: nothing arriving after R tokens have been computed since an R-token "
+                             "prompt arrived overtakes it; docs/architecture.md, Prefill order) or fcfs (vLLM's: "
+                             "running first, then by class and arrival); default: srpt")
+    parser.add_argument("--max-step-ms", type=_max_step_ms_arg, default=None, metavar="MS",
+                        help="bound each step in time: its prompt tokens are what the measured prefill rate computes "
+                             "in MS beside its decodes, never less than a block; 0: token budgets only (default: "
+                             f"{DEFAULT_MAX_STEP_MS['prefill']:g} on prefill workers, "
+                             f"{DEFAULT_MAX_STEP_MS['decode']:g} on decode workers, 0 with --no-chunked-prefill)")
+    parser.set_defaults(role_max_step_ms=DEFAULT_MAX_STEP_MS[role])
     parser.add_argument("--no-chunked-prefill", action="store_true",
                         help="schedule each prompt whole in one step; --max-num-batched-tokens must "
                              "then be at least the max model len")
@@ -151,7 +171,8 @@ def worker_config_from_args(args) -> WorkerConfig:
     scheduler = SchedulerConfig(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=_max_num_batched_tokens(args),
         long_prefill_token_threshold=args.long_prefill_token_threshold, max_model_len=args.max_model_len,
-        enable_chunked_prefill=not args.no_chunked_prefill)
+        enable_chunked_prefill=not args.no_chunked_prefill, scheduling_policy=args.scheduling_policy,
+        max_step_ms=_max_step_ms(args))
     cache = dataclasses.replace(_ENGINE.cache, enable_prefix_caching=not args.no_prefix_caching,
                                 kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                                 gpu_memory_utilization=args.gpu_memory_utilization,
@@ -185,6 +206,27 @@ def _kv_write_finished(args) -> bool:
         raise ValueError("--kv-write-finished: needs prefix caching (drop --no-prefix-caching, or write nothing "
                          "with --no-kv-write-finished)")
     return not args.no_prefix_caching if args.kv_write_finished is None else args.kv_write_finished
+
+
+def _max_step_ms(args) -> float:
+    """The role's default unless given; none without chunked prefill, which it needs: a
+    step bounded in time splits prompts."""
+    if args.max_step_ms is None:
+        return 0.0 if args.no_chunked_prefill else args.role_max_step_ms
+    if args.max_step_ms and args.no_chunked_prefill:
+        raise ValueError("--max-step-ms: bounding a step in time splits prompts, so it needs chunked prefill "
+                         "(drop --no-chunked-prefill, or give --max-step-ms 0)")
+    return args.max_step_ms
+
+
+def _max_step_ms_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of milliseconds >= 0 (0: no time bound), got {text!r}")
+    return value
 
 
 def gpu_memory_utilization_arg(text: str) -> float:

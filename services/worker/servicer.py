@@ -39,9 +39,11 @@ class AdmittedRequest:
 
 
 def load_to_proto(stats: EngineStats, max_num_seqs: int, draining: bool) -> common_pb2.WorkerLoad:
-    """The engine's stats as the router reads them: the fields WorkerLoad shares, by name."""
+    """The engine's stats as the router reads them: the fields WorkerLoad shares, by name
+    (a tuple of dataclasses as the repeated message of the same fields)."""
     shared = {f.name: getattr(stats, f.name) for f in common_pb2.WorkerLoad.DESCRIPTOR.fields
               if hasattr(stats, f.name)}
+    shared["queued_prefill"] = [dataclasses.asdict(q) for q in stats.queued_prefill]
     return common_pb2.WorkerLoad(**shared, max_num_seqs=max_num_seqs, draining=draining)
 
 

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 PURE = ("engine.core.scheduler", "engine.core.block_pool", "engine.core.kv_cache_manager", "engine.sampling_params",
-        "engine.errors", "engine.config", "engine.dtypes", "engine.request", "engine.stats", "engine.info")
+        "engine.errors", "engine.config", "engine.dtypes", "engine.request", "engine.stats", "engine.info",
+        "engine.core.prefill_order", "engine.step_rates")
 KVSTORE_SERVER = ("services.kvstore.server", "services.kvstore.grpc_servicer", "services.kvstore.handlers")
 
 

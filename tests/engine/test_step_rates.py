@@ -34,6 +34,22 @@ def test_small_prefills_and_empty_steps_leave_the_rate_alone():
     assert rates.prefill_tokens_per_s == 0.0 and rates.decode_step_s == pytest.approx(0.05)
 
 
+def test_a_small_step_without_decodes_still_measures_the_rate():
+    """A time-bounded prefill step can be a single block: with no decode beside it, all of
+    its time is prefill, so it measures the rate however small it is."""
+    rates = StepRates()
+    rates.observe(16, 0, 0.1)
+    assert rates.prefill_tokens_per_s == pytest.approx(160)
+
+
+def test_prompt_tokens_within_a_step_take_the_decodes_share_off():
+    rates = StepRates(decode_step_s=0.05, prefill_tokens_per_s=1000.0)
+    assert rates.prefill_tokens_within(0.25, with_decodes=False) == 250
+    assert rates.prefill_tokens_within(0.25, with_decodes=True) == 200
+    assert rates.prefill_tokens_within(0.04, with_decodes=True) == 0  # the decodes alone exceed it
+    assert StepRates().prefill_tokens_within(0.25, with_decodes=False) == 0  # not measured yet
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_llama_dir):
     # no prefix caching: the same prompt is computed again, chunk by chunk

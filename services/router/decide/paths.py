@@ -18,7 +18,7 @@ from dataclasses import dataclass
 # PATH_POLICIES: the flags' choices, found here beside the policies they name
 from services.router.decide.config import PATH_POLICIES, PathConfig, RoutingConfig, SLOClass  # noqa: F401
 from services.router.decide.policy import MostRoomDecode
-from services.router.decide.saturation import prefill_backlog
+from services.router.decide.saturation import prefill_backlog, prefill_work_ahead
 from services.router.decide.views import WorkerView
 DIRECT = "direct"                  # a decode worker prefills the prompt itself
 DISAGGREGATED = "disaggregated"    # prefill pool -> kvstore -> decode pool
@@ -86,12 +86,14 @@ class AdaptivePaths(PathPolicy):
        `max_direct_stall_itls` ITL targets, runs in chunks that keep each step near the
        target, and pays for that stall in the comparison:
 
-           prefill pool:  (pool backlog + prompt) / pool rate + hand-off
+           prefill pool:  step in flight + (work ahead + prompt) / pool rate + hand-off
            direct:        decode backlog / rate + steps x (step + chunk / rate) + stall
 
-       so short prompts go through an idle prefill pool (the decode worker's streams see
-       nothing) and stay on the decode worker while the pool is busy with long ones; long
-       prompts always take the pool (the isolation the pools exist for).
+       where the work ahead is what the prefill worker's own order (WorkerLoad.queued_prefill)
+       puts before this request: under srpt, of its class, only what ranks below its length,
+       so a short prompt behind long ones waits one step (max_step_ms), not their backlog.
+       Short prompts go through the prefill pool unless it is busy with work that goes
+       first; long prompts always take the pool (the isolation the pools exist for).
     """
 
     def __init__(self, cfg: PathConfig, slo_classes: dict[str, SLOClass]):
@@ -114,7 +116,8 @@ class AdaptivePaths(PathPolicy):
         unusable = _pool_unusable(pools)
         if unusable is not None:
             return unusable
-        pool_ttft_s = min(self._prefill_ttft_s(w, n, pools) for w in pools.prefill)
+        priority = self.slo_classes[slo_class].priority
+        pool_ttft_s = min(self._prefill_ttft_s(w, n, priority, pools) for w in pools.prefill)
         stall_s = n / rate
         if stall_s <= cfg.max_direct_stall_itls * self._strictest_itl_s:
             chunk = max(cfg.min_direct_chunk_tokens, int(room_s * rate))
@@ -126,8 +129,13 @@ class AdaptivePaths(PathPolicy):
             return PathChoice(DISAGGREGATED, "prefill_pool")
         return PathChoice(DISAGGREGATED, "prefill_pool_backlogged")
 
-    def _prefill_ttft_s(self, w: WorkerView, n: int, pools: PoolsNow) -> float:
-        return (prefill_backlog(w) + n) / self._rate(w, pools) + self.cfg.kv_handoff_ms / 1000
+    def _prefill_ttft_s(self, w: WorkerView, n: int, priority: int, pools: PoolsNow) -> float:
+        """The worker's own rule: the step in flight, which the request cannot join (at most
+        the worker's max_step_ms, and no longer than its backlog takes: none when it is
+        idle), then the work its order puts ahead of the request, then its own prompt."""
+        rate = self._rate(w, pools)
+        in_flight_s = min(w.max_step_ms / 1000, prefill_backlog(w) / rate)
+        return in_flight_s + (prefill_work_ahead(w, priority, n) + n) / rate + self.cfg.kv_handoff_ms / 1000
 
     def _rate(self, w: WorkerView, pools: PoolsNow) -> float:
         """The worker's measured prefill rate; before it has one, the best any worker has

@@ -24,3 +24,17 @@ def prefill_backlog(w: WorkerView) -> int:
     """Prompt tokens waiting on a prefill worker. The worker's report is one poll old and
     this router's own outstanding tokens are exact for its requests: take the larger."""
     return max(w.num_queued_prefill_tokens, w.in_flight_tokens)
+
+
+def prefill_work_ahead(w: WorkerView, priority: int, num_tokens: int) -> int:
+    """Prompt tokens a new request of `priority` needing `num_tokens` waits for on prefill
+    worker w, in the worker's own order (WorkerLoad.queued_prefill): the buckets of a more
+    urgent priority, and those of its own whose ranks may go first (a bucket the request
+    falls inside counts whole: at most one bucket of error, on the safe side); and what
+    this router sent since the worker's report, not ranked there yet, whole. A worker with
+    prefill work queued that reports no ranks: its whole backlog."""
+    if w.num_queued_prefill_tokens and not w.queued_prefill:
+        return prefill_backlog(w)
+    ranked = sum(q.num_tokens for q in w.queued_prefill
+                 if q.priority < priority or q.priority == priority and q.min_rank_tokens < num_tokens)
+    return ranked + w.unreported_tokens

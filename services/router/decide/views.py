@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+# the engine's own report, pure data: one shape from the engine's stats through WorkerLoad to here
+from engine.stats import QueuedPrefill  # noqa: F401  (re-exported for the simulator)
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -27,9 +30,21 @@ class WorkerView:
     draining: bool = False
     prefill_tokens_per_s: float = 0.0  # measured by the worker; 0: not yet
     decode_step_ms: float = 0.0
+    # its queued prefill work as its scheduling order ranks it against a newcomer (empty:
+    # none queued, or a worker that does not report it), and its bound on a step (0: none)
+    queued_prefill: tuple[QueuedPrefill, ...] = ()
+    max_step_ms: float = 0.0
     # what this router itself has outstanding on the worker
     in_flight: int = 0
     in_flight_tokens: int = 0   # their prompt tokens
+    # prompt tokens this router sent since the worker's last report, which cannot hold them
+    # yet (kept until the next report even when they end sooner: at most a poll's interval)
+    unreported_tokens: int = 0
+
+    def reserved(self, num_requests: int, num_tokens: int) -> WorkerView:
+        """After this router sends (or, negative, ends) requests on the worker."""
+        return replace(self, in_flight=self.in_flight + num_requests, in_flight_tokens=self.in_flight_tokens + num_tokens,
+                       unreported_tokens=self.unreported_tokens + max(0, num_tokens))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2_grpc
 from services.common.grpc_server import channel
 from services.common.security import ClientSecurity
 from services.pb import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
-from services.router.decide.views import DECODE, POOLS, PREFILL, WorkerView
+from services.router.decide.views import DECODE, POOLS, PREFILL, QueuedPrefill, WorkerView
 from services.router.state.discovery import Discovery
 
 _STUBS = {PREFILL: prefill_pb2_grpc.PrefillWorkerStub, DECODE: decode_pb2_grpc.DecodeWorkerStub}
@@ -31,7 +31,10 @@ _LOAD_FIELDS = tuple(f.name for f in common_pb2.WorkerLoad.DESCRIPTOR.fields)
 
 
 def view_from_load(address: str, load: common_pb2.WorkerLoad, up: bool = True) -> WorkerView:
-    return WorkerView(address, up, **{name: getattr(load, name) for name in _LOAD_FIELDS})
+    fields = {name: getattr(load, name) for name in _LOAD_FIELDS}
+    fields["queued_prefill"] = tuple(QueuedPrefill(q.priority, q.min_rank_tokens, q.max_rank_tokens, q.num_requests,
+                                                   q.num_tokens) for q in load.queued_prefill)
+    return WorkerView(address, up, **fields)
 
 
 class _Worker:
@@ -191,4 +194,4 @@ class KVStoreStatus:
 
 
 def _add_in_flight(requests: int, tokens: int) -> Callable[[WorkerView], WorkerView]:
-    return lambda v: replace(v, in_flight=v.in_flight + requests, in_flight_tokens=v.in_flight_tokens + tokens)
+    return lambda v: v.reserved(requests, tokens)

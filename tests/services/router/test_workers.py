@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from services.pb import common_pb2
+from services.router.decide.views import QueuedPrefill
 from services.router.state import workers as workers_module
 from services.router.state.discovery import DECODE, PREFILL, Discovery
 from services.router.state.workers import WorkerRegistry
@@ -120,5 +121,26 @@ def test_a_worker_dropped_by_discovery_with_open_requests_finishes_them_first():
         registry.sync()
         registry.report(DECODE, "127.0.0.1:3", common_pb2.WorkerLoad(max_num_seqs=8))
         assert not _view(registry, DECODE, "127.0.0.1:3").draining
+    finally:
+        registry.close()
+
+
+def test_a_report_carries_the_ranked_queue_and_resets_what_was_unreported():
+    registry = WorkerRegistry(_Changing())
+    try:
+        release = registry.reserve(PREFILL, "127.0.0.1:1", tokens=300)
+        assert _view(registry, PREFILL, "127.0.0.1:1").unreported_tokens == 300
+        load = common_pb2.WorkerLoad(num_queued_prefill_tokens=310, max_step_ms=250, queued_prefill=[
+            common_pb2.QueuedPrefill(priority=0, min_rank_tokens=0, max_rank_tokens=16, num_requests=1, num_tokens=10),
+            common_pb2.QueuedPrefill(priority=0, min_rank_tokens=256, max_rank_tokens=512, num_requests=1,
+                                     num_tokens=300)])
+        registry.report(PREFILL, "127.0.0.1:1", load)
+        v = _view(registry, PREFILL, "127.0.0.1:1")
+        assert v.queued_prefill == (QueuedPrefill(0, 0, 16, 1, 10), QueuedPrefill(0, 256, 512, 1, 300))
+        assert (v.max_step_ms, v.unreported_tokens, v.in_flight_tokens) == (250, 0, 300)
+        registry.reserve(PREFILL, "127.0.0.1:1", tokens=20)
+        release()  # one the report holds ends: the unreported one stays until the next report
+        v = _view(registry, PREFILL, "127.0.0.1:1")
+        assert (v.unreported_tokens, v.in_flight_tokens) == (20, 20)
     finally:
         registry.close()

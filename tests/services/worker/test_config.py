@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 
-from engine.config import EngineConfig
+import pytest
+
+from engine.config import EngineConfig, SchedulerConfig
 
 from engine.model.loader import load_model
 from engine.model.source import resolve_model
@@ -46,8 +49,11 @@ def test_no_chunked_prefill_builds_a_valid_engine(tiny_llama_dir):
 
 
 def test_flag_defaults_are_the_engine_config_defaults():
+    """But for the order of prefill work: a worker serves srpt (short prompts overtake long
+    ones), the engine keeps vLLM's fcfs (what LLM(...) users compare it with)."""
     cfg = _config()
-    assert cfg.engine == EngineConfig()
+    srpt = dataclasses.replace(SchedulerConfig(), scheduling_policy="srpt")
+    assert cfg.engine == dataclasses.replace(EngineConfig(), scheduler=srpt)
     assert (cfg.port, cfg.kvstore_address) == (0, KVSTORE_ADDRESS)
 
 
@@ -58,3 +64,41 @@ def test_flags_reach_the_engine_config():
     assert (engine.model, engine.dtype, engine.scheduler.max_num_seqs) == ("m", "bfloat16", 8)
     assert (engine.cache.enable_prefix_caching, engine.cache.kv_cache_memory_bytes) == (False, 1024)
     assert engine.scheduler.long_prefill_token_threshold == 64
+
+
+# ---- the order of prefill work and the step's time bound ----
+def _role_config(role: str, *argv: str):
+    parser = argparse.ArgumentParser()
+    add_worker_arguments(parser, default_port=0, role=role)
+    return worker_config_from_args(parser.parse_args(list(argv))).engine.scheduler
+
+
+def test_a_prefill_worker_bounds_its_steps_to_250_ms_a_decode_worker_does_not():
+    assert (_role_config("prefill").max_step_ms, _role_config("prefill").scheduling_policy) == (250, "srpt")
+    assert (_role_config("decode").max_step_ms, _role_config("decode").scheduling_policy) == (0, "srpt")
+
+
+def test_the_order_and_the_time_bound_are_flags():
+    scheduler = _role_config("prefill", "--max-step-ms", "100", "--scheduling-policy", "fcfs")
+    assert (scheduler.max_step_ms, scheduler.scheduling_policy) == (100, "fcfs")
+    assert _role_config("decode", "--max-step-ms", "50").max_step_ms == 50
+    assert _role_config("prefill", "--max-step-ms", "0").max_step_ms == 0
+
+
+def test_without_chunked_prefill_there_is_no_time_bound():
+    assert _role_config("prefill", "--no-chunked-prefill").max_step_ms == 0
+    assert _role_config("prefill", "--no-chunked-prefill", "--max-step-ms", "0").max_step_ms == 0
+    with pytest.raises(ValueError, match="--max-step-ms: .*needs chunked prefill"):
+        _role_config("prefill", "--no-chunked-prefill", "--max-step-ms", "250")
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--max-step-ms", "-1", "argument --max-step-ms: must be a number of milliseconds >= 0"),
+    ("--max-step-ms", "nan", "argument --max-step-ms: must be a number of milliseconds >= 0"),
+    ("--max-step-ms", "soon", "argument --max-step-ms: must be a number of milliseconds >= 0"),
+    ("--scheduling-policy", "lifo", "argument --scheduling-policy: invalid choice: 'lifo'"),
+])
+def test_a_bad_value_is_refused_naming_the_flag(flag, value, message, capsys):
+    with pytest.raises(SystemExit):
+        _role_config("prefill", flag, value)
+    assert message in capsys.readouterr().err

@@ -1,12 +1,15 @@
 """Path policies on WorkerView snapshots: which path each request takes, and why."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from services.router.config import PathConfig, SLOClass
 from services.router.decide.paths import (DIRECT, DISAGGREGATED, NO_PREFILL_WORKER, AdaptivePaths, ColocatedPaths,
                                           PathChoice, PoolsNow, ThresholdPaths)
-from services.router.decide.views import WorkerView
+from services.router.decide.saturation import prefill_work_ahead
+from services.router.decide.views import QueuedPrefill, WorkerView
 
 CLASSES = {"interactive": SLOClass(ttft_ms=1000, itl_ms=100), "batch": SLOClass(ttft_ms=30000, itl_ms=1000, priority=1)}
 
@@ -97,3 +100,52 @@ def test_adaptive_without_prefill_pool_falls_back_and_says_so():
 def test_path_config_names_the_bad_policy(policy):
     with pytest.raises(ValueError, match="path policy"):
         PathConfig(policy=policy)
+
+
+# ---- the prefill pool's estimate under the worker's own order (WorkerLoad.queued_prefill) ----
+def _ranked(*buckets, **load) -> WorkerView:
+    """A prefill worker at 1000 tokens/s with a 250 ms step bound and these queue buckets."""
+    queued = tuple(QueuedPrefill(*b) for b in buckets)
+    return _w("p", prefill_tokens_per_s=1000, max_step_ms=250, queued_prefill=queued,
+              num_queued_prefill_tokens=sum(q.num_tokens for q in queued), **load)
+
+
+def test_work_ahead_counts_the_buckets_that_go_first():
+    # one 5000-token prompt ranked ~4.7k, two short ones ranked <= 16, a batch prompt
+    w = _ranked((0, 0, 16, 2, 30), (0, 4096, 8192, 1, 5000), (1, 32, 64, 1, 40))
+    assert prefill_work_ahead(w, priority=0, num_tokens=100) == 30            # not the long one
+    assert prefill_work_ahead(w, priority=0, num_tokens=4097) == 5030         # its bucket counts whole
+    assert prefill_work_ahead(w, priority=1, num_tokens=10) == 5030           # every more urgent one
+    assert prefill_work_ahead(w, priority=1, num_tokens=33) == 5070
+    # what this router sent since the report is not ranked there: it counts whole
+    assert prefill_work_ahead(replace(w, unreported_tokens=700), 0, 100) == 730
+    # a worker that reports no ranks: its backlog, as before
+    assert prefill_work_ahead(_w("p", num_queued_prefill_tokens=5000), 0, 100) == 5000
+    assert prefill_work_ahead(_w("p"), 0, 100) == 0
+
+
+def test_adaptive_sends_a_short_prompt_to_a_pool_busy_only_with_longer_ones():
+    """The case of issue 33: the pool holds a 5 s prompt, but its srpt order takes a 100-token
+    prompt first, so its first token is one step (250 ms) + 100 ms + the hand-off away: the
+    pool, not the decode worker the backlog alone would choose."""
+    paths = AdaptivePaths(PathConfig(min_direct_chunk_tokens=32), CLASSES)
+    long_queued = _ranked((0, 4096, 8192, 1, 5000))
+    assert paths.choose(100, "interactive", _pools(prefill=[long_queued])) == PathChoice(DISAGGREGATED,
+                                                                                         "prefill_pool")
+    # the same backlog unranked (an fcfs worker ranks it all first): the decode worker
+    fcfs = _ranked((0, 0, 16, 1, 5000))
+    assert paths.choose(100, "interactive", _pools(prefill=[fcfs])).reason == "prefill_pool_busy"
+    # a batch prompt waits for the interactive work, however short it is
+    assert paths.choose(1000, "batch", _pools(prefill=[long_queued])) == PathChoice(DISAGGREGATED, "prefill_pool")
+
+
+def test_adaptive_estimate_adds_the_step_in_flight():
+    paths = AdaptivePaths(PathConfig(kv_handoff_ms=20), CLASSES)
+    w = _ranked((0, 4096, 8192, 1, 5000))
+    assert paths._prefill_ttft_s(w, 100, 0, _pools(prefill=[w])) == pytest.approx(0.1 + 0.25 + 0.02)
+    assert paths._prefill_ttft_s(replace(w, max_step_ms=0), 100, 0, _pools(prefill=[w])) == pytest.approx(0.12)
+    # a step in flight lasts no longer than the backlog takes: nothing on an idle worker
+    idle = _ranked()
+    assert paths._prefill_ttft_s(idle, 100, 0, _pools(prefill=[idle])) == pytest.approx(0.12)
+    short = _ranked((0, 0, 16, 1, 50))
+    assert paths._prefill_ttft_s(short, 100, 0, _pools(prefill=[short])) == pytest.approx(0.05 + 0.15 + 0.02)
