@@ -60,8 +60,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // ---------------------------------------------------------------- conversions to float
 
-// n elements to float. 16-bit caches are converted one tile at a time into L1 scratch and
-// scored by the float code: the conversion is cheap next to the memory read it follows.
+// n elements to float. Without AVX-512, 16-bit caches are converted one tile at a time into
+// L1 scratch and read by the float code: the conversion is cheap next to the memory read.
 inline void to_float(float* __restrict dst, const c10::BFloat16* __restrict src, int64_t n) {
   int64_t i = 0;
 #if defined(__AVX512F__)
@@ -105,6 +105,19 @@ inline const float* rows_as_float(const scalar_t* rows, int64_t stride, int64_t 
   }
 }
 
+#if defined(__AVX512F__)
+// 16 cache elements as floats, converted in registers (the AVX-512 paths read 16-bit caches
+// in place, with no converted copy).
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+#endif
+
 // ---------------------------------------------------------------- scores
 
 // Fallback dot product: kLanes partial sums, independent FMA chains the compiler vectorizes
@@ -142,36 +155,41 @@ inline __m512 sum_lanes_16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(octs[0], octs[1], 0x88), _mm512_shuffle_f32x4(octs[0], octs[1], 0xDD));
 }
 
-// scores[r] = q . k[r] for r < n (rows `stride` floats apart), 0 beyond; d % 16 == 0.
-inline void tile_dots_avx512(const float* q, const float* k, int64_t stride, int64_t n, int64_t d, float* scores) {
+// scores[r] = q . k[r] for r < n (rows `stride` elements apart), 0 beyond; d % 16 == 0.
+template <typename scalar_t>
+inline void tile_dots_avx512(const float* q, const scalar_t* k, int64_t stride, int64_t n, int64_t d,
+                             float* scores) {
   __m512 acc[kTile];
   for (int r = 0; r < kTile; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t c = 0; c < d; c += 16) {
     const __m512 qc = _mm512_loadu_ps(q + c);
 #pragma GCC unroll 16
     for (int r = 0; r < kTile; ++r)
-      if (r < n) acc[r] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(k + r * stride + c), acc[r]);
+      if (r < n) acc[r] = _mm512_fmadd_ps(qc, load16(k + r * stride + c), acc[r]);
   }
   _mm512_storeu_ps(scores, sum_lanes_16(acc));
 }
 #endif
 
-// scores[g * kTile + r] = q[g] . k[r] for the group's query heads g and rows r < n; lanes
-// r >= n are -inf (so they drop out of the max and exp to 0).
-inline void tile_scores(const float* q, int64_t group, int64_t d, const float* k, int64_t stride, int64_t n,
-                        float* scores) {
-  for (int64_t g = 0; g < group; ++g) {
-    float* s = scores + g * kTile;
+// scores[g * kTile + r] = q[g] . k[r] for the group's query heads g and rows r < n (rows
+// `stride` elements apart); lanes r >= n are -inf (so they drop out of the max and exp to 0).
+// tmp: kTile * d floats for the fallback's converted rows.
+template <typename scalar_t>
+inline void tile_scores(const float* q, int64_t group, int64_t d, const scalar_t* k, int64_t stride, int64_t n,
+                        float* scores, float* tmp) {
 #if defined(__AVX512F__)
-    if (d % 16 == 0) {
-      tile_dots_avx512(q + g * d, k, stride, n, d, s);
-    } else
+  if (d % 16 == 0) {
+    for (int64_t g = 0; g < group; ++g) tile_dots_avx512(q + g * d, k, stride, n, d, scores + g * kTile);
+  } else
 #endif
-    {
-      for (int64_t r = 0; r < n; ++r) s[r] = dot(q + g * d, k + r * stride, d);
-    }
-    for (int64_t r = n; r < kTile; ++r) s[r] = kNegInf;
+  {
+    int64_t k_stride;
+    const float* kf = rows_as_float(k, stride, n, d, tmp, &k_stride);
+    for (int64_t g = 0; g < group; ++g)
+      for (int64_t r = 0; r < n; ++r) scores[g * kTile + r] = dot(q + g * d, kf + r * k_stride, d);
   }
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t r = n; r < kTile; ++r) scores[g * kTile + r] = kNegInf;
 }
 
 // scores[0, n) -> softcap * tanh(score / softcap), in place.
@@ -263,15 +281,72 @@ inline void prefetch_row(const char* row, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off);
 }
 
-// acc[g] += sum_{r < n} p[g * kTile + r] * v[r] for the group's query heads g.
-inline void tile_accumulate(const float* p, int64_t group, int64_t d, const float* v, int64_t stride, int64_t n,
-                            float* acc, const Prefetch& next) {
-  for (int64_t r = 0; r < n; ++r) {
-    if (next.k) {
-      prefetch_row(next.k + r * next.stride_bytes, next.row_bytes);
-      prefetch_row(next.v + r * next.stride_bytes, next.row_bytes);
+inline void prefetch_next(const Prefetch& next, int64_t r) {
+  if (next.k) {
+    prefetch_row(next.k + r * next.stride_bytes, next.row_bytes);
+    prefetch_row(next.v + r * next.stride_bytes, next.row_bytes);
+  }
+}
+
+#if defined(__AVX512F__)
+// The AVX-512 tile_accumulate (d % 16 == 0). Accumulators for up to 4 query heads x 64
+// columns stay in registers across the tile's rows, and each V row is loaded once for those
+// heads: 16 independent FMA chains rather than a load and a store of acc per FMA.
+constexpr int kHeadsPerPass = 4, kVecsPerPass = 4;
+
+template <typename scalar_t>
+inline void tile_accumulate_avx512(const float* p, int64_t group, int64_t d, const scalar_t* v, int64_t stride,
+                                   int64_t n, float* acc, const Prefetch& next) {
+  for (int64_t g0 = 0; g0 < group; g0 += kHeadsPerPass) {
+    const int64_t heads = std::min<int64_t>(kHeadsPerPass, group - g0);
+    for (int64_t c = 0; c < d; c += 16 * kVecsPerPass) {
+      const int64_t width = std::min<int64_t>(kVecsPerPass, (d - c) / 16);  // vectors in this column block
+      __m512 a[kHeadsPerPass][kVecsPerPass];
+#pragma GCC unroll 4
+      for (int g = 0; g < kHeadsPerPass; ++g)
+#pragma GCC unroll 4
+        for (int j = 0; j < kVecsPerPass; ++j)
+          a[g][j] = g < heads && j < width ? _mm512_loadu_ps(acc + (g0 + g) * d + c + 16 * j) : _mm512_setzero_ps();
+      for (int64_t r = 0; r < n; ++r) {
+        if (g0 == 0 && c == 0) prefetch_next(next, r);  // spread over the first pass, not a burst
+        const scalar_t* vr = v + r * stride + c;
+        __m512 vj[kVecsPerPass];
+#pragma GCC unroll 4
+        for (int j = 0; j < kVecsPerPass; ++j) vj[j] = j < width ? load16(vr + 16 * j) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int g = 0; g < kHeadsPerPass; ++g) {
+          if (g >= heads) break;
+          const __m512 pr = _mm512_set1_ps(p[(g0 + g) * kTile + r]);
+#pragma GCC unroll 4
+          for (int j = 0; j < kVecsPerPass; ++j) a[g][j] = _mm512_fmadd_ps(pr, vj[j], a[g][j]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int g = 0; g < kHeadsPerPass; ++g)
+#pragma GCC unroll 4
+        for (int j = 0; j < kVecsPerPass; ++j)
+          if (g < heads && j < width) _mm512_storeu_ps(acc + (g0 + g) * d + c + 16 * j, a[g][j]);
     }
-    const float* vr = v + r * stride;
+  }
+}
+#endif
+
+// acc[g] += sum_{r < n} p[g * kTile + r] * v[r] for the group's query heads g (rows `stride`
+// elements apart); tmp: kTile * d floats for the fallback's converted rows.
+template <typename scalar_t>
+inline void tile_accumulate(const float* p, int64_t group, int64_t d, const scalar_t* v_rows, int64_t stride,
+                            int64_t n, float* acc, const Prefetch& next, float* tmp) {
+#if defined(__AVX512F__)
+  if (d % 16 == 0) {
+    tile_accumulate_avx512(p, group, d, v_rows, stride, n, acc, next);
+    return;
+  }
+#endif
+  int64_t v_stride;
+  const float* v = rows_as_float(v_rows, stride, n, d, tmp, &v_stride);
+  for (int64_t r = 0; r < n; ++r) {
+    prefetch_next(next, r);
+    const float* vr = v + r * v_stride;
     for (int64_t g = 0; g < group; ++g) {
       const float pr = p[g * kTile + r];
       float* __restrict a = acc + g * d;
@@ -294,10 +369,10 @@ struct Inputs {
 
 // Per-thread scratch, allocated once per thread and reused by its items.
 struct Scratch {
-  std::vector<float> q, m, l, acc, scores, k_rows, v_rows;
+  std::vector<float> q, m, l, acc, scores, rows;
   explicit Scratch(const Shape& s)
       : q(s.num_heads * s.head_dim), m(s.num_heads), l(s.num_heads), acc(s.num_heads * s.head_dim),
-        scores(s.group * kTile), k_rows(kTile * s.head_dim), v_rows(kTile * s.head_dim) {}
+        scores(s.group * kTile), rows(kTile * s.head_dim) {}
 };
 
 // Keys [t0, t1) of a sequence, all heads: fills w.m, w.l, w.acc (w.q holds the scaled query).
@@ -316,22 +391,19 @@ void attend_keys(const Shape& s, const Inputs<scalar_t>& in, int64_t seq, int64_
       for (int64_t h = 0; h < s.num_kv_heads; ++h) {
         const int64_t rows = r0 * s.cache_stride_row + h * s.cache_stride_head;
         const Running st{w.m.data() + h * group, w.l.data() + h * group, w.acc.data() + h * group * d};
-        int64_t k_stride, v_stride;
-        const float* k = rows_as_float(in.key_cache + block_offset + rows, s.cache_stride_row, n, d,
-                                       w.k_rows.data(), &k_stride);
-        tile_scores(w.q.data() + h * group * d, group, d, k, k_stride, n, w.scores.data());
+        tile_scores(w.q.data() + h * group * d, group, d, in.key_cache + block_offset + rows, s.cache_stride_row,
+                    n, w.scores.data(), w.rows.data());
         if (in.softcap > 0.f)
           for (int64_t g = 0; g < group; ++g) soft_cap(w.scores.data() + g * kTile, n, in.softcap);
         online_softmax(w.scores.data(), group, d, st);
-        const float* v = rows_as_float(in.value_cache + block_offset + rows, s.cache_stride_row, n, d,
-                                       w.v_rows.data(), &v_stride);
         Prefetch next;
         if (has_next) {
           next = {reinterpret_cast<const char*>(in.key_cache + next_offset + rows),
                   reinterpret_cast<const char*>(in.value_cache + next_offset + rows), stride_bytes,
                   d * static_cast<int64_t>(sizeof(scalar_t))};
         }
-        tile_accumulate(w.scores.data(), group, d, v, v_stride, n, st.acc, next);
+        tile_accumulate(w.scores.data(), group, d, in.value_cache + block_offset + rows, s.cache_stride_row, n,
+                        st.acc, next, w.rows.data());
       }
     }
     t = b * bs + row_end;
