@@ -37,8 +37,8 @@ REFUSED = {
     # a request's own chat_template is refused as vLLM refuses it without --trust-request-chat-template
     "chat": dict(_REFUSED_BOTH, add_special_tokens=(None, False), chat_template=(None,)),
 }  # also refused, by the code that reads them: best_of other than n (translate.py), functions (structured.py)
-# refused in stream_options, unless neutral
-REFUSED_STREAM_OPTIONS = {"continuous_usage_stats": (None, False)}
+# refused in stream_options, unless neutral (continuous_usage_stats is honoured: replies.py)
+REFUSED_STREAM_OPTIONS: dict[str, tuple] = {}
 IGNORED = frozenset({"user", "length_penalty", "mm_processor_kwargs", "service_tier", "store", "metadata"})
 
 

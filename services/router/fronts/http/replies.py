@@ -15,7 +15,9 @@ return_token_ids (vLLM's): every choice and chunk carries its `token_ids`; the p
 are `prompt_token_ids`, in each choice (completions) or once beside the choices (chat),
 and when streaming in a choice's first chunk (completions) or the first chunk (chat).
 
-Usage: completion_tokens is the sum over choices of what the router sent; a prompt is
+Usage: with stream_options.continuous_usage_stats (vLLM's), every chunk carries the usage
+so far (usage_so_far); the last chunk the whole usage, as without it.
+completion_tokens is the sum over choices of what the router sent; a prompt is
 counted once however many choices (n) it has, as OpenAI does, and its cached tokens are
 the fewest any of its choices found cached: the first completion's (the prompt is prefilled
 once for its n completions, the others read its KV; a completion resumed elsewhere may count more).
@@ -117,9 +119,25 @@ class Reply(ABC):
     def _envelope(self, obj: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
+    def usage_so_far(self) -> dict:
+        """vLLM's continuous usage: the prompts' tokens (each once) and what was sent so far
+        (a finished choice's as its worker counted it)."""
+        prompts = {p: len(ids) for p, ids in enumerate(self.prompt_token_ids)}
+        completion = 0
+        for choice, p in zip(self.choices, self.job.prompt_of):
+            if choice.finish_reason:
+                prompts[p] = choice.usage.prompt_tokens
+                completion += choice.usage.completion_tokens
+            else:
+                completion += len(choice.token_ids)
+        prompt = sum(prompts.values())
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
     def _chunk(self, choices: list[dict]) -> dict:
         body = self._envelope(self.object_chunk, choices)
-        if self.job.include_usage:  # as OpenAI: then every chunk has "usage", null until the last
+        if self.job.continuous_usage:
+            body["usage"] = self.usage_so_far()
+        elif self.job.include_usage:  # as OpenAI: then every chunk has "usage", null until the last
             body["usage"] = None
         return body
 

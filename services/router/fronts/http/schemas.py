@@ -32,7 +32,7 @@ Text = Annotated[str, AfterValidator(_whole_text)]
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     include_usage: bool | None = None
-    continuous_usage_stats: bool | None = None  # vLLM's; refused when true (fields.py)
+    continuous_usage_stats: bool | None = None  # vLLM's: usage so far in every chunk (replies.py)
 
 
 class JsonSchemaFormat(BaseModel):

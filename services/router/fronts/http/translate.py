@@ -55,6 +55,7 @@ class Job:
     include_reasoning: bool = True                     # chat: false drops reasoning_content
     return_token_ids: bool = False                     # vLLM's: prompt_token_ids and each choice's token_ids
     chat_echo: str = ""                                # chat echo: the last (assistant) message, before the reply
+    continuous_usage: bool = False                     # vLLM's continuous_usage_stats: usage so far in every chunk
 
 
 @dataclass(frozen=True)
@@ -265,10 +266,12 @@ def _job(body: _GenerateRequest, prompts: list, sampling: dict, slo_header: str 
         inputs.append(GenerateInput(prompt if isinstance(prompt, str) else tuple(prompt), params, run_id,
                                     slo_class, body.model or "", body.cache_salt or "", body.truncate_prompt_tokens))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    # as vLLM: continuous_usage_stats only counts beside include_usage
+    continuous_usage = include_usage and bool(body.stream_options.continuous_usage_stats)
     return Job(req_id, tuple(inputs), tuple(i // n for i in range(num_choices)), bool(body.stream),
                include_usage, logprobs, rename, tool_choice, prompt_logprobs="prompt_logprobs" in sampling,
                reply_id=body.request_id or "", tokens_as_ids=bool(body.return_tokens_as_token_ids),
-               return_token_ids=bool(body.return_token_ids))
+               return_token_ids=bool(body.return_token_ids), continuous_usage=continuous_usage)
 
 
 def _params(sampling: dict, rename: dict[str, str]) -> SamplingParams:

@@ -348,6 +348,17 @@ def _include_usage(w: Walk):
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == w.neutral["usage"]["completion_tokens"]
 
 
+def _continuous_usage(w: Walk):
+    chunks = w.stream(stream_options={"include_usage": True, "continuous_usage_stats": True})
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    prompt = w.neutral["usage"]["prompt_tokens"]
+    assert all(c["usage"]["prompt_tokens"] == prompt for c in chunks)
+    assert counts == sorted(counts) and counts[-1] == w.neutral["usage"]["completion_tokens"]
+    assert len(set(counts)) > 2  # it grew chunk by chunk, not only at the end
+    # without include_usage it asks for nothing (as vLLM): no usage anywhere
+    assert all("usage" not in c for c in w.stream(stream_options={"continuous_usage_stats": True}))
+
+
 def _json_object(w: Walk):
     r = w.ok(response_format={"type": "json_object"})
     assert w.text(r).lstrip().startswith("{") and w.text(r) != w.text(w.neutral)
@@ -405,6 +416,7 @@ HONOURED = {
     "bad_words": _bad_word, "allowed_token_ids": _as_offline({"allowed_token_ids": [300, 301, 302]}),
     "logprobs": _logprobs, "top_logprobs": _top_logprobs, "prompt_logprobs": _prompt_logprobs, "echo": _echo,
     "stream": _stream, "stream_options.include_usage": _include_usage,
+    "stream_options.continuous_usage_stats": _continuous_usage,
     "response_format": _json_object, "structured_outputs": _choice,
     "tools": _tools, "tool_choice": _tool_choice, "parallel_tool_calls": _parallel_tool_calls,
     "skip_special_tokens": _as_offline({"logit_bias": {str(IM_START): 100}, "skip_special_tokens": False},
