@@ -186,28 +186,23 @@ def main() -> None:
         cfg = replace(PLATFORMS[name], worker_args=(*PLATFORMS[name].worker_args, "--dtype", args.dtype))
         with local_platform(cfg, os.path.join(args.out_dir, f"{name}.log"), http=True) as platform:
             result.update(measure(args, f"http://127.0.0.1:{platform.cfg.http_port}", name, DEFAULT_MODEL))
+    peers = []  # (name, a function starting its server: -> (process, port))
     if args.vllm_python:
-        proc, port = run_vllm_server(args.vllm_python, args.hf_dir, os.path.join(args.out_dir, "vllm.log"),
-                                     args.dtype)
-        try:
-            result.update(measure(args, f"http://127.0.0.1:{port}", "vllm", DEFAULT_MODEL))
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
-        for name in names:
-            result[f"{name}_itl_p90_vs_vllm"] = round(result[name]["itl_p90_ms"] / result["vllm"]["itl_p90_ms"], 2)
+        peers.append(("vllm", lambda: run_vllm_server(args.vllm_python, args.hf_dir,
+                                                      os.path.join(args.out_dir, "vllm.log"), args.dtype)))
     if args.llama_server:
         from engine.model.source import resolve_model
-        log_path = os.path.join(args.out_dir, "llama-server.log")
-        proc, port = run_llama_server(args.llama_server, resolve_model(DEFAULT_MODEL).path, log_path)
+        peers.append(("llama_cpp", lambda: run_llama_server(args.llama_server, resolve_model(DEFAULT_MODEL).path,
+                                                            os.path.join(args.out_dir, "llama-server.log"))))
+    for peer, start in peers:
+        proc, port = start()
         try:
-            result.update(measure(args, f"http://127.0.0.1:{port}", "llama_cpp", DEFAULT_MODEL))
+            result.update(measure(args, f"http://127.0.0.1:{port}", peer, DEFAULT_MODEL))
         finally:
             proc.terminate()
             proc.wait(timeout=60)
         for name in names:
-            result[f"{name}_itl_p90_vs_llama_cpp"] = round(result[name]["itl_p90_ms"]
-                                                           / result["llama_cpp"]["itl_p90_ms"], 2)
+            result[f"{name}_itl_p90_vs_{peer}"] = round(result[name]["itl_p90_ms"] / result[peer]["itl_p90_ms"], 2)
     result["dtype"] = args.dtype
     emit_result(result)
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.engine_request import EngineRequest
 from engine.request import RequestMode
 from engine.worker.kv_cache import export_blocks
+from tests.engine.correctness import run_to_completion
 
 PROMPT = list(range(300, 341))  # 41 tokens: two full blocks and a partial one
 
@@ -20,14 +20,8 @@ def make(tiny, tiny_llama_dir):
 
 
 def _prefill(engine, req_id: str):
-    engine.add_request(EngineRequest(req_id, PROMPT, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
-                                     mode=RequestMode.PREFILL_ONLY))
-    final = None
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                final = out
-    return final
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    return run_to_completion(engine, [(req_id, PROMPT, params, {"mode": RequestMode.PREFILL_ONLY})])[req_id]
 
 
 class Arena:
