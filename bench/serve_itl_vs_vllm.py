@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import socket
 import subprocess
 import sys
@@ -172,6 +173,8 @@ def main() -> None:
     parser.add_argument("--platforms", default="pdserve_1p1d,pdserve_colocated_2cores",
                         help="which pdserve platforms to measure (comma-separated; none: peers only)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="pdserve's and vLLM's")
+    parser.add_argument("--prefill-args", default="", help="more flags for pdserve's prefill workers, e.g. "
+                                                            "'--max-step-ms 150'")
     parser.add_argument("--llama-server", default=None,
                         help="the folder of llama.cpp's llama-server and its ggml libraries: also measure it")
     args = parser.parse_args()
@@ -183,7 +186,8 @@ def main() -> None:
     result = {}
     names = [n for n in args.platforms.split(",") if n]
     for name in names:
-        cfg = replace(PLATFORMS[name], worker_args=(*PLATFORMS[name].worker_args, "--dtype", args.dtype))
+        cfg = replace(PLATFORMS[name], worker_args=(*PLATFORMS[name].worker_args, "--dtype", args.dtype),
+                      prefill_args=(*PLATFORMS[name].prefill_args, *shlex.split(args.prefill_args)))
         with local_platform(cfg, os.path.join(args.out_dir, f"{name}.log"), http=True) as platform:
             result.update(measure(args, f"http://127.0.0.1:{platform.cfg.http_port}", name, DEFAULT_MODEL))
     peers = []  # (name, a function starting its server: -> (process, port))
