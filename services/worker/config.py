@@ -72,7 +72,7 @@ SPECULATIVE_HELP = {
 # length of its steps is its streams' ITL, which the router bounds per request (it sizes
 # each prompt's chunks to the ITL target of the streams it joins, prefill_chunk_tokens),
 # and a colocated worker keeps token budgets, vLLM's, for the throughput it is compared on.
-DEFAULT_MAX_STEP_MS = {"prefill": 250.0, "decode": 0.0}
+DEFAULT_MAX_STEP_MS = {"prefill": 150.0, "decode": 0.0}  # measured: docs/benchmarks.md, issue 33
 
 KV_WRITE_FINISHED_HELP = {
     "decode": "write each finished request's full blocks (prompt + answer) to the kvstore in the background, "
