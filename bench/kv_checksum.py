@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import time
 import zlib
 
 import torch
+import xxhash
 
 from bench.serve_kv_transfer import BLOCK_SHAPE
 from engine.kv_transfer import KVLayout
@@ -26,17 +28,14 @@ from services.worker.kv_wire import block_header
 def candidates() -> dict:
     found = {"zlib.crc32": zlib.crc32, "blake2b": lambda d: hashlib.blake2b(d).digest(),
              "kv_integrity.checksum (xxh3_64, with its header)": None}
-    try:
-        import xxhash
-        found["xxhash.xxh3_64"] = xxhash.xxh3_64_intdigest
-        found["xxhash.xxh64"] = xxhash.xxh64_intdigest
-    except ImportError:
-        found["xxhash.xxh3_64"] = "not installed"
-    try:
+    found["xxhash.xxh3_64"] = xxhash.xxh3_64_intdigest  # a dependency of the project (kv_integrity)
+    found["xxhash.xxh64"] = xxhash.xxh64_intdigest
+    # google-crc32c is no dependency, only a candidate compared when a reader installed it
+    if importlib.util.find_spec("google_crc32c") is not None:
         import google_crc32c
         found["google_crc32c (after a copy to bytes)"] = lambda d: google_crc32c.value(bytes(d))
-    except ImportError:
-        found["google_crc32c (after a copy to bytes)"] = "not installed"
+    else:
+        found["google_crc32c (after a copy to bytes)"] = "not installed (optional: pip install google-crc32c)"
     return found
 
 
