@@ -21,6 +21,7 @@ is split and `tp` is never called.
 """
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 import torch
@@ -34,6 +35,9 @@ from engine.model.moe import MixtureOfExperts
 from engine.model.packed_linear import PackedLinear, prepack_linears
 from engine.model.rope import RotaryEmbedding
 from engine.model.shard import ModelShard
+from kernels import cpu as cpu_ops
+
+logger = logging.getLogger(__name__)
 
 
 class TensorParallel(Protocol):
@@ -47,14 +51,27 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
         self.offset = offset  # Gemma: scales by (1 + w), in fp32
+        self.fused = False  # the C++ op on CPU (kernels/cpu/fused_ops.cpp): DecoderForCausalLM.prepack
+
+    def _fusable(self, *xs: torch.Tensor) -> bool:
+        return self.fused and all(x.dim() == 2 and x.stride(-1) == 1 and x.dtype == self.weight.dtype for x in xs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fusable(x):
+            return cpu_ops.rms_norm(x, self.weight, self.eps, self.offset)
         # fp32 statistics, as the reference implementations compute them
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.offset:
             return (h * (1.0 + self.weight.float())).to(x.dtype)
         return self.weight * h.to(x.dtype)
+
+    def add_and_norm(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + h), x + h): a decoder layer's residual add and the next norm, one op on CPU."""
+        if self._fusable(x, h):
+            return cpu_ops.fused_add_rms_norm(x, h, self.weight, self.eps, self.offset)
+        total = x + h
+        return self(total), total
 
 
 def activation(name: str):
@@ -131,8 +148,12 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, positions, kv_cache, meta, backend):
         h = self.attn(self.input_norm(x), positions, kv_cache, meta, backend)
-        x = x + (h if self.attn_out_norm is None else self.attn_out_norm(h))
-        h = self.mlp(self.mlp_norm(x))
+        if self.attn_out_norm is None:
+            normed, x = self.mlp_norm.add_and_norm(x, h)
+        else:
+            x = x + self.attn_out_norm(h)
+            normed = self.mlp_norm(x)
+        h = self.mlp(normed)
         return x + (h if self.mlp_out_norm is None else self.mlp_out_norm(h))
 
 
@@ -213,8 +234,21 @@ class DecoderForCausalLM(nn.Module):
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def prepack(self) -> None:
-        """Prepack every linear layer's weight for CPU decode steps (see packed_linear.py),
-        the LM head too, tied or not. Idempotent."""
+        """Prepares the model for CPU steps: every linear layer's weight prepacked for oneDNN
+        (see packed_linear.py), the LM head too, tied or not; norms and RoPE on the C++ ops of
+        kernels/cpu/fused_ops.cpp when they build. Idempotent."""
         prepack_linears(self)
         if self.lm_head is None and self.embed_tokens is not None and self.shard.is_last_stage:
             self.lm_head = PackedLinear(self.embed_tokens.weight, None)
+        self._use_fused_cpu_ops()
+
+    def _use_fused_cpu_ops(self) -> None:
+        from kernels.cpu.build import CpuKernelBuildError, load_library
+        try:
+            load_library()
+        except CpuKernelBuildError as e:  # the torch ops compute the same; only slower
+            logger.warning("norms and RoPE run as torch ops: %s", e)
+            return
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, RotaryEmbedding)):
+                module.fused = True

@@ -221,11 +221,22 @@ class RotaryEmbedding(nn.Module):
         self.cos_table = self.cos_table.to(device=device, dtype=dtype)
         self.sin_table = self.sin_table.to(device=device, dtype=dtype)
 
+    fused = False  # in place by the C++ op on CPU (kernels/cpu/fused_ops.cpp): DecoderForCausalLM.prepack
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [T, heads, d], k: [T, kv_heads, d] -> rotated (q, k)."""
+        """q: [T, heads, d], k: [T, kv_heads, d] -> rotated (q, k); fused, q and k themselves."""
+        if self.fused and self._fusable(positions, q, k):
+            from kernels.cpu import rotary_embedding
+            rotary_embedding(q, k, positions, self.cos_table, self.sin_table)
+            return q, k
         cos = self.cos_table[positions].unsqueeze(1)
         sin = self.sin_table[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+    def _fusable(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
+        return (positions.dtype == torch.int64 and positions.dim() == 1 and positions.is_contiguous()
+                and all(x.dim() == 3 and x.stride(-1) == 1 and x.dtype == self.cos_table.dtype for x in (q, k)))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

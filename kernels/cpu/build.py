@@ -3,25 +3,35 @@
 torch.utils.cpp_extension.load compiles with ninja into torch's extension cache
 (TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions) and reuses the build while
 the sources and flags are unchanged, so loading an already built library takes well
-under a second. `make setup` runs `python -m kernels.cpu.build` to build it ahead of use.
+under a second. The library's name carries a digest of its sources and flags: two checkouts
+or versions of pdserve sharing one cache each keep their own build, and neither loads the
+other's (an older build lacks newer ops). `make setup` runs `python -m kernels.cpu.build` to build it ahead of use.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 from pathlib import Path
 
 import torch
 from torch.utils import cpp_extension
 
-NAME = "pdserve_cpu_kernels"
-SOURCES = [str(Path(__file__).with_name("paged_attention.cpp"))]
+BASE_NAME = "pdserve_cpu_kernels"
+SOURCES = [str(Path(__file__).with_name(name)) for name in ("paged_attention.cpp", "fused_ops.cpp")]
 # ATen's parallel_for is header code over OpenMP (torch's CPU parallel backend): without
 # -fopenmp it runs serially. The library then needs libgomp.so.1, which torch has loaded
 # already, so kernels and torch share one thread pool.
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
+
+
+def library_name() -> str:
+    digest = hashlib.sha256(" ".join(CFLAGS + LDFLAGS).encode())
+    for source in SOURCES:
+        digest.update(Path(source).read_bytes())
+    return f"{BASE_NAME}_{digest.hexdigest()[:12]}"
 
 
 class CpuKernelBuildError(RuntimeError):
@@ -34,11 +44,12 @@ def load_library() -> str:
     library's path. Raises CpuKernelBuildError, saying what failed, when it cannot."""
     try:
         with _ninja_on_path():
-            path = cpp_extension.load(name=NAME, sources=SOURCES, extra_cflags=CFLAGS,
-                                      extra_ldflags=LDFLAGS, is_python_module=False, verbose=False)
+            # copies: torch appends to the flag lists it is given, which would change library_name()
+            path = cpp_extension.load(name=library_name(), sources=SOURCES, extra_cflags=list(CFLAGS),
+                                      extra_ldflags=list(LDFLAGS), is_python_module=False, verbose=False)
     except Exception as e:  # compiler, ninja or link failure: say so, never fall back silently
         raise CpuKernelBuildError(
-            f"building the C++ CPU attention kernels ({NAME}: {', '.join(SOURCES)}) failed: {e}\n"
+            f"building the C++ CPU kernels ({BASE_NAME}: {', '.join(SOURCES)}) failed: {e}\n"
             "They need a C++ compiler (g++) and ninja (`pip install ninja`). The pure torch "
             "reference needs neither: use attention_backend='torch' (--attention-backend torch)."
         ) from e
@@ -64,7 +75,7 @@ def _ninja_on_path():
 
 def main() -> None:
     path = load_library()
-    print(f"built {NAME} (torch {torch.__version__}): {path}")
+    print(f"built {library_name()} (torch {torch.__version__}): {path}")
 
 
 if __name__ == "__main__":

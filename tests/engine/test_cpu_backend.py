@@ -63,3 +63,11 @@ def test_cpu_is_the_default_backend():
 def test_cpu_backend_refuses_a_gpu_device(tiny_llama_dir):
     with pytest.raises(ValueError, match="attention_backend 'cpu' runs on the CPU only"):
         EngineCore(EngineConfig(model=tiny_llama_dir, device="cuda"), progress=False)
+
+
+def test_cpu_engine_runs_norms_and_rope_on_the_cpp_ops(tiny_llama_dir):
+    from engine.model.decoder import RMSNorm
+    from engine.model.rope import RotaryEmbedding
+    llm = LLM(model=tiny_llama_dir, kv_cache_memory_bytes=1 << 20, progress=False)
+    fusable = [m for m in llm.engine.runner.model.modules() if isinstance(m, (RMSNorm, RotaryEmbedding))]
+    assert fusable and all(m.fused for m in fusable)
