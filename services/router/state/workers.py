@@ -133,8 +133,11 @@ class WorkerRegistry:
         return unregister
 
     def mark_down(self, pool: str, address: str) -> None:
-        """A call failed as if the worker were gone: stop choosing it until it answers a poll."""
-        self._update(pool, address, lambda v: replace(v, up=False))
+        """A call failed as if the worker were gone: stop choosing it until it answers a poll,
+        in every pool that lists it, not only `pool`, where the call failed (a worker of both
+        roles is one process in two pools)."""
+        for each in POOLS:
+            self._update(each, address, lambda v: replace(v, up=False))
 
     def reserve(self, pool: str, address: str, tokens: int) -> Callable[[], None]:
         """Count a request as outstanding on the worker; returns its (idempotent) release."""
