@@ -74,8 +74,10 @@ SPECULATIVE_HELP = {
 # and a colocated worker keeps token budgets, vLLM's, for the throughput it is compared on.
 # A worker of both roles decodes, so its steps are ITL too, but the prompts it prefills for
 # other workers come without a chunk size (a prefill request carries none): its own bound
-# is the default interactive class's ITL target (decide/config.py default_slo_classes).
-DEFAULT_MAX_STEP_MS = {"prefill": 150.0, "decode": 0.0, "both": 100.0}  # measured: docs/benchmarks.md, issue 33
+# is the default interactive class's ITL target (decide/config.py default_slo_classes): a
+# target, not a measurement (bench/serve_goodput.py --modes both measures it).
+# prefill and decode: measured, docs/benchmarks.md, issue 33
+DEFAULT_MAX_STEP_MS = {"prefill": 150.0, "decode": 0.0, "both": 100.0}
 
 ROLE_HELP = ("what this worker serves over its one engine: decode (default), DecodeWorker only; both, "
              "PrefillWorker too, so a router may list it in both pools: it prefills long prompts whose KV goes "
