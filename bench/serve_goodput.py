@@ -6,7 +6,8 @@ The platforms are real processes, each worker pinned to its own core: `adaptive`
 default `pdserve up` (1 prefill + 1 decode worker, the router choosing each request's path
 from the workers' measured rates, issue 13), `threshold` the same workers with the fixed
 rule (prompts <= --short-prompt-tokens direct), `colocated` 2 workers without a prefill
-pool (chunked prefill on). The router's default SLO class is given the bench's SLO, as an
+pool (chunked prefill on), `both` 2 workers of both roles (`pdserve up --both 2`: each
+prefills long prompts for the other, short ones go direct; adaptive paths). The router's default SLO class is given the bench's SLO, as an
 operator would configure it. For each rate the script writes one Mooncake-format
 trace (Poisson arrivals; a --long-share of prompts uniform in --long-len ± 25%, the rest
 uniform in --short-len ± 75%; outputs uniform in --output-len ± 50%) and replays the same
@@ -38,7 +39,9 @@ from cli.bench.metrics import SLO, RequestRecord, meets_slo
 from cli.bench.targets import TargetConfig
 from cli.launcher import PlatformConfig
 
-MODES = {"adaptive": (1, 1), "threshold": (1, 1), "colocated": (0, 2)}  # (prefill workers, decode workers)
+# (prefill workers, decode workers, workers of both roles, path policy)
+MODES = {"adaptive": (1, 1, 0, "adaptive"), "threshold": (1, 1, 0, "threshold"), "colocated": (0, 2, 0, "colocated"),
+         "both": (0, 0, 2, "adaptive")}
 TARGET_SHARE = 0.9
 
 
@@ -60,13 +63,13 @@ def write_trace(path: str, rate: float, args) -> int:
 
 
 def sweep(mode: str, args, traces: dict[float, tuple[str, int]]) -> dict:
-    num_prefill, num_decode = MODES[mode]
+    num_prefill, num_decode, num_both, path_policy = MODES[mode]
     slo_path = os.path.join(args.result_dir, "slo.json")
     os.makedirs(args.result_dir, exist_ok=True)
     with open(slo_path, "w") as f:
         json.dump({"interactive": {"ttft_ms": args.slo_ttft_ms, "itl_ms": args.slo_tpot_ms}}, f)
-    cfg = PlatformConfig(model=args.model, num_prefill=num_prefill, num_decode=num_decode, cpus_per_worker=1,
-                         path_policy=mode, short_prompt_tokens=args.short_prompt_tokens,
+    cfg = PlatformConfig(model=args.model, num_prefill=num_prefill, num_decode=num_decode, num_both=num_both,
+                         cpus_per_worker=1, path_policy=path_policy, short_prompt_tokens=args.short_prompt_tokens,
                          worker_args=tuple(args.worker_args.split()), prefill_args=tuple(args.prefill_args.split()),
                          router_args=("--slo-config", slo_path, *args.router_args.split()))
     slo = SLO(ttft_s=args.slo_ttft_ms / 1000, tpot_s=args.slo_tpot_ms / 1000)
@@ -163,8 +166,8 @@ def main() -> int:
         out[mode] = sweep(mode, args, traces)
     if "colocated" in out and out["colocated"]["max_rate_90pct"] > 0:
         max_rates = {mode: out[mode]["max_rate_90pct"] for mode in modes}
-        out.update(ratios(max_rates, [("adaptive", "colocated"), ("threshold", "colocated")],
-                          "max_rate_ratio_{a}_vs_{b}", digits=2))
+        out.update(ratios(max_rates, [("adaptive", "colocated"), ("threshold", "colocated"), ("both", "colocated"),
+                                      ("both", "adaptive")], "max_rate_ratio_{a}_vs_{b}", digits=2))
     emit_result(out)
     return 0
 

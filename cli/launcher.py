@@ -1,6 +1,7 @@
 """`pdserve up`: the whole platform as local processes on loopback.
 
-kvstore, N prefill workers, M decode workers and the router, each a `pdserve <role>`
+kvstore, N prefill workers, M decode workers, B workers of both roles (`pdserve decode
+--role both`, listed in both of the router's pools) and the router, each a `pdserve <role>`
 process. Like a cluster giving each pod its own GPU, each worker gets its own CPU cores
 (affinity and torch threads). Logs are streamed with a per-process prefix. A process that
 dies is restarted on its own port while the rest keep serving (cli/supervisor.py);
@@ -39,6 +40,8 @@ from cli.autoscale import AutoscaleConfig, autoscaler_for, router_discovery_args
 
 ROUTER = "router"
 KVSTORE = "kvstore"
+# each worker role's `pdserve` subcommand
+WORKER_COMMANDS = {"prefill": ("prefill",), "decode": ("decode",), "both": ("decode", "--role", "both")}
 # On stop: the processes' own drain (their --drain-timeout-s default), plus time to exit
 STOP_GRACE_S = DRAIN_TIMEOUT_S + 5.0
 
@@ -56,11 +59,12 @@ class PlatformConfig:
     reasoning_parser: str | None = None
     num_prefill: int = 1
     num_decode: int = 1
+    num_both: int = 0   # workers of both roles: in the prefill and the decode pool alike
     host: str = HOST
     router_port: int = ROUTER_PORT
     http_port: int | None = ROUTER_HTTP_PORT  # the OpenAI-compatible API; None: off
     kvstore_port: int = KVSTORE_PORT
-    worker_base_port: int = PREFILL_PORT      # prefill workers, then decode workers, one port each
+    worker_base_port: int = PREFILL_PORT      # prefill, decode, then both-role workers, one port each
     metrics_base_port: int = METRICS_BASE_PORT
     cpus_per_worker: int | None = None
     path_policy: str = PathConfig.policy
@@ -75,13 +79,17 @@ class PlatformConfig:
     mooncake: MooncakePlan = field(default_factory=MooncakePlan)
     worker_args: tuple[str, ...] = ()
     prefill_args: tuple[str, ...] = ()  # after worker_args, for prefill workers only
-    decode_args: tuple[str, ...] = ()   # after worker_args, for decode workers only (colocated ones too)
+    decode_args: tuple[str, ...] = ()   # after worker_args, for workers that decode (colocated and both ones too)
     router_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
     # every process of this platform requires (and sends) it on the internal ports; fresh
     # per platform, handed over in the environment (never argv: `ps` shows that to everyone)
     internal_token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
     autoscale: AutoscaleConfig | None = None  # --autoscale: the router follows a discovery file (cli/autoscale.py)
+
+    @property
+    def num_workers(self) -> int:
+        return self.num_prefill + self.num_decode + self.num_both
 
 
 @dataclass
@@ -142,11 +150,12 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     specs = [ProcessSpec("kvstore", [*cli, "kvstore", "--host", cfg.host, "--port", str(cfg.kvstore_port),
                                      "--metrics-port", str(cfg.metrics_base_port), *kv_port, *backend], kvstore,
                          cfg.metrics_base_port)]
-    roles = ["prefill"] * cfg.num_prefill + ["decode"] * cfg.num_decode
-    pool_args = {"prefill": (*cfg.worker_args, *cfg.prefill_args), "decode": (*cfg.worker_args, *cfg.decode_args)}
+    roles = ["prefill"] * cfg.num_prefill + ["decode"] * cfg.num_decode + ["both"] * cfg.num_both
+    decode_args = (*cfg.worker_args, *cfg.decode_args)
+    pool_args = {"prefill": (*cfg.worker_args, *cfg.prefill_args), "decode": decode_args, "both": decode_args}
     cpu_sets = split_cpus(available_cpus, len(roles), cfg.cpus_per_worker,
                           [worker_ranks(pool_args[role]) for role in roles])
-    addresses: dict[str, list[str]] = {"prefill": [], "decode": []}
+    addresses: dict[str, list[str]] = {"prefill": [], "decode": [], "both": []}
     revision = ["--revision", cfg.revision] if cfg.revision is not None else []
     # the workers label their vllm: metrics with the name clients use
     served_names = ["--served-model-name", *cfg.served_model_names] if cfg.served_model_names else []
@@ -155,8 +164,8 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
         port, metrics_port = cfg.worker_base_port + i, cfg.metrics_base_port + 1 + i
         name = f"{role}-{len(addresses[role])}"
         addresses[role].append(f"{cfg.host}:{port}")
-        specs.append(ProcessSpec(name, [*cli, role, "--model", cfg.model, "--host", cfg.host, "--port", str(port),
-                                        "--metrics-port", str(metrics_port), "--kvstore", kvstore,
+        specs.append(ProcessSpec(name, [*cli, *WORKER_COMMANDS[role], "--model", cfg.model, "--host", cfg.host,
+                                        "--port", str(port), "--metrics-port", str(metrics_port), "--kvstore", kvstore,
                                         "--kvstore-transport", kv_transport,
                                         "--threads", str(len(cpus)), *revision,
                                         "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
@@ -164,12 +173,14 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
                                         *(cfg.prefill_args if role == "prefill" else cfg.decode_args)],
                                  f"{cfg.host}:{port}", metrics_port, cpus))
     router_metrics = cfg.metrics_base_port + 1 + len(roles)
+    # a worker of both roles is in both pools (the router never hands a prompt to itself)
+    prefill_pool, decode_pool = addresses["prefill"] + addresses["both"], addresses["decode"] + addresses["both"]
     router = [*cli, ROUTER, "--model", cfg.model, "--host", cfg.host, "--port", str(cfg.router_port),
               "--metrics-port", str(router_metrics), "--kvstore", kvstore,
               "--path-policy", cfg.path_policy, "--short-prompt-tokens", str(cfg.short_prompt_tokens),
-              "--decode", ",".join(addresses["decode"])]
-    if addresses["prefill"]:  # none: colocated, the decode workers prefill every prompt
-        router += ["--prefill", ",".join(addresses["prefill"])]
+              "--decode", ",".join(decode_pool)]
+    if prefill_pool:  # none: colocated, the decode workers prefill every prompt
+        router += ["--prefill", ",".join(prefill_pool)]
     router += ["--http-port", "off" if cfg.http_port is None else str(cfg.http_port), *revision]
     router += served_names
     if cfg.chat_template is not None:

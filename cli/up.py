@@ -39,9 +39,18 @@ def add_arguments(p) -> None:
                    help="the router's: a Jinja chat template file (or the template itself) in place of the "
                         "tokenizer's")
     add_output_parser_arguments(p)  # the router's --tool-call-parser, --enable-auto-tool-choice, --reasoning-parser
-    p.add_argument("--prefill", type=int, default=PlatformConfig.num_prefill,
-                   help="number of prefill workers (0: colocated, each decode worker prefills its own prompts)")
-    p.add_argument("--decode", type=int, default=PlatformConfig.num_decode, help="number of decode workers")
+    p.add_argument("--prefill", type=int, default=None,
+                   help="number of prefill workers (0: colocated, each decode worker prefills its own prompts; "
+                        f"default: {PlatformConfig.num_prefill}, 0 with --both)")
+    p.add_argument("--decode", type=int, default=None,
+                   help=f"number of decode workers (default: {PlatformConfig.num_decode}, 0 with --both)")
+    p.add_argument("--both", type=int, default=PlatformConfig.num_both, metavar="N",
+                   help="number of workers of both roles (`pdserve decode --role both`: one engine serving the "
+                        "prefill and the decode pool; see its --help for their defaults). The router lists each in "
+                        "both pools: a long prompt is prefilled on one and decoded on another through the kvstore, "
+                        "a short one goes direct, and no worker hands a prompt over to itself. They take the decode "
+                        "workers' --decode-* parallel sizes and --speculative-config. Alone, or beside "
+                        "--prefill/--decode workers (default: 0)")
     p.add_argument("--host", default=PlatformConfig.host)
     p.add_argument("--port", type=int, default=PlatformConfig.router_port, help="the router's gRPC port")
     p.add_argument("--http-port", type=port_or_off, default=PlatformConfig.http_port,
@@ -94,11 +103,31 @@ def add_arguments(p) -> None:
     p.set_defaults(func=run)
 
 
+def worker_counts(args) -> tuple[int, int, int]:
+    """(prefill, decode, both) workers, checked: --both alone starts only workers of both
+    roles; --prefill and --decode add pure ones beside them."""
+    both = args.both
+    if both < 0:
+        raise ValueError(f"--both: must be >= 0, got {both}")
+    prefill = args.prefill if args.prefill is not None else (0 if both else PlatformConfig.num_prefill)
+    decode = args.decode if args.decode is not None else (0 if both else PlatformConfig.num_decode)
+    if prefill < 0:
+        raise ValueError(f"--prefill: must be >= 0, got {prefill}")
+    if decode < 0:
+        raise ValueError(f"--decode: must be >= 0, got {decode}")
+    if decode + both < 1:
+        raise ValueError("--decode: needs at least one worker that decodes (--decode or --both)")
+    if both and args.path_policy == "colocated":
+        raise ValueError("--both: a worker of both roles is there to serve the prefill pool, which --path-policy "
+                         "colocated never uses; start colocated workers with --decode N")
+    if both and args.autoscale:
+        raise ValueError("--both: not with --autoscale, which scales the prefill and the decode pool each on its "
+                         "own metric; a worker in both pools belongs to neither's scaling")
+    return prefill, decode, both
+
+
 def run(args) -> int:
-    if args.prefill < 0:
-        raise ValueError("--prefill: must be >= 0")
-    if args.decode < 1:
-        raise ValueError("--decode: needs at least one worker")
+    num_prefill, num_decode, num_both = worker_counts(args)
     HttpConfig(tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
                reasoning_parser=args.reasoning_parser)  # the router's check, before any process starts
     return run_platform(PlatformConfig(
@@ -107,7 +136,7 @@ def run(args) -> int:
         served_model_names=tuple(args.served_model_name), chat_template=_chat_template(args.chat_template),
         tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
         reasoning_parser=args.reasoning_parser,
-        num_prefill=args.prefill, num_decode=args.decode, host=args.host, router_port=args.port,
+        num_prefill=num_prefill, num_decode=num_decode, num_both=num_both, host=args.host, router_port=args.port,
         http_port=args.http_port,
         kvstore_port=args.kvstore_port, worker_base_port=args.worker_base_port,
         metrics_base_port=args.metrics_base_port, cpus_per_worker=args.cpus_per_worker,

@@ -61,7 +61,7 @@ def with_free_ports(cfg: PlatformConfig, http: bool = False) -> PlatformConfig:
     """`cfg` with its gRPC and metrics ports moved to free ranges; the HTTP API on a free
     port when `http`, else none."""
     rng = random.Random()
-    num_workers = cfg.num_prefill + cfg.num_decode
+    num_workers = cfg.num_workers
     grpc_base = free_port_range(num_workers + 3, rng)
     metrics_base = free_port_range(num_workers + 2, rng)
     return replace(cfg, host="127.0.0.1", router_port=grpc_base, kvstore_port=grpc_base + 1,
@@ -81,7 +81,7 @@ class RunningPlatform:
     def worker_metrics(self) -> tuple[str, ...]:
         """The workers' /metrics URLs (BenchConfig.worker_metrics)."""
         return tuple(f"http://{self.cfg.host}:{s.metrics_port}/metrics" for s in self.platform.specs
-                     if s.name.startswith(("prefill-", "decode-")))
+                     if s.name.startswith(("prefill-", "decode-", "both-")))
 
     def cpus(self) -> dict[str, list[int]]:
         return {s.name: s.cpus for s in self.platform.specs}

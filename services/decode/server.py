@@ -32,7 +32,7 @@ from services.worker.engine_loop import EngineLoop
 from services.worker.finished_kv import FinishedRequest, finished_kv_writer
 from services.worker.kv_wire import payload_from_batches
 from services.worker.metrics import WorkerMetrics
-from services.worker.runtime import RunningWorker, serve_worker
+from services.worker.runtime import RunningWorker, WorkerService, serve_worker
 from services.worker.servicer import AdmittedRequest, WorkerServicer, now
 
 logger = logging.getLogger(__name__)
@@ -157,11 +157,10 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
                                   - final.arrival_time, final.finish_reason)
         return [finals[index] for index in range(req.params.n)]
 
-    def close(self) -> None:
+    def finish(self) -> None:
         """The finished requests' writes still queued (they need the engine loop and the
-        kvstore, which stop after this), then the kvstore connection."""
+        kvstore, which stop after this)."""
         self.finished_kv.close()
-        super().close()
 
     def _message(self, out: RequestOutput, req_id: str, kv_read_s: float) -> common_pb2.GenerateResponse:
         msg = common_pb2.GenerateResponse(req_id=req_id, token_ids=out.new_token_ids, text=out.new_text,
@@ -189,7 +188,10 @@ def _tokens_given(request, context) -> list[int]:
     return [request.first_token_id] if request.HasField("first_token_id") else []
 
 
+def decode_service(cfg: WorkerConfig) -> WorkerService:
+    return WorkerService("pdserve.v1.DecodeWorker", decode_pb2_grpc.add_DecodeWorkerServicer_to_server,
+                         lambda loop, metrics, kvstore: DecodeServicer(cfg, loop, metrics, kvstore))
+
+
 def serve(cfg: WorkerConfig, loaded=None) -> RunningWorker:
-    return serve_worker(cfg, loaded, "decode", "pdserve.v1.DecodeWorker",
-                        decode_pb2_grpc.add_DecodeWorkerServicer_to_server,
-                        lambda loop, metrics, kvstore: DecodeServicer(cfg, loop, metrics, kvstore))
+    return serve_worker(cfg, loaded, "decode", [decode_service(cfg)])

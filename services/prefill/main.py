@@ -5,4 +5,4 @@ from services.common import defaults
 from services.prefill.server import serve
 from services.worker.runtime import worker_cli
 
-add_arguments, run = worker_cli("prefill", serve, default_port=defaults.PREFILL_PORT)
+add_arguments, run = worker_cli({"prefill": serve}, default_port=defaults.PREFILL_PORT)

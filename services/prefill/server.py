@@ -42,7 +42,7 @@ from services.worker.config import WorkerConfig
 from services.worker.engine_loop import EngineLoop
 from services.worker.kv_wire import payload_from_batches, payload_to_put
 from services.worker.metrics import WorkerMetrics
-from services.worker.runtime import RunningWorker, serve_worker
+from services.worker.runtime import RunningWorker, WorkerService, serve_worker
 from services.worker.servicer import AdmittedRequest, WorkerServicer, now
 
 logger = logging.getLogger(__name__)
@@ -208,14 +208,13 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
             logger.warning("ending the kvstore write of %s failed (%s)", req_id, e.code())
         self.metrics.kv_transfer.labels("write").observe(now() - t)
 
-    def close(self) -> None:
-        """Drains, then disconnects: the handlers still running end first (a call the
-        server cut at its grace's end releases its lease, or queues its write), then the
-        queued writes and their EndWrite (their decodes are waiting for them)."""
+    def finish(self) -> None:
+        """The handlers still running end first (a call the server cut at its grace's end
+        releases its lease, or queues its write), then the queued writes and their
+        EndWrite (their decodes are waiting for them)."""
         if not self.in_flight.wait_idle(HANDLER_EXIT_S):
             logger.warning("%d prefill handlers still running at shutdown", self.in_flight.count)
         self._writes.shutdown(wait=True)
-        super().close()
 
     def _observe(self, finals: list[RequestOutput], start: float, response: prefill_pb2.PrefillResponse) -> None:
         """One prefilled prompt, however many completions (n) it started: the first's times."""
@@ -239,7 +238,10 @@ def _first_token(final: RequestOutput) -> prefill_pb2.FirstToken:
     return first
 
 
+def prefill_service(cfg: WorkerConfig) -> WorkerService:
+    return WorkerService("pdserve.v1.PrefillWorker", prefill_pb2_grpc.add_PrefillWorkerServicer_to_server,
+                         lambda loop, metrics, kvstore: PrefillServicer(cfg, loop, metrics, kvstore))
+
+
 def serve(cfg: WorkerConfig, loaded=None) -> RunningWorker:
-    return serve_worker(cfg, loaded, "prefill", "pdserve.v1.PrefillWorker",
-                        prefill_pb2_grpc.add_PrefillWorkerServicer_to_server,
-                        lambda loop, metrics, kvstore: PrefillServicer(cfg, loop, metrics, kvstore))
+    return serve_worker(cfg, loaded, "prefill", [prefill_service(cfg)])

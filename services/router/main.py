@@ -35,7 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_parser_arguments(parser)
     parser.add_argument("--prefill", action="append", default=[], metavar="HOST:PORT",
                         help="prefill worker address (repeatable, or a comma-separated list); "
-                             "none: colocated, the decode workers prefill every prompt")
+                             "none: colocated, the decode workers prefill every prompt. A worker of both roles "
+                             "(`pdserve decode --role both`) is listed here and in --decode: no prompt is ever "
+                             "handed over from it to itself while another worker is up (docs/router.md)")
     parser.add_argument("--decode", action="append", default=[], metavar="HOST:PORT",
                         help="decode worker address (repeatable, or a comma-separated list)")
     parser.add_argument("--kvstore", default=KVSTORE_ADDRESS, help="KV cache service address (lease releases)")

@@ -72,7 +72,21 @@ SPECULATIVE_HELP = {
 # length of its steps is its streams' ITL, which the router bounds per request (it sizes
 # each prompt's chunks to the ITL target of the streams it joins, prefill_chunk_tokens),
 # and a colocated worker keeps token budgets, vLLM's, for the throughput it is compared on.
-DEFAULT_MAX_STEP_MS = {"prefill": 150.0, "decode": 0.0}  # measured: docs/benchmarks.md, issue 33
+# A worker of both roles decodes, so its steps are ITL too, but the prompts it prefills for
+# other workers come without a chunk size (a prefill request carries none): its own bound
+# is the default interactive class's ITL target (decide/config.py default_slo_classes): a
+# target, not a measurement (bench/serve_goodput.py --modes both measures it).
+# prefill and decode: measured, docs/benchmarks.md, issue 33
+DEFAULT_MAX_STEP_MS = {"prefill": 150.0, "decode": 0.0, "both": 100.0}
+
+ROLE_HELP = ("what this worker serves over its one engine: decode (default), DecodeWorker only; both, "
+             "PrefillWorker too, so a router may list it in both pools: it prefills long prompts whose KV goes "
+             "to another worker through the kvstore, and prefills and streams direct ones itself (never handing "
+             "a prompt over to itself). A both worker decodes, so its defaults are a decode worker's "
+             "(--kv-write-finished on, --speculative-config applied to its decodes, --scheduling-policy srpt) "
+             f"except --max-step-ms {DEFAULT_MAX_STEP_MS['both']:g}: the prompts it prefills for others come "
+             "without a chunk size, and each of its steps is an inter-token gap of its own streams, so a step is "
+             "bounded by the default interactive SLO class's ITL target (give your strictest itl_ms)")
 
 KV_WRITE_FINISHED_HELP = {
     "decode": "write each finished request's full blocks (prompt + answer) to the kvstore in the background, "
@@ -85,7 +99,12 @@ KV_WRITE_FINISHED_HELP = {
 }
 
 
-def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, role: str = "decode") -> None:
+def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, role: str = "decode",
+                         roles: tuple[str, ...] = ()) -> None:
+    """`role`: the command's; `roles`: those --role may choose (none: no --role, `role` only)."""
+    if len(roles) > 1:
+        parser.add_argument("--role", choices=roles, default=role, help=ROLE_HELP)
+    parser.set_defaults(role=role)
     parser.add_argument("--model", default=_ENGINE.model,
                         help="HF folder, .gguf file, alias, or org/name from the local Hugging Face cache")
     parser.add_argument("--revision", default=_ENGINE.revision,
@@ -142,8 +161,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, rol
                         help="bound each step in time: its prompt tokens are what the measured prefill rate computes "
                              "in MS beside its decodes, never less than a block; 0: token budgets only (default: "
                              f"{DEFAULT_MAX_STEP_MS['prefill']:g} on prefill workers, "
-                             f"{DEFAULT_MAX_STEP_MS['decode']:g} on decode workers, 0 with --no-chunked-prefill)")
-    parser.set_defaults(role_max_step_ms=DEFAULT_MAX_STEP_MS[role])
+                             f"{DEFAULT_MAX_STEP_MS['decode']:g} on decode workers, "
+                             f"{DEFAULT_MAX_STEP_MS['both']:g} on workers of --role both, "
+                             "0 with --no-chunked-prefill)")
     parser.add_argument("--no-chunked-prefill", action="store_true",
                         help="schedule each prompt whole in one step; --max-num-batched-tokens must "
                              "then be at least the max model len")
@@ -212,7 +232,7 @@ def _max_step_ms(args) -> float:
     """The role's default unless given; none without chunked prefill, which it needs: a
     step bounded in time splits prompts."""
     if args.max_step_ms is None:
-        return 0.0 if args.no_chunked_prefill else args.role_max_step_ms
+        return 0.0 if args.no_chunked_prefill else DEFAULT_MAX_STEP_MS[args.role]
     if args.max_step_ms and args.no_chunked_prefill:
         raise ValueError("--max-step-ms: bounding a step in time splits prompts, so it needs chunked prefill "
                          "(drop --no-chunked-prefill, or give --max-step-ms 0)")

@@ -28,14 +28,31 @@ KVSTORE_CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.mi
                            ("grpc.max_reconnect_backoff_ms", 1000))
 
 
+MakeServicer = Callable[[EngineLoop, WorkerMetrics, KVStoreClient], WorkerServicer]
+
+
+@dataclass(frozen=True)
+class WorkerService:
+    """One gRPC service a worker serves over its engine (PrefillWorker, DecodeWorker)."""
+    name: str            # full name, e.g. "pdserve.v1.DecodeWorker"
+    register: Callable   # the generated add_*Servicer_to_server
+    make_servicer: MakeServicer
+
+
 @dataclass
 class RunningWorker:
     server: RunningServer
     loop: EngineLoop
-    servicer: WorkerServicer
+    # one per service, all over the one engine loop, sharing its metrics and kvstore client
+    servicers: tuple[WorkerServicer, ...]
     metrics_port: int | None
     drain_timeout_s: float = 30.0
     kv_events: WorkerKVEvents | None = None  # the prefix cache's changes, for routers (KVEvents)
+
+    @property
+    def servicer(self) -> WorkerServicer:
+        """The first service's (the only one but on a worker serving both roles)."""
+        return self.servicers[0]
 
     @property
     def address(self) -> str:
@@ -43,23 +60,27 @@ class RunningWorker:
 
     def stop(self) -> None:
         """Drain: stop taking work (health NOT_SERVING, new calls refused as draining), let
-        the calls in flight finish, then the servicer's own drain (close: a prefill's KV
-        writes and their EndWrite) while the engine still runs, and only then the engine
-        and the kvstore connection.
+        the calls in flight finish, then each servicer's own drain (a prefill's KV writes
+        and their EndWrite, a decode's finished-request writes) while the engine still
+        runs, and only then the engine and the kvstore connection.
 
         The server keeps answering GetLoad and health checks while the calls finish: a
         router that found it unreachable would count its open streams as lost and move
         them elsewhere, recomputing what this worker is about to finish."""
         deadline = time.monotonic() + self.drain_timeout_s
-        self.servicer.draining = True
+        for servicer in self.servicers:
+            servicer.draining = True
         self.server.set_serving(False)
         if self.kv_events is not None:
             self.kv_events.close()  # its open streams would otherwise hold the drain's whole grace
-        self.servicer.in_flight.wait_idle(self.drain_timeout_s)
+        for servicer in self.servicers:
+            servicer.in_flight.wait_idle(max(0.0, deadline - time.monotonic()))
         self.server.stop(grace=max(0.0, deadline - time.monotonic()))
-        # calls cut at the grace's end still run their handlers: close() waits for those
-        # (they need the engine loop to end) before it disconnects from the kvstore
-        self.servicer.close()
+        # calls cut at the grace's end still run their handlers: finish() waits for those
+        # (they need the engine loop to end) before the kvstore is disconnected
+        for servicer in self.servicers:
+            servicer.finish()
+        self.servicer.kvstore.close()
         self.loop.stop()
         self.servicer.metrics.metrics.close()
 
@@ -88,10 +109,10 @@ def export_into_kvstore_memory(engine: EngineCore, kvstore: KVStoreClient) -> No
     engine.set_kv_export_allocator(allocate)
 
 
-def serve_worker(cfg: WorkerConfig, loaded, role: str, service_name: str, register,
-                 make_servicer: Callable[[EngineLoop, WorkerMetrics, KVStoreClient], WorkerServicer]
-                 ) -> RunningWorker:
-    """`loaded`: weights already in memory (several workers over one model, as in tests)."""
+def serve_worker(cfg: WorkerConfig, loaded, role: str, services: list[WorkerService]) -> RunningWorker:
+    """`services` over one engine (a worker of role "both" serves PrefillWorker and
+    DecodeWorker). `loaded`: weights already in memory (several workers over one model,
+    as in tests)."""
     cfg = _without_prefill_speculation(cfg, role)
     metrics = WorkerMetrics(role, cfg.served_name)
     engine = build_engine(cfg, loaded)
@@ -100,15 +121,15 @@ def serve_worker(cfg: WorkerConfig, loaded, role: str, service_name: str, regist
     kv_events = WorkerKVEvents(engine.info)
     loop = EngineLoop(engine, on_step=metrics.update, on_kv_events=kv_events.on_events)
     loop.start()
-    servicer = make_servicer(loop, metrics, kvstore)
-    server = start_server([ServiceSpec(service_name, register, servicer), kv_events_service(kv_events.publisher)],
-                          cfg.host, cfg.port, security=cfg.security)
+    servicers = tuple(service.make_servicer(loop, metrics, kvstore) for service in services)
+    specs = [ServiceSpec(service.name, service.register, servicer) for service, servicer in zip(services, servicers)]
+    server = start_server([*specs, kv_events_service(kv_events.publisher)], cfg.host, cfg.port, security=cfg.security)
     metrics_port = metrics.metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None
     spec = cfg.engine.speculative_config
     logging.getLogger(__name__).info("%s worker on %s:%d (model %s%s)", role, cfg.host, server.port, cfg.engine.model,
                                      f", speculative decoding {spec.method} k={spec.num_speculative_tokens}"
                                      if spec else "")
-    return RunningWorker(server, loop, servicer, metrics_port, cfg.drain_timeout_s, kv_events)
+    return RunningWorker(server, loop, servicers, metrics_port, cfg.drain_timeout_s, kv_events)
 
 
 def _without_prefill_speculation(cfg: WorkerConfig, role: str) -> WorkerConfig:
@@ -122,15 +143,19 @@ def _without_prefill_speculation(cfg: WorkerConfig, role: str) -> WorkerConfig:
     return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, speculative_config=None))
 
 
-def worker_cli(role: str, serve: Callable[[WorkerConfig], RunningWorker], default_port: int):
-    """The `add_arguments` and `run` of `pdserve <role>`."""
+def worker_cli(serves: dict[str, Callable[[WorkerConfig], RunningWorker]], default_port: int):
+    """The `add_arguments` and `run` of `pdserve <role>`; `serves` by role, the first the
+    command's own (more than one: --role chooses, `pdserve decode --role both`)."""
+    roles = tuple(serves)
+
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        add_worker_arguments(parser, default_port, role)
+        add_worker_arguments(parser, default_port, roles[0], roles)
 
     def run(args) -> int:
+        role = args.role
         configure_logging(role)
         set_cpu_threads(args.threads)
-        running = serve(worker_config_from_args(args))
+        running = serves[role](worker_config_from_args(args))
         print(f"{role} worker serving on {args.host}:{running.server.port}", flush=True)
         wait_for_shutdown(running.loop.dead)
         if running.loop.dead.is_set():  # its requests already failed: nothing to drain

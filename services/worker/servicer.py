@@ -98,8 +98,13 @@ class WorkerServicer:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, final.error)
         context.abort(grpc.StatusCode.CANCELLED, f"request {req_id} was aborted")
 
+    def finish(self) -> None:
+        """Drains the servicer's own background work (none here); the kvstore stays
+        connected: a worker serving both roles shares it between two servicers."""
+
     def close(self) -> None:
-        """Disconnects from the kvstore; a servicer with work of its own drains it first."""
+        """Drains, then disconnects from the kvstore."""
+        self.finish()
         self.kvstore.close()
 
     def abort_if_engine_dead(self, context: grpc.ServicerContext) -> None:

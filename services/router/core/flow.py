@@ -14,6 +14,11 @@ reachable (before the request, or after its prefill calls failed and nothing was
 the kvstore down, a decode worker prefills the prompt itself: the direct path. With no
 decode worker reachable nothing is prefilled: the request fails at once.
 
+A worker of both roles is in both pools: a disaggregated request's prefill avoids the
+decode worker its path was chosen for, and its decode avoids the worker that prefilled it,
+so no worker hands a prompt over to itself while another can take its part (with none
+left, as when the others went down since the choice, it does: slower, still exact).
+
 A request with n > 1 completions takes the same path with the prompt prefilled once; each
 completion then goes on as a request of its own, all merged into one stream (choices.py).
 """
@@ -82,7 +87,8 @@ class GenerateFlow:
         self.metrics.paths.labels(choice.path, choice.reason).inc()
         if choice.reason == NO_PREFILL_WORKER:
             self.metrics.prefill_fallbacks.inc()
-        return replace(req, path=choice.path, prefill_chunk_tokens=choice.prefill_chunk_tokens)
+        return replace(req, path=choice.path, prefill_chunk_tokens=choice.prefill_chunk_tokens,
+                       decode_address=choice.decode_address)
 
     def _without_prefill_pool(self, req: RoutedRequest) -> RoutedRequest:
         """No prefill worker is reachable: a decode worker prefills the prompt itself."""
@@ -105,7 +111,7 @@ class GenerateFlow:
             yield from self._disaggregated_completions(req, outs, cancel, time_left)
             return
         out = outs[0]
-        reply = self._prefill(req, out, cancel, time_left)
+        reply, prefilled_on = self._prefill(req, out, cancel, time_left)
         lease_id = reply.kv_handle.lease_id if not reply.finish_reason else ""
         taken = False  # whether a decode has taken the KV (and with it the lease) over
         try:
@@ -116,7 +122,7 @@ class GenerateFlow:
                 req_id=req.req_id, prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
                 priority=req.slo.priority, first_token_id=reply.first_token_id, kv_handle=reply.kv_handle,
                 cache_salt=req.cache_salt)
-            for msg in self._decode(req, decode_req, 0, out, cancel, time_left):
+            for msg in self._decode(req, decode_req, 0, out, cancel, time_left, avoid=prefilled_on):
                 taken = True
                 yield msg
         finally:  # also when the client went away (an exception or the generator closed)
@@ -127,7 +133,7 @@ class GenerateFlow:
     def _disaggregated_completions(self, req, outs: list[ResponseStream], cancel, time_left):
         """One prefill samples every completion's first token; the completions that go on
         decode side by side, each from its own first token and the one shared KV handle."""
-        reply = self._prefill(req, outs[0], cancel, time_left)
+        reply, prefilled_on = self._prefill(req, outs[0], cancel, time_left)
         going_on = [i for i, first in enumerate(reply.choices) if not first.finish_reason]
         address = reply.kv_handle.kvstore_address or self.kvstore_address
         lease = SharedLease(lambda lease_id: self.calls.release_lease(address, lease_id),
@@ -139,13 +145,13 @@ class GenerateFlow:
             for out in outs:
                 out.first_call = outs[0].first_call  # the request's queue time, observed once
                 yield out.first_from_prefill(reply)
-            yield from merged([partial(self._decode_completion, outs[i], reply, lease, time_left) for i in going_on],
-                              cancel)
+            yield from merged([partial(self._decode_completion, outs[i], reply, lease, prefilled_on, time_left)
+                               for i in going_on], cancel)
         finally:
             lease.release()
 
     def _decode_completion(self, out: ResponseStream, reply: prefill_pb2.PrefillResponse, lease: SharedLease,
-                           time_left, cancel: Cancellation):
+                           prefilled_on: str, time_left, cancel: Cancellation):
         req = out.req
         decode_req = decode_pb2.DecodeRequest(
             req_id=req.req_id, prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
@@ -153,7 +159,7 @@ class GenerateFlow:
             cache_salt=req.cache_salt, shared_lease=True)
         read = False
         try:
-            for msg in self._decode(req, decode_req, 0, out, cancel, time_left):
+            for msg in self._decode(req, decode_req, 0, out, cancel, time_left, avoid=prefilled_on):
                 if not read:  # its first message: the decode has read the KV
                     read = True
                     lease.done_reading()
@@ -215,19 +221,22 @@ class GenerateFlow:
         yield from self._decode(req, resumed, len(req.prompt_token_ids) + out.num_tokens, out, cancel, time_left,
                                 failed=failed, migrating=reason)
 
-    def _prefill(self, req: RoutedRequest, out: ResponseStream, cancel, time_left) -> prefill_pb2.PrefillResponse:
+    def _prefill(self, req: RoutedRequest, out: ResponseStream, cancel,
+                 time_left) -> tuple[prefill_pb2.PrefillResponse, str]:
+        """The prefill's reply and the worker that gave it."""
         request = prefill_pb2.PrefillRequest(req_id=req.req_id, prompt_token_ids=req.prompt_token_ids,
                                              sampling=req.sampling, priority=req.slo.priority,
                                              cache_salt=req.cache_salt, n=req.n)
         failed: list[str] = []
         last_error: RouterError | None = None
         for attempt in range(MAX_ATTEMPTS):
-            slot = self._acquire(PREFILL, req, len(req.prompt_token_ids), failed, cancel, last_error)
+            slot = self._acquire(PREFILL, req, len(req.prompt_token_ids), failed, cancel, last_error,
+                                 avoid=req.decode_address)
             try:
                 # checked again after the admission wait: no decode worker may be left to finish it
                 self.pools[DECODE].require_reachable()
                 out.dispatched()
-                return self.calls.prefill(slot.address, request, time_left(), cancel)
+                return self.calls.prefill(slot.address, request, time_left(), cancel), slot.address
             except grpc.RpcError as e:
                 last_error = self._failure(PREFILL, slot.address, e, can_retry=attempt + 1 < MAX_ATTEMPTS)
                 failed.append(slot.address)
@@ -236,17 +245,18 @@ class GenerateFlow:
         raise AssertionError("unreachable: the last failure raises")
 
     def _decode(self, req, decode_req, num_prefill_tokens: int, out: ResponseStream, cancel, time_left,
-                failed: list[str] = (), migrating: str | None = None):
+                failed: list[str] = (), migrating: str | None = None, avoid: str = ""):
         """The decode stream, on another worker when a call fails: retried as is when the
         call sent nothing (MAX_ATTEMPTS), resumed after the tokens sent when it broke
         mid-way (MAX_MIGRATIONS). `failed`, `migrating`: a completion resumed alone after
-        the stream it shared broke (_direct_completions)."""
+        the stream it shared broke (_direct_completions). `avoid`: the worker that
+        prefilled it (see _acquire)."""
         failed = list(failed)
         last_error: RouterError | None = None
         num_retries = 0
         num_migrations = int(migrating is not None)
         while True:
-            slot = self._acquire(DECODE, req, num_prefill_tokens, failed, cancel, last_error)
+            slot = self._acquire(DECODE, req, num_prefill_tokens, failed, cancel, last_error, avoid=avoid)
             if migrating is not None:
                 self.metrics.migrations.labels(migrating).inc()
                 migrating = None
@@ -284,10 +294,15 @@ class GenerateFlow:
         return self.pools[DECODE].registry.kvstore.up
 
     def _acquire(self, pool: str, req: RoutedRequest, num_prefill_tokens: int, failed: list[str],
-                 cancel: Cancellation, last_error: RouterError | None):
+                 cancel: Cancellation, last_error: RouterError | None, avoid: str = ""):
+        """A slot on the pool's best worker, never one in `failed`; nor `avoid` (the other
+        end of a hand-off: a worker of both roles) while any other worker is up."""
         cancel.raise_if_cancelled()
+        exclude = tuple(failed)
+        if avoid and self.pools[pool].up_workers((*exclude, avoid)):
+            exclude = (*exclude, avoid)
         need = Need(req.slo_class, req.slo.priority, req.slo.max_queue_ms / 1000, req.prompt_token_ids,
-                    num_prefill_tokens, tuple(failed))
+                    num_prefill_tokens, exclude)
         try:
             return self.pools[pool].acquire(need, cancel)
         except RouterError as e:

@@ -77,6 +77,7 @@ class RoutedRequest:
     # chosen by the flow from the pools' state when the request starts (decide/paths.py)
     path: str = ""                 # policy.DIRECT or policy.DISAGGREGATED
     prefill_chunk_tokens: int = 0  # the direct path: chunk cap for the decode worker (0: its own)
+    decode_address: str = ""       # the disaggregated path: the decode worker assumed, kept free of its prefill
     client_req_id: str = ""        # the client's id, if it sent one: its responses carry it
     cache_salt: str = ""           # to the workers as is: it enters the first block hash
     # SamplingParams.n: completions of the prompt, prefilled once (core/choices.py); a

@@ -7,6 +7,13 @@ kvstore (disaggregated), or prefilled by the decode worker that will stream it (
     threshold           a fixed prompt length: short prompts direct, the rest through the pool
     colocated           no prefill pool: every decode worker prefills its own prompts
 
+A worker of both roles (`pdserve decode --role both`) is listed in both pools. A prompt is
+never handed over through the kvstore from a worker to itself: the prefill pool's path is
+estimated over the prefill workers other than the decode worker it assumes, and when the
+only prefill worker is that decode worker the prompt goes direct ("same_worker"). A
+disaggregated choice names that decode worker (`decode_address`): the flow keeps the
+prompt's prefill off it, and the decode off the worker that prefilled.
+
 Each choice carries a reason; the router counts requests by (path, reason).
 """
 from __future__ import annotations
@@ -15,11 +22,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
 # PATH_POLICIES: the flags' choices, found here beside the policies they name
 from services.router.decide.config import PATH_POLICIES, PathConfig, RoutingConfig, SLOClass  # noqa: F401
 from services.router.decide.policy import MostRoomDecode
 from services.router.decide.saturation import prefill_backlog, prefill_work_ahead
 from services.router.decide.views import WorkerView
+
 DIRECT = "direct"                  # a decode worker prefills the prompt itself
 DISAGGREGATED = "disaggregated"    # prefill pool -> kvstore -> decode pool
 # the pool the request would have used is down: a decode worker prefills it (counted as a fallback)
@@ -27,6 +36,9 @@ NO_PREFILL_WORKER = "no_prefill_worker"
 # the kvstore is down: a prefill's KV could not reach the decode worker, which would
 # compute the prompt a second time; it prefills it once, directly
 KVSTORE_DOWN = "kvstore_down"
+# the only prefill worker is the decode worker itself (a worker of both roles): it prefills
+# the prompt directly rather than handing its KV over to itself through the kvstore
+SAME_WORKER = "same_worker"
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,9 @@ class PathChoice:
     path: str        # DIRECT or DISAGGREGATED
     reason: str      # why; a metric label, so one of a few fixed words
     prefill_chunk_tokens: int = 0  # direct path: the most prompt tokens per step (0: the worker's own)
+    # disaggregated: the decode worker the estimate assumed, which the prefill then avoids
+    # ("": a policy that assumed none)
+    decode_address: str = ""
 
 
 @dataclass(frozen=True)
@@ -72,7 +87,9 @@ class ThresholdPaths(PathPolicy):
         limit = self._per_class.get(slo_class, self._default)
         if num_prompt_tokens <= limit:
             return PathChoice(DIRECT, "short_prompt")
-        return _pool_unusable(pools) or PathChoice(DISAGGREGATED, "long_prompt")
+        decode = MostRoomDecode().choose(pools.decode)
+        return (_pool_unusable(pools, decode) or
+                PathChoice(DISAGGREGATED, "long_prompt", decode_address=decode.address if decode else ""))
 
 
 class AdaptivePaths(PathPolicy):
@@ -113,11 +130,13 @@ class AdaptivePaths(PathPolicy):
         room_s = max(0.0, self._strictest_itl_s - step_s)
         if (backlog + n) / rate <= room_s:
             return PathChoice(DIRECT, "fits_itl_budget")
-        unusable = _pool_unusable(pools)
+        # same_worker too goes without a chunk size: a long prompt in chunks sized to an ITL
+        # budget already spent would crawl; the worker's own --max-step-ms bounds its steps
+        unusable = _pool_unusable(pools, decode)
         if unusable is not None:
             return unusable
         priority = self.slo_classes[slo_class].priority
-        pool_ttft_s = min(self._prefill_ttft_s(w, n, priority, pools) for w in pools.prefill)
+        pool_ttft_s = min(self._prefill_ttft_s(w, n, priority, pools) for w in _handoff_prefills(pools, decode))
         stall_s = n / rate
         if stall_s <= cfg.max_direct_stall_itls * self._strictest_itl_s:
             chunk = max(cfg.min_direct_chunk_tokens, int(room_s * rate))
@@ -125,15 +144,15 @@ class AdaptivePaths(PathPolicy):
             direct_ttft_s = backlog / rate + steps * step_s + stall_s
             if direct_ttft_s + stall_s < pool_ttft_s:
                 return PathChoice(DIRECT, "prefill_pool_busy", prefill_chunk_tokens=chunk if chunk < n else 0)
-        if pool_ttft_s <= self.slo_classes[slo_class].ttft_ms / 1000:
-            return PathChoice(DISAGGREGATED, "prefill_pool")
-        return PathChoice(DISAGGREGATED, "prefill_pool_backlogged")
+        reason = "prefill_pool" if pool_ttft_s <= self.slo_classes[slo_class].ttft_ms / 1000 else \
+            "prefill_pool_backlogged"
+        return PathChoice(DISAGGREGATED, reason, decode_address=decode.address)
 
     def _prefill_ttft_s(self, w: WorkerView, n: int, priority: int, pools: PoolsNow) -> float:
         """The worker's own rule: the step in flight, which the request cannot join (at most
         the worker's max_step_ms, and no longer than its backlog takes: none when it is
         idle), then the work its order puts ahead of the request, then its own prompt."""
-        rate = self._rate(w, pools)
+        rate = prefill_rate_beside_decodes(w, self._rate(w, pools))
         in_flight_s = min(w.max_step_ms / 1000, prefill_backlog(w) / rate)
         return in_flight_s + (prefill_work_ahead(w, priority, n) + n) / rate + self.cfg.kv_handoff_ms / 1000
 
@@ -146,12 +165,33 @@ class AdaptivePaths(PathPolicy):
         return max(measured, default=self.cfg.default_prefill_tokens_per_s)
 
 
-def _pool_unusable(pools: PoolsNow) -> PathChoice | None:
+def prefill_rate_beside_decodes(w: WorkerView, rate: float) -> float:
+    """The prompt tokens per second a worker computes for others while it also decodes (a
+    worker of both roles): each step is its decode batch plus what its step bound leaves
+    for prompts (the engine's own rule, StepRates.prefill_tokens_within, never under the
+    scheduler's floor). A prefill worker, which never measures a decode step, or a worker
+    without a step bound: `rate` as it is."""
+    if not (w.num_running and w.decode_step_ms > 0 and w.max_step_ms > 0):
+        return rate
+    decode_s = w.decode_step_ms / 1000
+    tokens = max(MIN_PREFILL_TOKENS_FOR_RATE, StepRates(decode_s, rate).prefill_tokens_within(
+        w.max_step_ms / 1000, with_decodes=True))
+    return tokens / (decode_s + tokens / rate)
+
+
+def _handoff_prefills(pools: PoolsNow, decode: WorkerView | None) -> list[WorkerView]:
+    """The prefill workers that can hand a prompt over to `decode`: all but itself."""
+    return [w for w in pools.prefill if decode is None or w.address != decode.address]
+
+
+def _pool_unusable(pools: PoolsNow, decode: WorkerView | None) -> PathChoice | None:
     """The direct path when the prefill pool's path cannot be taken, and why."""
     if not pools.prefill:
         return PathChoice(DIRECT, NO_PREFILL_WORKER)
     if not pools.kvstore_up:
         return PathChoice(DIRECT, KVSTORE_DOWN)
+    if not _handoff_prefills(pools, decode):
+        return PathChoice(DIRECT, SAME_WORKER)
     return None
 
 

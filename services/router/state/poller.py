@@ -66,7 +66,8 @@ class LoadPoller:
             kv_check = (kvstore.health.Check.future(health_pb2.HealthCheckRequest(), timeout=self._timeout_s)
                         if kvstore.health is not None else None)
             for pool, address, load, check in pending:
-                answer = self._unless_slow(address, _answer(address, load, check))
+                # by pool too: a worker of both roles is asked once per pool each round
+                answer = self._unless_slow(f"{pool} {address}", _answer(address, load, check))
                 if answer is _SLOW:
                     continue  # keep the last report
                 if answer is _NOT_SERVING:

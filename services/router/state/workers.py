@@ -94,7 +94,20 @@ class WorkerRegistry:
 
     def views(self, pool: str) -> list[WorkerView]:
         with self._lock:
-            return [w.view for w in self._pools[pool].values()]
+            return [self._with_twins(pool, w.view) for w in self._pools[pool].values()]
+
+    def _with_twins(self, pool: str, view: WorkerView) -> WorkerView:
+        """A worker of both roles is one engine in two pools: what this router has
+        outstanding on it through the other pool (prefills it computes, streams it decodes)
+        counts in this pool's view too, until its next report has them."""
+        for other, workers in self._pools.items():
+            twin = workers.get(view.address) if other != pool else None
+            if twin is not None:
+                t = twin.view
+                view = replace(view, in_flight=view.in_flight + t.in_flight,
+                               in_flight_tokens=view.in_flight_tokens + t.in_flight_tokens,
+                               unreported_tokens=view.unreported_tokens + t.unreported_tokens)
+        return view
 
     def stub(self, pool: str, address: str):
         with self._lock:
@@ -133,8 +146,11 @@ class WorkerRegistry:
         return unregister
 
     def mark_down(self, pool: str, address: str) -> None:
-        """A call failed as if the worker were gone: stop choosing it until it answers a poll."""
-        self._update(pool, address, lambda v: replace(v, up=False))
+        """A call failed as if the worker were gone: stop choosing it until it answers a poll,
+        in every pool that lists it, not only `pool`, where the call failed (a worker of both
+        roles is one process in two pools)."""
+        for each in POOLS:
+            self._update(each, address, lambda v: replace(v, up=False))
 
     def reserve(self, pool: str, address: str, tokens: int) -> Callable[[], None]:
         """Count a request as outstanding on the worker; returns its (idempotent) release."""

@@ -43,6 +43,7 @@ class _Controls:
     def __init__(self) -> None:
         self.load = idle_load()
         self.load_fails = False
+        self.load_hold: threading.Event | None = None  # when set: GetLoad waits for it (the poll times out)
         self.fail_with: grpc.StatusCode | None = None
         self.hold: threading.Event | None = None   # when set: calls wait for it (or their cancellation)
         self.holding = threading.Event()           # a call is waiting on `hold`
@@ -52,6 +53,9 @@ class _Controls:
     def GetLoad(self, request, context):
         if self.load_fails:
             context.abort(grpc.StatusCode.UNAVAILABLE, "injected GetLoad failure")
+        if self.load_hold is not None:
+            while not self.load_hold.wait(0.01) and context.is_active():
+                pass
         return self.load
 
     def _maybe_fail(self, context) -> None:
@@ -159,17 +163,27 @@ class FakeCluster:
     def stop(self) -> None:
         if self.router is not None:
             self.router.stop(grace_s=0)
-        for fake, server in self.servers.items():
-            if fake not in self.stopped:
-                server.stop(grace=0)
+        running = {id(server): server for fake, server in self.servers.items() if fake not in self.stopped}
+        for server in running.values():  # a worker of both roles: one server for two fakes
+            server.stop(grace=0)
 
 
 def _serve(name: str, register, servicer) -> RunningServer:
     return start_server([ServiceSpec(name, register, servicer)], "127.0.0.1", 0, max_workers=16)
 
 
-def start_fake_cluster(model: str, tokenizer, num_prefill: int = 2, num_decode: int = 2,
+def _serve_both(prefill: FakePrefill, decode: FakeDecode) -> RunningServer:
+    """A worker of both roles: both services on one port (its address in both pools)."""
+    return start_server([ServiceSpec("pdserve.v1.PrefillWorker", prefill_pb2_grpc.add_PrefillWorkerServicer_to_server,
+                                     prefill),
+                         ServiceSpec("pdserve.v1.DecodeWorker", decode_pb2_grpc.add_DecodeWorkerServicer_to_server,
+                                     decode)], "127.0.0.1", 0, max_workers=16)
+
+
+def start_fake_cluster(model: str, tokenizer, num_prefill: int = 2, num_decode: int = 2, num_both: int = 0,
                        **router_overrides) -> FakeCluster:
+    """`num_both` workers of both roles follow the others in each pool: cluster.prefills[-k]
+    and cluster.decodes[-k] are two faces of the same one."""
     kvstore = FakeKVStore()
     servers = {kvstore: _serve("pdserve.v1.KVStore", kvstore_pb2_grpc.add_KVStoreServicer_to_server, kvstore)}
     kv_address = f"127.0.0.1:{servers[kvstore].port}"
@@ -180,6 +194,11 @@ def start_fake_cluster(model: str, tokenizer, num_prefill: int = 2, num_decode: 
             servers[p] = _serve("pdserve.v1.PrefillWorker", prefill_pb2_grpc.add_PrefillWorkerServicer_to_server, p)
         for d in cluster.decodes:
             servers[d] = _serve("pdserve.v1.DecodeWorker", decode_pb2_grpc.add_DecodeWorkerServicer_to_server, d)
+        for _ in range(num_both):
+            p, d = FakePrefill(kv_address), FakeDecode()
+            cluster.prefills.append(p)
+            cluster.decodes.append(d)
+            servers[p] = servers[d] = _serve_both(p, d)
         # polls only when a test asks (router.poll_now()), so every load change is deterministic
         settings = dict(model=model, kvstore_address=kv_address, paths=PathConfig(policy="threshold"),
                         short_prompt_tokens=32, port=0, metrics_port=0,

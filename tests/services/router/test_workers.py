@@ -144,3 +144,25 @@ def test_a_report_carries_the_ranked_queue_and_resets_what_was_unreported():
         assert (v.unreported_tokens, v.in_flight_tokens) == (20, 20)
     finally:
         registry.close()
+
+
+def test_a_worker_of_both_roles_is_in_both_pools_and_goes_down_in_both():
+    discovery = _Changing()
+    discovery.pools = {PREFILL: ("127.0.0.1:1", "127.0.0.1:5"), DECODE: ("127.0.0.1:2", "127.0.0.1:5")}
+    registry = WorkerRegistry(discovery)
+    try:
+        for pool in (PREFILL, DECODE):
+            registry.report(pool, "127.0.0.1:5", common_pb2.WorkerLoad(max_num_seqs=4))
+        # one engine: a prefill this router sent it weighs on its decode view too (and back)
+        release = registry.reserve(PREFILL, "127.0.0.1:5", tokens=300)
+        registry.reserve(DECODE, "127.0.0.1:5", tokens=20)
+        for pool in (PREFILL, DECODE):
+            v = _view(registry, pool, "127.0.0.1:5")
+            assert (v.in_flight, v.in_flight_tokens, v.unreported_tokens) == (2, 320, 320)
+        release()
+        assert _view(registry, DECODE, "127.0.0.1:5").in_flight_tokens == 20
+        assert _view(registry, DECODE, "127.0.0.1:2").in_flight == 0  # a worker of one role: its own only
+        registry.mark_down(DECODE, "127.0.0.1:5")  # its decode call failed: the process is gone
+        assert not _view(registry, PREFILL, "127.0.0.1:5").up and not _view(registry, DECODE, "127.0.0.1:5").up
+    finally:
+        registry.close()

@@ -79,9 +79,10 @@ def test_adaptive_never_stalls_running_streams_with_a_long_prompt():
     paths = AdaptivePaths(PathConfig(max_direct_stall_itls=5), CLASSES)
     busy = [_w("p", prefill_tokens_per_s=1000, num_queued_prefill_tokens=5000)]
     # 1000 tokens stall the decode worker 1 s: more than 5 ITL targets of 100 ms
-    assert paths.choose(1000, "interactive", _pools(prefill=busy)) == PathChoice(DISAGGREGATED,
-                                                                                   "prefill_pool_backlogged")
-    assert paths.choose(1000, "batch", _pools(prefill=busy)) == PathChoice(DISAGGREGATED, "prefill_pool")
+    assert paths.choose(1000, "interactive", _pools(prefill=busy)) == PathChoice(
+        DISAGGREGATED, "prefill_pool_backlogged", decode_address="d")
+    assert paths.choose(1000, "batch", _pools(prefill=busy)) == PathChoice(DISAGGREGATED, "prefill_pool",
+                                                                             decode_address="d")
 
 
 def test_adaptive_uses_the_pool_when_the_decode_worker_would_be_later():
@@ -130,13 +131,14 @@ def test_adaptive_sends_a_short_prompt_to_a_pool_busy_only_with_longer_ones():
     pool, not the decode worker the backlog alone would choose."""
     paths = AdaptivePaths(PathConfig(min_direct_chunk_tokens=32), CLASSES)
     long_queued = _ranked((0, 4096, 8192, 1, 5000))
-    assert paths.choose(100, "interactive", _pools(prefill=[long_queued])) == PathChoice(DISAGGREGATED,
-                                                                                         "prefill_pool")
+    assert paths.choose(100, "interactive", _pools(prefill=[long_queued])) == PathChoice(
+        DISAGGREGATED, "prefill_pool", decode_address="d")
     # the same backlog unranked (an fcfs worker ranks it all first): the decode worker
     fcfs = _ranked((0, 0, 16, 1, 5000))
     assert paths.choose(100, "interactive", _pools(prefill=[fcfs])).reason == "prefill_pool_busy"
     # a batch prompt waits for the interactive work, however short it is
-    assert paths.choose(1000, "batch", _pools(prefill=[long_queued])) == PathChoice(DISAGGREGATED, "prefill_pool")
+    assert paths.choose(1000, "batch", _pools(prefill=[long_queued])) == PathChoice(DISAGGREGATED, "prefill_pool",
+                                                                                      decode_address="d")
 
 
 def test_adaptive_estimate_adds_the_step_in_flight():

@@ -1,0 +1,1 @@
+"""A worker of both roles: PrefillWorker and DecodeWorker over one engine (`pdserve decode --role both`)."""
