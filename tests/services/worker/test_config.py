@@ -73,7 +73,7 @@ def _role_config(role: str, *argv: str):
     return worker_config_from_args(parser.parse_args(list(argv))).engine.scheduler
 
 
-def test_a_prefill_worker_bounds_its_steps_to_250_ms_a_decode_worker_does_not():
+def test_a_prefill_worker_bounds_its_steps_to_150_ms_a_decode_worker_does_not():
     assert (_role_config("prefill").max_step_ms, _role_config("prefill").scheduling_policy) == (150, "srpt")
     assert (_role_config("decode").max_step_ms, _role_config("decode").scheduling_policy) == (0, "srpt")
 
