@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from engine.errors import ModelLoadError
+from kernels import cpu as cpu_ops
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
 
@@ -226,8 +227,7 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, heads, d], k: [T, kv_heads, d] -> rotated (q, k); fused, q and k themselves."""
         if self.fused and self._fusable(positions, q, k):
-            from kernels.cpu import rotary_embedding
-            rotary_embedding(q, k, positions, self.cos_table, self.sin_table)
+            cpu_ops.rotary_embedding(q, k, positions, self.cos_table, self.sin_table)
             return q, k
         cos = self.cos_table[positions].unsqueeze(1)
         sin = self.sin_table[positions].unsqueeze(1)
