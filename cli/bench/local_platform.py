@@ -11,6 +11,7 @@ import contextlib
 import os
 import random
 import socket
+import threading
 from dataclasses import replace
 
 from cli.launcher import Platform, PlatformConfig, plan
@@ -25,30 +26,47 @@ def _ephemeral_start(default: int = 32768) -> int:
         return default
 
 
+# Ports this process has handed out: a port is free when picked but is bound only later,
+# by a process started afterwards, so two picks in a row (a platform's router, then its
+# workers) could hand out the same port. CI saw a worker fail to bind for that.
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_port_range(n: int, rng: random.Random | None = None, attempts: int = 200) -> int:
-    """The first of `n` consecutive loopback ports that are free now, below the kernel's
-    ephemeral range where it leaves room: a port picked there can be taken by any outgoing
-    connection between the pick and the bind of the process it is meant for (seen: a
-    platform's worker failing to bind during a full test run). Mooncake's transfer engine
-    listens in 15000-17000, below this."""
+    """The first of `n` consecutive loopback ports that are free now and that this process
+    has not handed out before, below the kernel's ephemeral range where it leaves room: a
+    port picked there can be taken by any outgoing connection between the pick and the bind
+    of the process it is meant for (seen: a platform's worker failing to bind during a full
+    test run). Mooncake's transfer engine listens in 15000-17000, below this."""
     rng = rng or random.Random()
     top = _ephemeral_start()
     top = top if top - n > 20000 + 1000 else 60000
-    for _ in range(attempts):
-        base = rng.randrange(20000, top - n)
-        socks = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
+    with _handed_out_lock:
+        for _ in range(attempts):
+            base = rng.randrange(20000, top - n)
+            ports = range(base, base + n)
+            if _handed_out.intersection(ports):
+                continue
+            if _all_bindable(ports):
+                _handed_out.update(ports)
+                return base
     raise RuntimeError(f"no {n} consecutive free loopback ports")
+
+
+def _all_bindable(ports: range) -> bool:
+    socks = []
+    try:
+        for port in ports:
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in socks:
+            s.close()
 
 
 def free_port() -> int:
