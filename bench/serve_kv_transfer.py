@@ -45,7 +45,7 @@ import torch
 
 from cli.bench.mooncake_cluster import MooncakeCluster
 from engine.dtypes import dtype_name
-from engine.kv_transfer import KVLayout, KVPayload
+from engine.kv_transfer import KVLayout, KVPayload, as_tensor
 from services.worker import kv_wire
 from services.worker.kv_wire import block_from_proto, block_to_proto, payload_from_batches, payload_to_put
 from services.kvstore import heap
@@ -125,7 +125,7 @@ def store_times(client: KVStoreClient, payload: KVPayload, repeats: int, echo: R
         got = payload_from_batches(client.get_blocks(payload.block_hashes), payload.block_hashes, layout).payload
         times.append((raw_s, put_s, time.perf_counter() - t))
         assert got is not None and got.num_blocks == payload.num_blocks
-    assert torch.equal(got.blocks, payload.blocks)
+    assert torch.equal(as_tensor(got.blocks), payload.blocks)
     return times
 
 

@@ -6,6 +6,8 @@ the layout of one block on the wire (every layer's K and V of that block, contig
     blocks: [num_blocks, num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]
 
 The last block may be partial (the request's tail block); its unused slots are ignored.
+`blocks` is a tensor, or BlockChunks: consecutive runs of blocks as a transport received
+them, copied into the cache run by run, never joined first.
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ class KVPayload:
         carried              [ b2 ][ b3 ][ tail ]      first_block = 2, blocks[0] is b2
     """
     num_tokens: int
-    blocks: "torch.Tensor"
+    blocks: "torch.Tensor | BlockChunks"
     # hashes of the carried full blocks (blocks[i] is named block_hashes[i]), as the engine names them
     block_hashes: list[bytes] = field(default_factory=list)
     first_block: int = 0
@@ -71,8 +73,78 @@ class KVPayload:
         return self.first_block + len(self.block_hashes)
 
 
+class BlockChunks:
+    """Blocks [n, *block_shape] held as consecutive chunks, each a tensor of whole blocks.
+
+    A decode worker receives a prompt's KV in batches. Joining them (torch.cat) would
+    allocate and fill a fresh buffer as large as the prompt's KV (87 MB for 1,900 tokens of
+    SmolLM2 in float32) on the decode worker's own core, only for the engine to copy it
+    again into its cache: measured 0.3-0.76 s of that core per long prompt while it serves
+    other streams (fresh pages are faulted in one by one). The import copies each chunk
+    into its cache blocks instead (engine/worker/kv_cache.py).
+
+    Reads like the joined tensor where a payload is read: shape, dtype, slices of whole
+    blocks, contiguous() (the joined copy, for a path that needs one tensor)."""
+
+    def __init__(self, chunks):
+        self.chunks = tuple(c for c in chunks if c.shape[0])
+        if not self.chunks:
+            raise ValueError("BlockChunks: at least one block")
+        first = self.chunks[0]
+        for c in self.chunks[1:]:
+            if c.shape[1:] != first.shape[1:] or c.dtype != first.dtype or c.device != first.device:
+                raise ValueError(f"BlockChunks: a chunk of {tuple(c.shape[1:])} {c.dtype} on {c.device} beside "
+                                 f"{tuple(first.shape[1:])} {first.dtype} on {first.device}")
+
+    @property
+    def shape(self):
+        return type(self.chunks[0].shape)((sum(c.shape[0] for c in self.chunks), *self.chunks[0].shape[1:]))
+
+    @property
+    def dtype(self):
+        return self.chunks[0].dtype
+
+    @property
+    def device(self):
+        return self.chunks[0].device
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: slice) -> BlockChunks:
+        """Blocks start:stop (a slice of whole blocks; steps and other indexes are refused)."""
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            raise TypeError(f"BlockChunks takes slices of whole blocks, not {index!r}")
+        start, stop, _ = index.indices(len(self))
+        parts, offset = [], 0
+        for c in self.chunks:
+            lo, hi = max(start - offset, 0), min(stop - offset, c.shape[0])
+            if lo < hi:
+                parts.append(c[lo:hi])
+            offset += c.shape[0]
+        if not parts:
+            raise ValueError(f"BlockChunks: blocks {start}:{stop} of {len(self)} is empty")
+        return BlockChunks(parts)
+
+    def pieces(self):
+        """(first block index, chunk) for each chunk, in order."""
+        offset = 0
+        for c in self.chunks:
+            yield offset, c
+            offset += c.shape[0]
+
+    def contiguous(self) -> "torch.Tensor":
+        import torch
+        return self.chunks[0].contiguous() if len(self.chunks) == 1 else torch.cat(self.chunks)
+
+
+def as_tensor(blocks: "torch.Tensor | BlockChunks") -> "torch.Tensor":
+    """The blocks as one tensor (BlockChunks joined: a copy)."""
+    return blocks.contiguous() if isinstance(blocks, BlockChunks) else blocks
+
+
 @dataclass
 class KVLoad:
     """For the runner: write `blocks` into the cache blocks `block_ids` before the forward."""
     block_ids: list[int]
-    blocks: "torch.Tensor"
+    blocks: "torch.Tensor | BlockChunks"

@@ -37,6 +37,7 @@ from engine.executor.launch import RankLaunch, rank_kv_arch, rank_shard, threads
 from engine.executor.base import Executor
 from engine.executor.messages import StepInputs
 from engine.executor.stage import StageWorker
+from engine.kv_transfer import as_tensor
 from engine.model.loader import LoadedModel, load_model, read_arch
 from engine.model.shard import check_tensor_parallel
 from engine.model.source import ModelSource
@@ -117,7 +118,7 @@ class MultiProcExecutor(Executor):
     def import_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
         with self._guard("a KV import"):
             self._send_all(M.KV_IMPORT, len(block_ids), 0, block_ids)
-            blocks = blocks.to(device="cpu", dtype=self.worker.kv_caches[0].dtype).contiguous()
+            blocks = as_tensor(blocks).to(device="cpu", dtype=self.worker.kv_caches[0].dtype).contiguous()
             self.groups.cpu.broadcast(blocks, src=0)
             self.worker.import_blocks(block_ids, blocks)
 

@@ -8,6 +8,7 @@ import torch
 from engine.attention.backend import AttentionBackend
 from engine.executor.groups import ParallelGroups
 from engine.executor.messages import StepInputs
+from engine.kv_transfer import as_tensor
 from engine.model.decoder import DecoderForCausalLM
 from engine.model.shard import ModelShard
 from engine.worker.host_kv_cache import host_kv_cache
@@ -62,7 +63,7 @@ class StageWorker:
     def import_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
         """`blocks` whole ([n, layers, 2, bs, kv heads, d]); this rank keeps its layers and heads."""
         layers, heads = self.shard.layers, self.shard.kv_heads
-        part = blocks[:, layers.start:layers.stop, :, :, heads.start:heads.stop]
+        part = as_tensor(blocks)[:, layers.start:layers.stop, :, :, heads.start:heads.stop]
         import_blocks(self.kv_caches, block_ids, part)
 
     def export_part(self, block_ids: list[int]) -> torch.Tensor:

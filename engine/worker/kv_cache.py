@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.config import CacheConfig, ModelArchConfig
+from engine.kv_transfer import BlockChunks
 
 if TYPE_CHECKING:
     from engine.worker.memory_profile import MemoryProfile
@@ -124,7 +125,11 @@ def export_blocks(kv_caches: list[torch.Tensor], block_ids: list[int],
     return host.copy_(gathered)
 
 
-def import_blocks(kv_caches: list[torch.Tensor], block_ids: list[int], blocks: torch.Tensor) -> None:
+def import_blocks(kv_caches: list[torch.Tensor], block_ids: list[int], blocks: torch.Tensor | BlockChunks) -> None:
+    if isinstance(blocks, BlockChunks):  # chunk by chunk, never joined
+        for offset, chunk in blocks.pieces():
+            import_blocks(kv_caches, block_ids[offset:offset + chunk.shape[0]], chunk)
+        return
     index = torch.tensor(block_ids, dtype=torch.long, device=kv_caches[0].device)
     data = blocks.to(device=kv_caches[0].device, dtype=kv_caches[0].dtype)
     for layer, cache in enumerate(kv_caches):

@@ -7,6 +7,7 @@ read back as tensors viewing the bytes where the transport received them:
 
     KVPayload.blocks  [n, layers, 2, bs, heads, dim]  ──put_blocks──▶ sealed headers + one buffer
     get_blocks ──▶ KVBlockBatch (headers, found, data) ... ──checked──▶ torch.frombuffer(data): [k, ...]
+                                                                        one per batch, as BlockChunks
 
 Every header names the model (fingerprint, id) and carries a checksum over itself and the
 block's bytes; a reader uses a block only when it passes kv_integrity's checks.
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.dtypes import DTYPE_NAMES, DTYPE_SIZES, dtype_name, torch_dtype
-from engine.kv_transfer import KVLayout, KVPayload
+from engine.kv_transfer import BlockChunks, KVLayout, KVPayload
 from services.kvstore.batch_codec import Decoded
 from services.pb import kvstore_pb2
 from services.worker.kv_integrity import refusal, seal, stamp
@@ -121,7 +122,7 @@ def payload_from_batches(batches: list[Decoded], block_hashes: list[bytes], layo
         return KVRead(None, refused)
     num_full = min(num_used, len(block_hashes))
     covered = (first_block + num_full) * layout.block_size + (tail_tokens if num_used > len(block_hashes) else 0)
-    blocks = parts[0] if len(parts) == 1 else torch.cat(parts)
+    blocks = parts[0] if len(parts) == 1 else BlockChunks(parts)  # never joined: see BlockChunks
     return KVRead(KVPayload(covered, blocks, list(block_hashes[:num_full]), first_block), refused)
 
 

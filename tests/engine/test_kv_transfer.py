@@ -1,11 +1,13 @@
 """Prefill in one engine, export its KV, import it into another and decode: same tokens."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from engine import InvalidRequestError, LLM, SamplingParams
-from engine.kv_transfer import KVPayload
+from engine.kv_transfer import BlockChunks, KVPayload
 from engine.request import RequestMode
 from engine.model.loader import load_model
 from engine.model.source import resolve_model
@@ -69,6 +71,20 @@ def test_exported_kv_decodes_to_the_same_tokens(engines):
     pool = decode.kv_manager.pool
     assert all(pool.get_cached_block(h) is not None for h in prefilled["p1"].kv_export.block_hashes)
     assert decode.kv_manager.num_free_blocks == pool.num_blocks
+
+
+def test_a_payload_received_in_chunks_decodes_the_same_tokens(engines):
+    """As a decode worker receives a prompt's KV from the kvstore: in batches, never joined."""
+    make, expected = engines
+    prefilled = _prefill(make())
+
+    def chunked(payload: KVPayload) -> KVPayload:
+        b = payload.blocks
+        cuts = sorted({0, 1, b.shape[0] // 2, b.shape[0]})
+        return dataclasses.replace(payload, blocks=BlockChunks([b[lo:hi] for lo, hi in zip(cuts, cuts[1:])]))
+    assert all(len(chunked(o.kv_export).blocks.chunks) > 1 for o in prefilled.values() if o.kv_export.num_blocks > 2)
+    outs = _decode(make(), prefilled, trim=chunked)
+    assert [outs[f"d{i}"].token_ids for i in range(len(PROMPTS))] == expected
 
 
 def test_missing_blocks_are_recomputed(engines):

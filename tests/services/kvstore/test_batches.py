@@ -9,7 +9,7 @@ import grpc
 import pytest
 import torch
 
-from engine.kv_transfer import KVLayout, KVPayload
+from engine.kv_transfer import KVLayout, KVPayload, as_tensor
 from services.common.grpc_server import channel
 from services.kvstore import batch_codec
 from services.kvstore.client import KVStoreClient
@@ -66,7 +66,7 @@ def test_a_payload_round_trips_bit_exact_with_its_tail(client):
     got = payload_from_batches(client.get_blocks(sent.block_hashes, ["r/tail"]), sent.block_hashes, LAYOUT,
                                "r/tail", 3).payload
     assert got.num_tokens == sent.num_tokens and got.block_hashes == sent.block_hashes
-    assert torch.equal(got.blocks, sent.blocks)
+    assert torch.equal(as_tensor(got.blocks), sent.blocks)
 
 
 def test_a_missing_block_ends_the_usable_prefix(client):
@@ -76,7 +76,7 @@ def test_a_missing_block_ends_the_usable_prefix(client):
     batches = client.get_blocks(sent.block_hashes)
     assert [f for b in batches for f in b.message.found] == [True, True, False, True]
     got = payload_from_batches(batches, sent.block_hashes, LAYOUT).payload
-    assert got.num_tokens == 2 * BLOCK_SIZE and torch.equal(got.blocks, sent.blocks[:2])
+    assert got.num_tokens == 2 * BLOCK_SIZE and torch.equal(as_tensor(got.blocks), sent.blocks[:2])
 
 
 def test_an_answer_of_many_batches_joins_in_order(client, monkeypatch):
@@ -86,7 +86,7 @@ def test_an_answer_of_many_batches_joins_in_order(client, monkeypatch):
     client.put_blocks(*payload_to_put(sent, LAYOUT, tail_key=""))
     batches = client.get_blocks(sent.block_hashes)
     assert len(batches) == (1 if client.transport == "tcp" else 6)  # TCP: one frame, one buffer, whatever the batches
-    assert torch.equal(payload_from_batches(batches, sent.block_hashes, LAYOUT).payload.blocks, sent.blocks)
+    assert torch.equal(as_tensor(payload_from_batches(batches, sent.block_hashes, LAYOUT).payload.blocks), sent.blocks)
 
 
 def test_a_read_waits_for_the_pending_write_of_its_lease(client):
@@ -104,7 +104,7 @@ def test_a_read_waits_for_the_pending_write_of_its_lease(client):
     waited = time.monotonic() - start
     writer.join()
     got = payload_from_batches(batches, sent.block_hashes, LAYOUT, "w/tail", 1).payload
-    assert got is not None and torch.equal(got.blocks, sent.blocks)
+    assert got is not None and torch.equal(as_tensor(got.blocks), sent.blocks)
     assert 0.25 < waited < 5
     assert client.release_lease(lease) is True
 

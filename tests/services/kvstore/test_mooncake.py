@@ -12,7 +12,7 @@ import grpc
 import pytest
 import torch
 
-from engine.kv_transfer import KVLayout, KVPayload
+from engine.kv_transfer import KVLayout, KVPayload, as_tensor
 from services.kvstore import mooncake_plane
 from services.kvstore.client import KVStoreClient
 from services.kvstore.errors import InvalidArgument
@@ -244,7 +244,7 @@ def test_the_bytes_live_in_mooncake_and_the_kvstore_holds_none(plane_kvstore, mo
     p = payload(6, seed=1)
     assert put(client, p) == 6
     got = read(client, p)
-    assert got is not None and torch.equal(got.blocks, p.blocks)
+    assert got is not None and torch.equal(as_tensor(got.blocks), p.blocks)
     stats = client.stats()
     assert (stats.num_blocks, stats.used_bytes) == (6, p.blocks.numel() * 4)
     # every block is an object of the plane, under its key; the kvstore's entries hold no bytes
@@ -273,7 +273,7 @@ def test_reads_reuse_their_buffers_and_bytes_read_can_be_written_again(plane_kvs
     del got
     for p in (first, second, KVPayload(first.num_tokens, first.blocks, again), first):
         got = read(client, p)  # each read lands in the buffer the one before let go of
-        assert got is not None and torch.equal(got.blocks, p.blocks)
+        assert got is not None and torch.equal(as_tensor(got.blocks), p.blocks)
         assert got.blocks.data_ptr() == address
         del got
     assert reads.held_bytes == held
@@ -309,7 +309,7 @@ def test_a_block_mooncake_lost_is_not_found_then_dropped_from_the_index(plane_kv
     finally:
         plane.close()
     got = read(client, p)  # blocks 0-2 read; 3 is recomputed by the reader, and 4 after it
-    assert got is not None and got.num_blocks == 3 and torch.equal(got.blocks, p.blocks[:3])
+    assert got is not None and got.num_blocks == 3 and torch.equal(as_tensor(got.blocks), p.blocks[:3])
     # the index learns it: the next prefill is told to write block 3 again, not that it is there
     assert running.store.reconcile() == 1
     assert client.lookup(p.block_hashes) == 3
@@ -344,7 +344,7 @@ def test_a_store_node_killed_loses_no_block_with_two_replicas(tmp_path):
         cluster.kill("store-0")
         for p in written:
             got = read(client, p)
-            assert got is not None and got.num_blocks == 4 and torch.equal(got.blocks, p.blocks)
+            assert got is not None and got.num_blocks == 4 and torch.equal(as_tensor(got.blocks), p.blocks)
         later = payload(4, seed=20)  # written with one node left: it still succeeds
         put(client, later)
         assert torch.equal(read(client, later).blocks, later.blocks)

@@ -14,7 +14,7 @@ import torch
 
 from cli.bench.local_platform import free_port_range
 from cli.bench.mooncake_cluster import MooncakeCluster
-from engine.kv_transfer import KVPayload
+from engine.kv_transfer import KVPayload, as_tensor
 from services.kvstore.client import KVStoreClient
 from services.kvstore.main import add_arguments, config_from_args
 from services.kvstore.mooncake_buffers import ShmBuffers
@@ -68,7 +68,7 @@ def test_beside_the_store_node_blocks_move_through_it_and_no_tcp_client_is_made(
     assert transport.local is not None and transport.local.node == mooncake_cluster.settings.store_nodes[0]
     assert transport._plane is None  # the transfer engine's client was never connected
     got = read(client, p)
-    assert got is not None and torch.equal(got.blocks, p.blocks)
+    assert got is not None and torch.equal(as_tensor(got.blocks), p.blocks)
     # the read landed in shared memory the node maps
     assert isinstance(transport._reads, ShmBuffers) and transport._reads.covers(got.blocks.data_ptr(), _nbytes(p))
     assert transport._plane is None
@@ -89,7 +89,7 @@ def test_an_export_into_the_transports_memory_is_sent_from_where_it_lies(kvstore
     assert put(client, KVPayload(p.num_tokens, exported, p.block_hashes)) == 8
     assert transport._reads.held_bytes == held  # no staging copy: sent from the export's memory
     got = read(client, p)
-    assert torch.equal(got.blocks, p.blocks) and transport._plane.used == []
+    assert torch.equal(as_tensor(got.blocks), p.blocks) and transport._plane.used == []
     transport._plane = None
     # a worker elsewhere (over TCP) reads the same bytes
     remote = KVStoreClient(client.address, transport="mooncake", timeout_s=10, mooncake_local_node="off")
@@ -192,7 +192,7 @@ def test_the_local_node_killed_means_tcp_then_through_it_again_once_it_serves(tm
         assert local is not None and local.node == cluster.settings.store_nodes[0]
         cluster.kill("store-0")
         got = read(client, before)
-        assert got is not None and torch.equal(got.blocks, before.blocks)
+        assert got is not None and torch.equal(as_tensor(got.blocks), before.blocks)
         assert not local.up and local.num_gone == 1
         during = payload(4, seed=111)
         put(client, during)

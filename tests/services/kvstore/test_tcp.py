@@ -16,7 +16,7 @@ import grpc
 import pytest
 import torch
 
-from engine.kv_transfer import KVLayout, KVPayload
+from engine.kv_transfer import KVLayout, KVPayload, as_tensor
 from services.common.security import ClientSecurity, ServerSecurity
 from services.common.tls import ClientTLS, ServerTLS
 from services.kvstore import tcp_frames as frames
@@ -90,7 +90,7 @@ def test_many_blocks_with_a_tail_and_a_gap_round_trip_bit_exact(start_kvstore):
     [answer] = client.get_blocks(sent.block_hashes, ["r/tail"])
     assert list(answer.message.found) == [True] * 301
     got = payload_from_batches([answer], sent.block_hashes, LAYOUT, "r/tail", 7).payload
-    assert got.num_tokens == sent.num_tokens and torch.equal(got.blocks, sent.blocks)
+    assert got.num_tokens == sent.num_tokens and torch.equal(as_tensor(got.blocks), sent.blocks)
     missing = [h(b"absent")]
     [answer] = client.get_blocks(sent.block_hashes[:2] + missing + sent.block_hashes[3:5], ["r/tail", "no/tail"])
     assert list(answer.message.found) == [True, True, False, True, True, True, False]
@@ -285,7 +285,7 @@ def test_tls_with_the_grpc_ports_certificates(start_kvstore, tmp_path):
     sent = payload(5, 5 * BLOCK_SIZE, seed=4)
     assert client.put_blocks(*payload_to_put(sent, LAYOUT, tail_key="")) == 5
     got = payload_from_batches(client.get_blocks(sent.block_hashes), sent.block_hashes, LAYOUT).payload
-    assert torch.equal(got.blocks, sent.blocks)
+    assert torch.equal(as_tensor(got.blocks), sent.blocks)
     client.close()
     no_cert = KVStoreClient(running.address, transport="tcp", tcp_address=running.tcp_address, timeout_s=5,
                             security=ClientSecurity("tok", ClientTLS(certs.ca, server_name=SERVER_NAME)))
@@ -336,8 +336,8 @@ def test_forged_lengths_cost_the_server_no_memory(tmp_path):
         client = KVStoreClient(address, transport="tcp", timeout_s=10)  # the server serves others meanwhile
         sent = payload(8, 8 * BLOCK_SIZE, seed=6)
         assert client.put_blocks(*payload_to_put(sent, LAYOUT, tail_key="")) == 8
-        assert torch.equal(payload_from_batches(client.get_blocks(sent.block_hashes), sent.block_hashes,
-                                                LAYOUT).payload.blocks, sent.blocks)
+        assert torch.equal(as_tensor(payload_from_batches(client.get_blocks(sent.block_hashes), sent.block_hashes,
+                                                LAYOUT).payload.blocks), sent.blocks)
         client.close()
         assert _peak_rss_mb(proc.pid) - before < 150  # not the 15 GiB claimed
         for sock in liars:
@@ -384,7 +384,7 @@ def test_a_client_killed_mid_transfer_leaves_the_server_serving(start_kvstore, w
     sent = payload(6, 6 * BLOCK_SIZE, seed=8)
     assert client.put_blocks(*payload_to_put(sent, LAYOUT, tail_key="")) == 6
     got = payload_from_batches(client.get_blocks(sent.block_hashes), sent.block_hashes, LAYOUT).payload
-    assert torch.equal(got.blocks, sent.blocks)
+    assert torch.equal(as_tensor(got.blocks), sent.blocks)
     deadline = time.monotonic() + 10
     while len(running._tcp._connections) > 1 and time.monotonic() < deadline:  # the client's own pooled one
         time.sleep(0.05)
