@@ -69,7 +69,11 @@ class PlatformConfig:
     cpus_per_worker: int | None = None
     path_policy: str = PathConfig.policy
     short_prompt_tokens: int = RouterConfig.short_prompt_tokens
-    kv_transport: str = "grpc"                # "tcp"/"ucx": the kvstore also serves it, workers move KV over it
+    # "tcp": raw frames on a port of the kvstore's, received into pooled buffers; "grpc": the
+    # kvstore's gRPC port. tcp by default: a decode worker receiving a 1,900-token prompt's
+    # KV over gRPC spent ~1.5 s at half its core in the kernel (fresh receive buffers) while
+    # it decoded others; over TCP, next to nothing (docs/benchmarks.md, issue 33)
+    kv_transport: str = "tcp"                 # "tcp"/"ucx": the kvstore also serves it, workers move KV over it
     # "mooncake": block bytes in Mooncake Store (cli/mooncake_procs.py: a master and store
     # nodes), the kvstore their index and leases, the workers on transport "mooncake"
     kvstore_backend: str = "memory"
@@ -133,14 +137,29 @@ def worker_ranks(argv: list[str] | tuple[str, ...]) -> int:
     return last(TENSOR_PARALLEL_FLAGS) * last(PIPELINE_PARALLEL_FLAGS)
 
 
+def shared_service_cpus(roles: list[str], cpu_sets: list[list[int]]) -> list[int]:
+    """The cores the kvstore and the router run on: the prefill workers' where they have
+    cores of their own, so that the decode workers' cores only decode. Left to the OS
+    (an empty list), a kvstore receiving a long prompt's KV lands on the idle-looking
+    decode core, the only one not busy prefilling: measured, a decode step during a
+    1,900-token handoff took 2x its CPU time in wall time (bench/serve_itl_vs_vllm.py
+    --bursts). The prefill pool is the throughput pool; it absorbs their work. None
+    (empty) when there is no prefill worker or its cores are shared with decoding ones."""
+    prefill = {c for role, cpus in zip(roles, cpu_sets) if role == "prefill" for c in cpus}
+    decoding = {c for role, cpus in zip(roles, cpu_sets) if role != "prefill" for c in cpus}
+    if not prefill or not decoding or prefill & decoding:
+        return []
+    return sorted(prefill)
+
+
 def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     # -P: the working directory stays off sys.path, so a child runs the installed package
     # (a folder named like one of its packages where `pdserve up` was started cannot shadow it)
     cli = [sys.executable, "-P", "-m", "cli.main"]
     kvstore = f"{cfg.host}:{cfg.kvstore_port}"
     # TCP or UCX on a free port: workers ask the kvstore for it (gRPC metadata on Stats)
-    kv_port = {"ucx": ["--ucx-port", "0"], "tcp": ["--tcp-port", "0"]}.get(cfg.kv_transport, [])
     mooncake = cfg.kvstore_backend == "mooncake"
+    kv_port = [] if mooncake else {"ucx": ["--ucx-port", "0"], "tcp": ["--tcp-port", "0"]}.get(cfg.kv_transport, [])
     kv_transport = "mooncake" if mooncake else cfg.kv_transport
     backend = cfg.mooncake.kvstore_args(cfg.host, cfg.kvstore_capacity_bytes) if mooncake else \
         ["--capacity-bytes", str(cfg.kvstore_capacity_bytes)]
@@ -189,6 +208,9 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     router += cfg.router_args
     router += router_discovery_args(cfg.autoscale)
     specs.append(ProcessSpec(ROUTER, router, f"{cfg.host}:{cfg.router_port}", router_metrics, stage=2))
+    if cfg.autoscale is None:  # an autoscaler places later workers on any core
+        for spec in (specs[0], specs[-1]):  # the kvstore, the router
+            spec.cpus = shared_service_cpus(roles, cpu_sets)
     if mooncake:
         specs += [ProcessSpec(name, argv, address, metrics_port, health="tcp", stage=stage,
                               env=dict(MooncakePlan.NODE_ENV) if name.startswith("store-") else {})

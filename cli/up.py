@@ -64,9 +64,10 @@ def add_arguments(p) -> None:
     p.add_argument("--short-prompt-tokens", type=int, default=PlatformConfig.short_prompt_tokens,
                    help="the threshold path policy's direct-path limit")
     p.add_argument("--kv-transport", "--kvstore-transport", dest="kv_transport", choices=("grpc", "tcp", "ucx"),
-                   default=PlatformConfig.kv_transport,
-                   help="how KV blocks move between workers and the kvstore (tcp: raw frames on a TCP port of the "
-                        "kvstore's; ucx: the kvstore also serves UCX)")
+                   default=None,
+                   help=f"how KV blocks move between workers and the kvstore (default {PlatformConfig.kv_transport}; "
+                        "tcp: raw frames on a TCP port of the kvstore's; grpc: its gRPC port; ucx: the kvstore also "
+                        "serves UCX)")
     p.add_argument("--kvstore-backend", choices=("memory", "mooncake"), default=PlatformConfig.kvstore_backend,
                    help="where the kvstore keeps block bytes: in its own memory (default), or in Mooncake Store "
                         "(a mooncake_master and --kvstore-replicas store nodes are started; the workers move "
@@ -141,7 +142,7 @@ def run(args) -> int:
         kvstore_port=args.kvstore_port, worker_base_port=args.worker_base_port,
         metrics_base_port=args.metrics_base_port, cpus_per_worker=args.cpus_per_worker,
         path_policy=args.path_policy, short_prompt_tokens=args.short_prompt_tokens,
-        kv_transport=args.kv_transport, kvstore_backend=args.kvstore_backend,
+        kv_transport=args.kv_transport or PlatformConfig.kv_transport, kvstore_backend=args.kvstore_backend,
         kvstore_capacity_bytes=args.kvstore_capacity_bytes, mooncake=_mooncake_plan(args),
         kvstore_disk_dir=_kvstore_disk_dir(args), kvstore_disk_capacity_bytes=args.kvstore_disk_capacity_bytes,
         worker_args=tuple(shlex.split(args.worker_args)), router_args=tuple(shlex.split(args.router_args)),
@@ -155,7 +156,7 @@ def _mooncake_plan(args) -> MooncakePlan:
         if args.kvstore_replicas != MooncakePlan.replicas:
             raise ValueError("--kvstore-replicas: only with --kvstore-backend mooncake")
         return MooncakePlan()
-    if args.kv_transport != "grpc":
+    if args.kv_transport is not None:
         raise ValueError("--kv-transport: with --kvstore-backend mooncake the bytes move over Mooncake's transfer "
                          "engine; leave --kv-transport out")
     return MooncakePlan(base_port=args.mooncake_base_port, replicas=args.kvstore_replicas)

@@ -26,6 +26,26 @@ def test_plan_wires_workers_to_kvstore_and_router():
     assert len({s.metrics_port for s in specs}) == len(specs)
 
 
+def test_kvstore_and_router_run_on_the_prefill_cores_so_decode_cores_only_decode():
+    specs = {s.name: s for s in plan(PlatformConfig(model="m", num_prefill=1, num_decode=1), [0, 1])}
+    assert specs["kvstore"].cpus == specs["router"].cpus == specs["prefill-0"].cpus == [0]
+    assert specs["decode-0"].cpus == [1]
+    specs = {s.name: s for s in plan(PlatformConfig(model="m", num_prefill=2, num_decode=2), [0, 1, 2, 3])}
+    assert specs["kvstore"].cpus == specs["router"].cpus == [0, 1]
+
+
+def test_kvstore_and_router_are_left_to_the_os_without_prefill_cores_of_their_own():
+    colocated = {s.name: s for s in plan(PlatformConfig(model="m", num_prefill=0, num_decode=2), [0, 1])}
+    only_both = {s.name: s for s in plan(PlatformConfig(model="m", num_prefill=0, num_decode=0, num_both=2), [0, 1])}
+    shared = {s.name: s for s in plan(PlatformConfig(model="m", num_prefill=1, num_decode=2), [0, 1])}  # wraps around
+    for specs in (colocated, only_both, shared):
+        assert specs["kvstore"].cpus == specs["router"].cpus == []
+    assert shared["decode-1"].cpus == shared["prefill-0"].cpus == [0]
+    # a worker of both roles decodes: beside a prefill worker, the services go to the prefill core
+    beside = {s.name: s for s in plan(PlatformConfig(model="m", num_prefill=1, num_decode=0, num_both=1), [0, 1])}
+    assert beside["kvstore"].cpus == beside["prefill-0"].cpus == [0] and beside["both-0"].cpus == [1]
+
+
 def test_plan_without_prefill_workers_is_colocated():
     specs = plan(PlatformConfig(model="m", num_prefill=0, num_decode=2, worker_args=("--no-chunked-prefill",)),
                  [0, 1])

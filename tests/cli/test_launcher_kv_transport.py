@@ -29,17 +29,21 @@ def test_tcp_reaches_the_kvstore_and_every_worker():
         assert _flag(specs[name], "--kvstore-transport") == "tcp"
 
 
-def test_grpc_is_the_default_and_serves_no_ucx():
+def test_tcp_is_the_default_and_grpc_serves_no_port_of_its_own():
     specs = {s.name: s.argv for s in plan(PlatformConfig(), [0, 1])}
+    assert _flag(specs["kvstore"], "--tcp-port") == "0" and "--ucx-port" not in specs["kvstore"]
+    assert _flag(specs["prefill-0"], "--kvstore-transport") == "tcp"
+    specs = {s.name: s.argv for s in plan(PlatformConfig(kv_transport="grpc"), [0, 1])}
     assert "--ucx-port" not in specs["kvstore"] and "--tcp-port" not in specs["kvstore"]
     assert _flag(specs["prefill-0"], "--kvstore-transport") == "grpc"
 
 
 @pytest.mark.parametrize("flag", ["--kv-transport", "--kvstore-transport"])  # the workers' name works too
-@pytest.mark.parametrize("transport", ["ucx", "tcp"])
+@pytest.mark.parametrize("transport", ["ucx", "tcp", "grpc"])
 def test_the_up_command_takes_the_flag(flag, transport):
     args = build_parser().parse_args(["up", flag, transport])
     assert args.kv_transport == transport
+    assert build_parser().parse_args(["up"]).kv_transport is None  # PlatformConfig's default: tcp
 
 
 def test_mooncake_starts_a_master_and_a_store_node_per_replica_before_the_kvstore():
@@ -53,6 +57,7 @@ def test_mooncake_starts_a_master_and_a_store_node_per_replica_before_the_kvstor
                                                                 (0, "tcp", "127.0.0.1:41005")]
     assert all(f"--global_segment_size={100 << 20}" in n.argv for n in nodes)
     kvstore = specs["kvstore"].argv
+    assert "--tcp-port" not in kvstore  # the bytes move over Mooncake's transfer engine
     assert _flag(kvstore, "--backend") == "mooncake" and _flag(kvstore, "--mooncake-master") == "127.0.0.1:41000"
     assert _flag(kvstore, "--mooncake-replicas") == "2"
     assert int(_flag(kvstore, "--capacity-bytes")) < 100 << 20  # the index evicts before Mooncake does
@@ -79,6 +84,7 @@ def test_the_memory_backend_starts_no_mooncake():
     (["--kvstore-replicas", "2"], "--kvstore-replicas: only with --kvstore-backend mooncake"),
     (["--kvstore-backend", "mooncake", "--kv-transport", "ucx"], "--kv-transport"),
     (["--kvstore-backend", "mooncake", "--kvstore-transport", "tcp"], "--kv-transport"),
+    (["--kvstore-backend", "mooncake", "--kv-transport", "grpc"], "--kv-transport"),
     (["--kvstore-backend", "mooncake", "--kvstore-replicas", "9"], "--kvstore-replicas"),
 ])
 def test_up_refuses_mooncake_flags_that_disagree(argv, message):
