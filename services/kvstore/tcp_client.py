@@ -4,7 +4,7 @@ A put goes out as one PUT_BLOCKS frame: its header and message, then the payload
 memory itself, handed to sendmsg with no join. A get's answer is read straight into one
 buffer sized from its headers, which the reader then views as the KVPayload tensor
 (torch.frombuffer in kv_wire.py): one copy in all, the kernel's. That buffer comes from
-a small pool (ReceiveBuffers): memory the process touched before, not fresh pages.
+a small pool (ReusedBuffers): memory the process touched before, not fresh pages.
 
 One request at a time per connection; a pool rather than one connection behind a lock,
 because a get may wait on the server for a pending write (seconds) and must not hold up
@@ -18,7 +18,6 @@ Put and Get (one KVBlock per message, for tools and tests) go over gRPC.
 from __future__ import annotations
 
 import socket
-import sys
 import threading
 from collections.abc import Callable
 
@@ -28,6 +27,7 @@ from services.common.tls import ClientTLS
 from services.kvstore import tcp_frames as frames
 from services.kvstore.batch_codec import Decoded, OutBatch
 from services.kvstore.errors import InvalidArgument, KVStoreError
+from services.kvstore.reused_buffers import ReusedBuffers
 from services.kvstore.tcp_frames import BadFrame
 from services.kvstore.transport import BlockTransport
 from services.kvstore.validate import block_nbytes
@@ -36,50 +36,6 @@ from services.pb import kvstore_pb2 as pb
 CONNECT_TIMEOUT_S = 5.0
 POOL_SIZE = 4  # idle connections kept; more may be open while requests are in flight
 RECEIVE_BUFFERS = 4  # answers' buffers kept for reuse
-
-
-class ReceiveBuffers:
-    """Buffers for answers, reused once nothing views them any more.
-
-    Why: a get's answer is tens of MB (47 MB for 1k tokens of SmolLM2 in float32), and
-    glibc maps an allocation that large afresh each time, so every byte received would
-    first cost a page fault and the kernel zeroing the page: measured here, 22 ms to copy
-    47 MB into fresh memory against 2 ms into memory used before, more than the transfer.
-    So a buffer is kept after its answer and reused once nothing views it: the reader's
-    views (the Decoded's memoryview, the payload tensor made from it by torch.frombuffer)
-    each hold a reference to it, and when its reference count is back to the pool's own
-    nobody can read it any more. At most `max_buffers` are kept (the largest ones); a
-    buffer larger than an answer serves it, viewed to the answer's size.
-    """
-
-    # sys.getrefcount of a pooled buffer that nothing else holds: the pool's list and the call's argument
-    _FREE_REFCOUNT = 2
-
-    def __init__(self, max_buffers: int = RECEIVE_BUFFERS):
-        self._max_buffers = max_buffers
-        self._lock = threading.Lock()
-        self._buffers: list[bytearray] = []
-
-    def take(self, size: int) -> memoryview:
-        """`size` bytes to receive into, nothing else viewing them."""
-        with self._lock:
-            for i in range(len(self._buffers)):
-                if len(self._buffers[i]) >= size and sys.getrefcount(self._buffers[i]) == self._FREE_REFCOUNT:
-                    return memoryview(self._buffers[i])[:size]
-            buffer = bytearray(size)
-            self._keep(buffer)
-            return memoryview(buffer)[:size]
-
-    def _keep(self, buffer: bytearray) -> None:
-        """Pools `buffer`, in place of a smaller free one when the pool is full."""
-        if len(self._buffers) < self._max_buffers:
-            self._buffers.append(buffer)
-            return
-        free = [i for i in range(len(self._buffers)) if sys.getrefcount(self._buffers[i]) == self._FREE_REFCOUNT]
-        if free:
-            smallest = min(free, key=lambda i: len(self._buffers[i]))
-            if len(self._buffers[smallest]) < len(buffer):
-                self._buffers[smallest] = buffer
 
 
 class TcpTransport(BlockTransport):
@@ -104,7 +60,7 @@ class TcpTransport(BlockTransport):
         self._lock = threading.Lock()
         self._idle: list[socket.socket] = []
         self._closed = False
-        self._buffers = ReceiveBuffers()
+        self._buffers = ReusedBuffers(RECEIVE_BUFFERS)
 
     def put(self, requests):
         return self._rpc.put(requests)

@@ -14,6 +14,7 @@ from services.common.grpc_server import RunningServer, ServiceSpec, start_server
 from services.common.kv_events import kv_events_service
 from services.common.process import configure_logging, set_cpu_threads, wait_for_shutdown
 from services.kvstore.client import KVStoreClient
+from services.kvstore.reused_buffers import ReusedBuffers
 from services.worker.config import WorkerConfig, add_worker_arguments, worker_config_from_args
 from services.worker.engine_loop import EngineLoop
 from services.worker.kv_events import WorkerKVEvents
@@ -96,16 +97,30 @@ def kvstore_client(cfg: WorkerConfig) -> KVStoreClient:
                          channel_options=KVSTORE_CHANNEL_OPTIONS, mooncake_local_node=cfg.mooncake_local_node)
 
 
-def export_into_kvstore_memory(engine: EngineCore, kvstore: KVStoreClient) -> None:
-    """With the Mooncake plane through a store node on this host, the engine exports KV
-    into shared memory that node maps, and a put sends it from there as it is."""
-    if kvstore.transport != "mooncake" or kvstore.mooncake_local_node == "off":
-        return
-    import torch
+# Exports a CPU worker keeps memory for: a prefill's put and a finished request's write
+# can be in flight at once, each viewing its export until sent.
+EXPORT_BUFFERS = 4
 
-    def allocate(nbytes: int):
-        buffer = kvstore.export_buffer(nbytes)
-        return None if buffer is None else torch.from_numpy(buffer)
+
+def choose_kv_export_memory(engine: EngineCore, kvstore: KVStoreClient, device: str) -> None:
+    """Where the engine exports the KV it puts: with the Mooncake plane through a store
+    node on this host, shared memory that node maps (a put sends it from there as it is);
+    on the CPU otherwise, buffers reused once the put has sent them, not fresh pages each
+    time (services/kvstore/reused_buffers.py: a 1,900-token prompt's 87 MB export faulted
+    in afresh kept the prefill core in the kernel for most of a second). A GPU worker
+    keeps the engine's own pinned allocation."""
+    import torch
+    if kvstore.transport == "mooncake" and kvstore.mooncake_local_node != "off":
+        def allocate(nbytes: int):
+            buffer = kvstore.export_buffer(nbytes)
+            return None if buffer is None else torch.from_numpy(buffer)
+    elif torch.device(device).type == "cpu":
+        buffers = ReusedBuffers(EXPORT_BUFFERS)
+
+        def allocate(nbytes: int):
+            return torch.frombuffer(buffers.take(nbytes), dtype=torch.uint8)
+    else:
+        return
     engine.set_kv_export_allocator(allocate)
 
 
@@ -117,7 +132,7 @@ def serve_worker(cfg: WorkerConfig, loaded, role: str, services: list[WorkerServ
     metrics = WorkerMetrics(role, cfg.served_name)
     engine = build_engine(cfg, loaded)
     kvstore = kvstore_client(cfg)
-    export_into_kvstore_memory(engine, kvstore)
+    choose_kv_export_memory(engine, kvstore, cfg.engine.device)
     kv_events = WorkerKVEvents(engine.info)
     loop = EngineLoop(engine, on_step=metrics.update, on_kv_events=kv_events.on_events)
     loop.start()

@@ -112,7 +112,7 @@ def test_stored_blocks_keep_their_own_buffers(start_kvstore):
 
 
 def test_an_answer_in_use_is_never_received_into_again(start_kvstore):
-    """Answers' buffers are reused (ReceiveBuffers), but only once nothing views them."""
+    """Answers' buffers are reused (ReusedBuffers), but only once nothing views them."""
     running = start_kvstore(capacity_bytes=8 << 20)
     client = tcp_client(running)
     sent = [payload(3, 3 * BLOCK_SIZE, seed=s) for s in (10, 11)]
@@ -129,8 +129,8 @@ def test_an_answer_in_use_is_never_received_into_again(start_kvstore):
 
 
 def test_receive_buffers_are_reused_once_free_and_bounded():
-    from services.kvstore.tcp_client import ReceiveBuffers
-    buffers = ReceiveBuffers(max_buffers=2)
+    from services.kvstore.reused_buffers import ReusedBuffers
+    buffers = ReusedBuffers(max_buffers=2)
     first = buffers.take(100)
     owner = id(first.obj)  # not the object: a reference to it would keep it in use
     del first
