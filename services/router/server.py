@@ -195,15 +195,17 @@ class _Servers:
 
 def _start_servers(cfg: RouterConfig, http: HttpConfig | None, servicer: RouterServicer, readiness: Readiness,
                    tokenizer) -> _Servers:
-    """The gRPC API, /metrics and the HTTP API; none left running when one fails to start."""
+    """The gRPC API, /metrics and the HTTP API; none left running when one fails to start.
+    The gRPC health says NOT_SERVING until the HTTP API listens too: `pdserve up` and a
+    Kubernetes probe take SERVING to mean every front of the router accepts requests."""
     server = start_server([ServiceSpec("pdserve.v1.Router", add_router_to_server, servicer)], cfg.host, cfg.port,
-                          max_workers=cfg.max_concurrent_streams, serving=readiness.ready(), security=cfg.public,
+                          max_workers=cfg.max_concurrent_streams, serving=False, security=cfg.public,
                           max_receive_bytes=max_request_bytes(cfg.max_request_bytes, servicer.model.max_model_len))
     try:
-        readiness.publish_to(server)
         metrics = servicer.metrics.metrics
         metrics_port = metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None
         http_server = _start_http(cfg, http, servicer, readiness, tokenizer) if http is not None else None
+        readiness.publish_to(server)
     except Exception:
         server.stop(0)
         raise

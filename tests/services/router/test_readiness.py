@@ -86,3 +86,33 @@ def test_colocated_router_is_ready_over_http_with_a_decode_worker(make_cluster, 
         assert _health(router)["pdserve.v1.Router"] == NOT_SERVING
     finally:
         router.stop(grace_s=0)
+
+
+def test_grpc_health_says_serving_only_once_the_http_api_listens(make_cluster, tiny_llama_dir, tokenizer,
+                                                                  monkeypatch):
+    """`pdserve up` (and a probe) read SERVING as "every front accepts requests": while the HTTP
+    API is still starting, a ready decode pool must not make the gRPC health say SERVING
+    (seen: a test's first HTTP request refused right after `pdserve is up` on a loaded machine)."""
+    from cli.bench.local_platform import free_port
+    from services.common.grpc_server import is_serving
+    from services.router.fronts.http.server import HttpServer
+
+    workers = make_cluster(num_prefill=0, num_decode=1)
+    decode = workers.router.registry.views("decode")[0].address
+    port = free_port()
+    seen_while_starting = []
+    start = HttpServer.start
+
+    def checking_start(self, *args, **kwargs):
+        seen_while_starting.append(is_serving(f"127.0.0.1:{port}", timeout=5))
+        return start(self, *args, **kwargs)
+
+    monkeypatch.setattr(HttpServer, "start", checking_start)
+    router = serve(RouterConfig(model=tiny_llama_dir, decode_addresses=(decode,), port=port, poll_interval_s=3600.0),
+                   tokenizer=tokenizer, http=HttpConfig(port=0))
+    try:
+        assert seen_while_starting == [False]
+        assert _health(router)["pdserve.v1.Router"] == SERVING
+        assert _http_health(router)[0] == 200
+    finally:
+        router.stop(grace_s=0)
