@@ -32,6 +32,14 @@ KVSTORE_CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.mi
 MakeServicer = Callable[[EngineLoop, WorkerMetrics, KVStoreClient], WorkerServicer]
 
 
+# The worker's gRPC server threads (started on demand). Each open decode stream and each
+# waiting prefill holds one for its life, and the router's load polls and health checks
+# queue behind them when none is free: three polls timed out in a row and the router took
+# a busy worker for lost, cutting every stream it had. Far past what routers send one
+# worker (64 outstanding per router, the worker's own queue bound refusing more).
+RPC_THREADS = 1024
+
+
 @dataclass(frozen=True)
 class WorkerService:
     """One gRPC service a worker serves over its engine (PrefillWorker, DecodeWorker)."""
@@ -138,7 +146,8 @@ def serve_worker(cfg: WorkerConfig, loaded, role: str, services: list[WorkerServ
     loop.start()
     servicers = tuple(service.make_servicer(loop, metrics, kvstore) for service in services)
     specs = [ServiceSpec(service.name, service.register, servicer) for service, servicer in zip(services, servicers)]
-    server = start_server([*specs, kv_events_service(kv_events.publisher)], cfg.host, cfg.port, security=cfg.security)
+    server = start_server([*specs, kv_events_service(kv_events.publisher)], cfg.host, cfg.port, security=cfg.security,
+                          max_workers=RPC_THREADS)
     metrics_port = metrics.metrics.serve(cfg.host, cfg.metrics_port) if cfg.metrics_port is not None else None
     spec = cfg.engine.speculative_config
     logging.getLogger(__name__).info("%s worker on %s:%d (model %s%s)", role, cfg.host, server.port, cfg.engine.model,

@@ -1,4 +1,4 @@
-"""kvstore.transport=ucx (or tcp): the kvstore listens on UCX (or raw TCP frames) with its
+"""kvstore.transport=ucx, tcp (auto, the default) or grpc: the kvstore listens on UCX (or raw TCP frames) with its
 container, Service and NetworkPolicy ports, every worker moves KV over it, and the command
 lines are what `pdserve` accepts."""
 from __future__ import annotations
@@ -34,10 +34,21 @@ def test_tcp_is_served_and_used_end_to_end():
         assert parse(container(deployment(m, pool))).kvstore_transport == "tcp"
 
 
-def test_grpc_by_default_with_no_ucx_port():
+def test_tcp_by_default():
     m = render()
     kvstore = container(deployment(m, "kvstore"))
+    assert parse(kvstore).tcp_port == 50062 and parse(kvstore).ucx_port is None
+    assert "kv-tcp" in [p["name"] for p in m.get("Service", f"{FULLNAME}-kvstore")["spec"]["ports"]]
+    for pool in ("prefill", "decode"):
+        assert parse(container(deployment(m, pool))).kvstore_transport == "tcp"
+
+
+def test_grpc_opens_no_block_port():
+    m = render(sets=("kvstore.transport=grpc", "networkPolicy.enabled=true"))
+    kvstore = container(deployment(m, "kvstore"))
     assert parse(kvstore).ucx_port is None and parse(kvstore).tcp_port is None
-    assert "ucx" not in [p["name"] for p in m.get("Service", f"{FULLNAME}-kvstore")["spec"]["ports"]]
+    assert [p["name"] for p in m.get("Service", f"{FULLNAME}-kvstore")["spec"]["ports"]] == ["grpc", "metrics"]
+    policy = m.get("NetworkPolicy", f"{FULLNAME}-kvstore")
+    assert policy["spec"]["ingress"][0]["ports"] == [{"port": "grpc", "protocol": "TCP"}]
     for pool in ("prefill", "decode"):
         assert parse(container(deployment(m, pool))).kvstore_transport == "grpc"

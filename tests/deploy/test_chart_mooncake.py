@@ -324,6 +324,8 @@ def test_the_schema_refuses(sets, where):
     (("kvstore.replicas=2",), "kvstore.replicas=2 with kvstore.backend.type=mooncake: the block index lives in the "
                               "one kvstore process"),
     (("kvstore.transport=ucx",), "kvstore.transport=ucx with kvstore.backend.type=mooncake"),
+    (("kvstore.transport=grpc",), "kvstore.transport=grpc with kvstore.backend.type=mooncake: the workers move the "
+                                  "bytes over Mooncake's transfer engine; leave kvstore.transport=auto"),
     (("kvstore.backend.mooncake.replicas=4",),
      "kvstore.backend.mooncake.replicas=4 is above kvstore.backend.mooncake.store.nodes=3"),
     (("kvstore.backend.mooncake.protocol=rdma",),

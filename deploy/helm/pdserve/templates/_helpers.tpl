@@ -51,9 +51,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{/* How the workers move KV bytes (--kvstore-transport): over Mooncake's transfer engine
-with the mooncake backend, else kvstore.transport (grpc or ucx). */}}
+with the mooncake backend, else kvstore.transport, where auto is tcp (a decode receiving a
+long prompt's KV over gRPC spends its own CPU on it: docs/kvstore.md). */}}
 {{- define "pdserve.kvTransport" -}}
-{{- if eq .Values.kvstore.backend.type "mooncake" -}}mooncake{{- else -}}{{ .Values.kvstore.transport }}{{- end -}}
+{{- $t := .Values.kvstore.transport -}}
+{{- if eq .Values.kvstore.backend.type "mooncake" -}}mooncake{{- else if eq $t "auto" -}}tcp{{- else -}}{{ $t }}{{- end -}}
 {{- end -}}
 
 {{/* The Mooncake master's Service (and Deployment) name: the endpoint every Mooncake

@@ -78,8 +78,8 @@ the rest (templates/mooncake.yaml). */}}
 {{- if gt (int $v.kvstore.replicas) 1 -}}
 {{- fail (printf "kvstore.replicas=%d with kvstore.backend.type=mooncake: the block index lives in the one kvstore process (replicas would each index different blocks); the bytes scale with kvstore.backend.mooncake.store.nodes" (int $v.kvstore.replicas)) -}}
 {{- end -}}
-{{- if ne $v.kvstore.transport "grpc" -}}
-{{- fail (printf "kvstore.transport=%s with kvstore.backend.type=mooncake: the workers move the bytes over Mooncake's transfer engine; leave kvstore.transport=grpc" $v.kvstore.transport) -}}
+{{- if ne $v.kvstore.transport "auto" -}}
+{{- fail (printf "kvstore.transport=%s with kvstore.backend.type=mooncake: the workers move the bytes over Mooncake's transfer engine; leave kvstore.transport=auto" $v.kvstore.transport) -}}
 {{- end -}}
 {{- if gt (int $m.replicas) (int $store.nodes) -}}
 {{- fail (printf "kvstore.backend.mooncake.replicas=%d is above kvstore.backend.mooncake.store.nodes=%d: each copy of a block needs a store node of its own" (int $m.replicas) (int $store.nodes)) -}}
