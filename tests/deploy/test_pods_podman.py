@@ -45,6 +45,7 @@ def image() -> str:
 
 def rendered(ports: dict[str, int], metrics_port: int) -> list[dict]:
     sets = (f"router.port={ports['router']}", f"router.http.port={ports['http']}", f"kvstore.port={ports['kvstore']}",
+            f"kvstore.tcpPort={ports['kv_tcp']}",
             f"prefill.port={ports['prefill']}", f"decode.port={ports['decode']}", f"metricsPort={metrics_port}",
             "listenHost=127.0.0.1", f"decode.preStopSleepSeconds={DECODE_PRE_STOP_S}",
             f"auth.apiKey.value={API_KEY}", f"auth.internalToken.value={INTERNAL_TOKEN}")
@@ -103,7 +104,7 @@ class Stream:
 
 def test_the_charts_pods_run_from_the_image_serve_and_drain(tmp_path, offline):
     assert image_exists(image()), f"no image {image()}: `make image` builds it (make test-deploy does first)"
-    names = ("router", "http", "kvstore", "prefill", "decode")
+    names = ("router", "http", "kvstore", "kv_tcp", "prefill", "decode")
     ports = dict(zip(names, free_ports(len(names))))
     metrics = dict(zip(("kvstore", "prefill", "decode", "router"), free_ports(4)))
     api = EndpointSliceServer(NAMESPACE, tmp_path / "apiserver")
