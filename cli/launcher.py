@@ -166,7 +166,7 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     if cfg.kvstore_disk_dir is not None:
         backend = [*backend, "--disk-dir", cfg.kvstore_disk_dir,
                    "--disk-capacity-bytes", str(cfg.kvstore_disk_capacity_bytes)]
-    specs = [ProcessSpec("kvstore", [*cli, "kvstore", "--host", cfg.host, "--port", str(cfg.kvstore_port),
+    specs = [ProcessSpec(KVSTORE, [*cli, "kvstore", "--host", cfg.host, "--port", str(cfg.kvstore_port),
                                      "--metrics-port", str(cfg.metrics_base_port), *kv_port, *backend], kvstore,
                          cfg.metrics_base_port)]
     roles = ["prefill"] * cfg.num_prefill + ["decode"] * cfg.num_decode + ["both"] * cfg.num_both
@@ -209,8 +209,10 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     router += router_discovery_args(cfg.autoscale)
     specs.append(ProcessSpec(ROUTER, router, f"{cfg.host}:{cfg.router_port}", router_metrics, stage=2))
     if cfg.autoscale is None:  # an autoscaler places later workers on any core
-        for spec in (specs[0], specs[-1]):  # the kvstore, the router
-            spec.cpus = shared_service_cpus(roles, cpu_sets)
+        service_cpus = shared_service_cpus(roles, cpu_sets)
+        for spec in specs:
+            if spec.name in (KVSTORE, ROUTER):
+                spec.cpus = list(service_cpus)
     if mooncake:
         specs += [ProcessSpec(name, argv, address, metrics_port, health="tcp", stage=stage,
                               env=dict(MooncakePlan.NODE_ENV) if name.startswith("store-") else {})

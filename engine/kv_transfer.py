@@ -116,12 +116,11 @@ class BlockChunks:
         if not isinstance(index, slice) or index.step not in (None, 1):
             raise TypeError(f"BlockChunks takes slices of whole blocks, not {index!r}")
         start, stop, _ = index.indices(len(self))
-        parts, offset = [], 0
-        for c in self.chunks:
+        parts = []
+        for offset, c in self.pieces():
             lo, hi = max(start - offset, 0), min(stop - offset, c.shape[0])
             if lo < hi:
                 parts.append(c[lo:hi])
-            offset += c.shape[0]
         if not parts:
             raise ValueError(f"BlockChunks: blocks {start}:{stop} of {len(self)} is empty")
         return BlockChunks(parts)
