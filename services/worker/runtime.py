@@ -187,7 +187,10 @@ def worker_cli(serves: dict[str, Callable[[WorkerConfig], RunningWorker]], defau
             running.drain_timeout_s = 0.0
             running.stop()
             return 1
-        logging.getLogger(__name__).info("draining and stopping")
+        # what the drain waits for, counted when the signal came (the operator's answer to
+        # "why is it still up?")
+        in_flight = sum(servicer.in_flight.count for servicer in running.servicers)
+        logging.getLogger(__name__).info("draining and stopping: %d calls in flight", in_flight)
         running.stop()
         running.loop.shutdown_engine()
         return 0

@@ -8,6 +8,7 @@ Every stream started before, during and after the drain completes with all its t
 equal to the same prompt's greedy tokens once only decode-0 is left."""
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from engine import SamplingParams
 from services.router.client import RouterClient
 from tests.cli.test_autoscale import decisions
-from tests.cli.up_platform import running_up, scrape, up_ports
+from tests.cli.up_platform import running_up, up_ports
 
 VALUES = Path(__file__).with_name("autoscale_decode_values.yaml")
 GREEDY = SamplingParams(max_tokens=160, temperature=0.0, ignore_eos=True)
@@ -29,7 +30,9 @@ PROMPTS = [f"stream {i}: " + "the quick brown fox jumps over the lazy dog " * (1
 def platform(tiny_llama_dir, tmp_path_factory):
     args = ["--prefill", "1", "--decode", "2", "--path-policy", "threshold", "--short-prompt-tokens", "24",
             "--autoscale", "--autoscale-values", str(VALUES), "--autoscale-sync-s", "1"]
-    with running_up(tiny_llama_dir, up_ports(3), args, tmp_path_factory.mktemp("autoscale-decode")) as up:
+    # INFO: the drained worker's own count of its open calls is what the test reads
+    with running_up(tiny_llama_dir, up_ports(3), args, tmp_path_factory.mktemp("autoscale-decode"),
+                    env=dict(os.environ, PDSERVE_LOG_LEVEL="INFO")) as up:
         yield up
 
 
@@ -61,29 +64,6 @@ class Streams:
             t.join(timeout=180)
 
 
-class RunningSampler:
-    """decode-1's running requests, sampled until the drain is seen: a worker that drains
-    fast can be gone (its /metrics with it) before a scrape made after the log line."""
-
-    def __init__(self, url: str):
-        self.url, self.last = url, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            try:
-                self.last = scrape(self.url, "pdserve_requests_running")
-            except OSError:   # draining or gone: keep the last value it reported
-                return
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        return self.last
-
-
 def _generate(router: str, prompt: str) -> list[int]:
     with RouterClient(router) as client:
         return list(client.generate_text(prompt, GREEDY, timeout_s=120).token_ids)
@@ -91,15 +71,16 @@ def _generate(router: str, prompt: str) -> list[int]:
 
 def test_the_decode_pool_drains_a_worker_with_open_streams_and_loses_none(platform):
     up = platform
-    drained_url = up.metrics_url("decode-1")
     streams = Streams(up.router)
-    running = RunningSampler(drained_url)
     try:
         # the HPA's first sync counted 2 replicas as a recommendation: 1 only after the window
         draining = up.wait_for(r"autoscale: draining (decode-\d+) \(pid \d+\)", timeout_s=120)
         assert draining.group(1) == "decode-1", "the newest decode worker goes first"
-        open_streams = running.stop()
         mark = up.mark()
+        # the worker's own count of its calls when SIGTERM came: a sampled /metrics gauge
+        # could read 0 once the drain had already finished the streams
+        open_streams = int(up.wait_for(r"\[\s*decode-1\] .*draining and stopping: (\d+) calls in flight",
+                                       timeout_s=60).group(1))
         exited = up.wait_for(r"autoscale: decode-1 drained and exited \(code (-?\d+)\)", timeout_s=150, start=mark)
         after_drain = len(up.lines)
     finally:

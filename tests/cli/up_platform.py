@@ -95,13 +95,14 @@ def running_up(model_dir: str, ports: dict[str, int], extra_args: list[str], log
                cwd: Path | None = None, env: dict[str, str] | None = None):
     """`pdserve up` on `ports` until the block ends; then SIGINT (a terminal's Ctrl-C), its
     log saved under `log_dir`, and no process of its session left behind. `pdserve`, `cwd`
-    and `env`: the command as a user runs it (an installed console script, elsewhere)."""
+    and `env`: the command as a user runs it (an installed console script, elsewhere); its
+    processes log warnings and worse unless `env` sets PDSERVE_LOG_LEVEL."""
     cmd = [*pdserve, "up", "--model", model_dir,
            "--port", str(ports["router"]), "--kvstore-port", str(ports["kvstore"]),
            "--http-port", str(ports["http"]) if "http" in ports else "off",
            "--worker-base-port", str(ports["workers"]), "--metrics-base-port", str(ports["metrics"]), *extra_args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            cwd=cwd, env=dict(env or os.environ, PDSERVE_LOG_LEVEL="WARNING"))
+                            cwd=cwd, env={"PDSERVE_LOG_LEVEL": "WARNING", **(env or os.environ)})
     up = Platform(proc, ports)
     try:
         up.wait_for("pdserve is up", timeout_s=startup_timeout_s)
