@@ -51,6 +51,9 @@ class StepBudget:
     prompt tokens (max_step_ms at the measured rate; the same as the tokens without it)."""
     num_tokens: int
     num_prefill_tokens: int
+    # what is left of the room the requests asking for small chunks share (None: none of
+    # them scheduled yet this step): their caps size the step, not each request
+    num_capped_prefill_tokens: int | None = None
 
 
 class Scheduler:
@@ -140,14 +143,16 @@ class Scheduler:
     def _num_new_tokens(self, request: Request, num_computed: int, budget: StepBudget) -> int:
         """Tokens to compute this step; 0 when chunked prefill is off and the rest does not fit.
         A request may ask for smaller chunks than the engine's (a router sizing a prefill
-        to the ITL budget of the streams it joins)."""
+        to the ITL budget of the streams it joins). That budget is the step's: the requests
+        asking for it share it, so two prompts sent to one worker make its steps no longer
+        than one would."""
         remaining = request.num_tokens - num_computed
         room = budget.num_tokens if remaining == 1 else min(budget.num_tokens, budget.num_prefill_tokens)
         if not self.config.enable_chunked_prefill:
             return remaining if remaining <= room else 0
         chunk = self.config.long_prefill_token_threshold
         if request.prefill_chunk_tokens:
-            chunk = min(chunk, request.prefill_chunk_tokens)
+            chunk = min(chunk, _capped_room(request, budget))
         return max(0, min(remaining, chunk, room))
 
     def _schedule_running(self, out: SchedulerOutput, budget: StepBudget) -> None:
@@ -237,6 +242,8 @@ class Scheduler:
         num_loaded = self._num_loaded(request, num_hit_tokens)
         num_computed = num_hit_tokens + num_loaded
         num_new = self._num_new_tokens(request, num_computed, budget)
+        if num_new == 0 and request.prefill_chunk_tokens and budget.num_capped_prefill_tokens == 0:
+            return True  # the shared room went to others this step; the rest of the queue need not wait
         if num_new == 0:  # waits at the head: skipping it would starve long prompts
             return False
         new_blocks = self.kv.allocate_slots(request, num_loaded + num_new, hits)
@@ -287,6 +294,8 @@ class Scheduler:
         out.num_scheduled_tokens[request.req_id] = num_new
         if not is_decode(request):  # a prompt chunk: it moves srpt's work clock, the request's own with it
             budget.num_prefill_tokens -= num_new
+            if request.prefill_chunk_tokens:
+                budget.num_capped_prefill_tokens = _capped_room(request, budget) - num_new
             self.clock += num_new
             request.aging_clock += num_new
         budget.num_tokens -= num_new
@@ -338,3 +347,11 @@ class Scheduler:
         """That work by priority and rank bucket, as this scheduler's order ranks it against a
         newcomer (the load report: the router estimates a new request's wait from it)."""
         return summarize_queue([*self.waiting, *self.running], self.order, self.clock)
+
+
+def _capped_room(request: Request, budget: StepBudget) -> int:
+    """What a request asking for small chunks may take this step: its own cap, within what
+    the others asking for one left."""
+    if budget.num_capped_prefill_tokens is None:
+        return request.prefill_chunk_tokens
+    return min(request.prefill_chunk_tokens, budget.num_capped_prefill_tokens)

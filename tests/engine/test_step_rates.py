@@ -88,3 +88,29 @@ def test_a_request_can_ask_for_smaller_prefill_chunks_with_the_same_tokens(engin
     assert capped == whole
     with pytest.raises(InvalidRequestError, match="prefill_chunk_tokens"):
         engine.add_request(EngineRequest("bad", prompt, SamplingParams(max_tokens=1), prefill_chunk_tokens=-1))
+
+
+def test_requests_asking_for_small_chunks_share_one_steps_room(engine):
+    """The cap is the ITL room of the streams a prompt joins: a second capped prompt on the
+    same worker waits for the first's chunks instead of doubling each step. An uncapped
+    prompt is not held back by it, and each prompt's tokens stay its own."""
+    first, second = list(range(3, 103)), list(range(7, 87))
+    alone = {name: _run(engine, f"{name}-alone", prompt)[0] for name, prompt in (("a", first), ("b", second))}
+    engine.add_request(EngineRequest("a", first, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
+                                     prefill_chunk_tokens=16))
+    engine.add_request(EngineRequest("b", second, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
+                                     prefill_chunk_tokens=16))
+    engine.add_request(EngineRequest("c", list(range(5, 45)), SamplingParams(max_tokens=1, temperature=0.0)))
+    prefill_per_step, outputs = [], {}
+    while engine.has_unfinished_requests():
+        before = {r: q.num_computed_tokens for r, q in engine.scheduler.requests.items()}
+        for out in engine.step():
+            outputs[out.req_id] = out.token_ids
+        after = {r: q.num_computed_tokens for r, q in engine.scheduler.requests.items()}
+        capped = sum(min(after.get(r, len(p)), len(p)) - before[r]
+                     for r, p in (("a", first), ("b", second)) if r in before and before[r] < len(p))
+        prefill_per_step.append(capped)
+    assert max(prefill_per_step) == 16, prefill_per_step   # never 32: one step's room, shared
+    assert sum(prefill_per_step) == len(first) + len(second)
+    assert outputs["a"] == alone["a"] and outputs["b"] == alone["b"]
+    assert len(outputs["c"]) == 1

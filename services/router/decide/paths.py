@@ -26,7 +26,7 @@ from engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
 # PATH_POLICIES: the flags' choices, found here beside the policies they name
 from services.router.decide.config import PATH_POLICIES, PathConfig, RoutingConfig, SLOClass  # noqa: F401
 from services.router.decide.policy import MostRoomDecode
-from services.router.decide.saturation import prefill_backlog, prefill_work_ahead
+from services.router.decide.saturation import decode_prefill_backlog, prefill_backlog, prefill_work_ahead
 from services.router.decide.views import WorkerView
 
 DIRECT = "direct"                  # a decode worker prefills the prompt itself
@@ -106,14 +106,16 @@ class AdaptivePaths(PathPolicy):
            prefill pool:  step in flight + (work ahead + prompt) / pool rate + hand-off
            direct:        decode backlog / rate + steps x (step + chunk / rate) + stall
 
-       where the work ahead is what the prefill worker's own order (WorkerLoad.queued_prefill)
+       where the decode backlog is the prompt tokens it has yet to compute (its report and
+       what this router sent since), not the prompts of streams it already decodes, and
+       the work ahead is what the prefill worker's own order (WorkerLoad.queued_prefill)
        puts before this request: under srpt, of its class, only what ranks below its length,
        so a short prompt behind long ones waits one step (max_step_ms), not their backlog.
        Short prompts go through the prefill pool unless it is busy with work that goes
        first; long prompts take the pool (the isolation the pools exist for)...
     3. ...unless the pool's estimate misses the request's own TTFT target and the decode
-       worker, prefilling nothing else, meets it in chunks sized to the ITL room as above
-       ("prefill_pool_misses_ttft"): a TTFT the operator's SLO counts as lost is not bought
+       worker meets it, after the prompts it has queued, in chunks sized to the ITL room as
+       above ("prefill_pool_misses_ttft"): a TTFT the operator's SLO counts as lost is not bought
        with idle decode compute. Steps stay within the strictest ITL target, so the running
        streams keep theirs; they lose only the margin under it (the isolation benchmark's
        calm-to-burst ratio), and only while the pool is behind.
@@ -132,7 +134,7 @@ class AdaptivePaths(PathPolicy):
         decode = MostRoomDecode().choose(pools.decode)
         step_s = (decode.decode_step_ms or cfg.default_decode_step_ms) / 1000
         rate = self._rate(decode, pools)
-        backlog = prefill_backlog(decode)
+        backlog = decode_prefill_backlog(decode)
         room_s = max(0.0, self._strictest_itl_s - step_s)
         if (backlog + n) / rate <= room_s:
             return PathChoice(DIRECT, "fits_itl_budget")
@@ -159,15 +161,16 @@ class AdaptivePaths(PathPolicy):
     def _rescue(self, n: int, rate: float, step_s: float, room_s: float, backlog: int,
                 ttft_target_s: float) -> PathChoice | None:
         """The prefill pool would miss the request's TTFT target: the decode worker takes the
-        prompt, whatever its length, if it can meet the target in chunks that keep each of
-        its steps within the strictest ITL target (so its streams keep theirs) and nothing
-        else is prefilling there (two prompts' chunks would share one step's room)."""
-        if backlog:
-            return None
+        prompt, whatever its length, if it meets the target in chunks that keep each of its
+        steps within the strictest ITL target (so its streams keep theirs), after the prompt
+        tokens it has queued already. The chunk is always given: the requests capped so
+        share one step's room on the worker (the engine's rule), so a second prompt sent
+        there waits for the first instead of lengthening its steps."""
         chunk = max(self.cfg.min_direct_chunk_tokens, int(room_s * rate))
-        if -(-n // chunk) * step_s + n / rate > ttft_target_s:
+        work = backlog + n
+        if -(-work // chunk) * step_s + work / rate > ttft_target_s:
             return None
-        return PathChoice(DIRECT, "prefill_pool_misses_ttft", prefill_chunk_tokens=chunk if chunk < n else 0)
+        return PathChoice(DIRECT, "prefill_pool_misses_ttft", prefill_chunk_tokens=chunk)
 
     def _prefill_ttft_s(self, w: WorkerView, n: int, priority: int, pools: PoolsNow) -> float:
         """The worker's own rule: the step in flight, which the request cannot join (at most

@@ -26,6 +26,13 @@ def prefill_backlog(w: WorkerView) -> int:
     return max(w.num_queued_prefill_tokens, w.in_flight_tokens)
 
 
+def decode_prefill_backlog(w: WorkerView) -> int:
+    """Prompt tokens a decode worker has yet to compute: its report and what this router
+    sent since. Not its in-flight tokens, which hold each direct stream's prompt for the
+    stream's whole life, long after the prompt was computed."""
+    return w.num_queued_prefill_tokens + w.unreported_tokens
+
+
 def prefill_work_ahead(w: WorkerView, priority: int, num_tokens: int) -> int:
     """Prompt tokens a new request of `priority` needing `num_tokens` waits for on prefill
     worker w, in the worker's own order (WorkerLoad.queued_prefill): the buckets of a more
