@@ -41,6 +41,13 @@ KVSTORE_DOWN = "kvstore_down"
 SAME_WORKER = "same_worker"
 
 
+# the share of the streams' ITL room a rescued prompt's chunks take: such a prompt runs for
+# many steps, so its steps set the streams' mean inter-token time, not one gap; at the whole
+# room that mean sits on the target and every misestimate (a chunk late in a long prompt
+# costs more than its first) breaks it. Half keeps it halfway between a step and the target.
+RESCUE_ROOM_SHARE = 0.5
+
+
 @dataclass(frozen=True)
 class PathChoice:
     path: str        # DIRECT or DISAGGREGATED
@@ -114,10 +121,10 @@ class AdaptivePaths(PathPolicy):
        Short prompts go through the prefill pool unless it is busy with work that goes
        first; long prompts take the pool (the isolation the pools exist for)...
     3. ...unless the pool's estimate misses the request's own TTFT target and the decode
-       worker meets it, after the prompts it has queued, in chunks sized to the ITL room as
-       above ("prefill_pool_misses_ttft"): a TTFT the operator's SLO counts as lost is not bought
-       with idle decode compute. Steps stay within the strictest ITL target, so the running
-       streams keep theirs; they lose only the margin under it (the isolation benchmark's
+       worker, with no prompt tokens queued, meets it in chunks of half the ITL room above
+       ("prefill_pool_misses_ttft"): a first token the operator's SLO would count as
+       lost is not bought with a decode core that has room. The running streams keep their
+       targets; they lose part of the margin under them (the isolation benchmark's
        calm-to-burst ratio), and only while the pool is behind.
     """
 
@@ -160,15 +167,17 @@ class AdaptivePaths(PathPolicy):
 
     def _rescue(self, n: int, rate: float, step_s: float, room_s: float, backlog: int,
                 ttft_target_s: float) -> PathChoice | None:
-        """The prefill pool would miss the request's TTFT target: the decode worker takes the
-        prompt, whatever its length, if it meets the target in chunks that keep each of its
-        steps within the strictest ITL target (so its streams keep theirs), after the prompt
-        tokens it has queued already. The chunk is always given: the requests capped so
-        share one step's room on the worker (the engine's rule), so a second prompt sent
-        there waits for the first instead of lengthening its steps."""
-        chunk = max(self.cfg.min_direct_chunk_tokens, int(room_s * rate))
-        work = backlog + n
-        if -(-work // chunk) * step_s + work / rate > ttft_target_s:
+        """The prefill pool would miss the request's TTFT target: a decode worker with no
+        prompt tokens queued takes the prompt, whatever its length, if it meets the target
+        in chunks of half its streams' ITL room (RESCUE_ROOM_SHARE). Only an idle one: a
+        decode worker already prefilling is busy with what the pool could not take, and the
+        goodput runs (docs/benchmarks.md) lost more streams' TPOT than first tokens they won
+        when rescues queued there. The chunk is always given, so the engine shares one
+        step's room between it and any prompt sent there later."""
+        if backlog:
+            return None
+        chunk = max(self.cfg.min_direct_chunk_tokens, int(RESCUE_ROOM_SHARE * room_s * rate))
+        if -(-n // chunk) * step_s + n / rate > ttft_target_s:
             return None
         return PathChoice(DIRECT, "prefill_pool_misses_ttft", prefill_chunk_tokens=chunk)
 

@@ -88,26 +88,26 @@ def test_adaptive_never_stalls_running_streams_with_a_long_prompt():
 def test_adaptive_gives_a_long_prompt_to_the_decode_worker_when_the_pool_misses_its_ttft():
     """The operator's SLO (6 s TTFT, 150 ms ITL): a pool 9 s behind misses the target; the
     decode worker meets it in chunks that keep its steps within 150 ms, so it takes the
-    prompt, also after another it prefills, unless its chunks would take past the target."""
+    prompt. Not while it prefills another, nor when its chunks would take past the target."""
     classes = {"interactive": SLOClass(ttft_ms=6000, itl_ms=150)}
     paths = AdaptivePaths(PathConfig(max_direct_stall_itls=5), classes)
     behind = [_w("p", prefill_tokens_per_s=1000, num_queued_prefill_tokens=8000)]
-    # 90 ms of room at 1000 tokens/s: chunks of 90; 12 steps x 60 ms + 1 s = 1.7 s <= 6 s
+    # 90 ms of room at 1000 tokens/s, half of it for a rescued prompt: chunks of 45;
+    # 23 steps x 60 ms + 1 s = 2.4 s <= 6 s
     assert paths.choose(1000, "interactive", _pools(prefill=behind)) == PathChoice(
-        DIRECT, "prefill_pool_misses_ttft", prefill_chunk_tokens=90)
+        DIRECT, "prefill_pool_misses_ttft", prefill_chunk_tokens=45)
     # a pool that meets the target keeps the prompt: the isolation the pools exist for
     on_time = [_w("p", prefill_tokens_per_s=1000, num_queued_prefill_tokens=3000)]
     assert paths.choose(1000, "interactive", _pools(prefill=on_time)).reason == "prefill_pool"
-    # after a prompt the decode worker already prefills (the two share a step's room):
-    # 1500 tokens in 17 steps, 2.5 s; after 4000 tokens, 8.2 s, past the target
-    assert paths.choose(1000, "interactive", _pools(prefill=behind, num_queued_prefill_tokens=500)) == PathChoice(
-        DIRECT, "prefill_pool_misses_ttft", prefill_chunk_tokens=90)
-    assert paths.choose(1000, "interactive", _pools(prefill=behind, num_queued_prefill_tokens=4000)).reason == \
+    # not while the decode worker has prompt tokens of its own queued, reported or just sent
+    assert paths.choose(1000, "interactive", _pools(prefill=behind, num_queued_prefill_tokens=500)).reason == \
+        "prefill_pool_backlogged"
+    assert paths.choose(1000, "interactive", _pools(prefill=behind, unreported_tokens=100)).reason == \
         "prefill_pool_backlogged"
     # streams decoding there hold their prompts as in-flight tokens: not prefill work left
     assert paths.choose(1000, "interactive", _pools(prefill=behind, in_flight_tokens=9000)).reason == \
         "prefill_pool_misses_ttft"
-    # 10 ms of room: chunks of 10, 600 steps x 140 ms, far past 6 s
+    # 10 ms of room: chunks of 8 (the floor), 750 steps x 140 ms, far past 6 s
     slow = [_w("d", prefill_tokens_per_s=1000, decode_step_ms=140)]
     assert paths.choose(6000, "interactive", _pools(prefill=behind, decode=slow)).reason == "prefill_pool_backlogged"
 
