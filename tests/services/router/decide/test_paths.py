@@ -44,6 +44,11 @@ def test_adaptive_keeps_a_prompt_direct_when_its_prefill_fits_the_itl_budget():
     # 100 ms ITL - 60 ms step = 40 ms of room at 1000 tokens/s: 40 tokens
     assert paths.choose(40, "interactive", _pools()) == PathChoice(DIRECT, "fits_itl_budget")
     assert paths.choose(41, "interactive", _pools()).path == DISAGGREGATED
+    # the streams it decodes hold their prompts as this router's in-flight tokens: those
+    # are computed; what it has yet to prefill (reported, or sent since) takes the room
+    assert paths.choose(40, "interactive", _pools(in_flight_tokens=5000)).reason == "fits_itl_budget"
+    assert paths.choose(30, "interactive", _pools(num_queued_prefill_tokens=10)).reason == "fits_itl_budget"
+    assert paths.choose(30, "interactive", _pools(unreported_tokens=11)).path == DISAGGREGATED
 
 
 def test_adaptive_sends_short_prompts_to_an_idle_prefill_pool():
