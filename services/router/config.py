@@ -18,6 +18,10 @@ from services.router.decide.config import (DEFAULT_SLO_CLASS, PATH_POLICIES, PLA
 # Generous, since refusing a legitimate prompt is worse than reading a few MiB: a token id
 # is a varint of at most 5 bytes, and a token's text is rarely past 16 UTF-8 bytes.
 BYTES_PER_TOKEN = 64
+# Generate streams one router may have running on its workers at once, for its server's
+# thread count (RouterConfig.server_threads): 64 per worker (max_in_flight_per_worker's
+# default) on 64 workers. Threads start on demand: the bound costs nothing idle.
+STREAMS_ON_WORKERS = 4096
 REQUEST_SLACK_BYTES = 1 << 20  # sampling params, stop strings, ids: everything but the prompt
 
 
@@ -45,7 +49,6 @@ class RouterConfig(RoutingConfig):
     max_queued_requests: int = 1024        # admission queue bound, all classes together
     retry_after_ms: int = 500              # the hint sent with RESOURCE_EXHAUSTED
     worker_timeout_s: float | None = None  # per worker call; None: the client's deadline, if any
-    max_concurrent_streams: int = 256      # server threads: each open Generate stream holds one
     # docs/security.md: what the gRPC API asks of clients (the API key, TLS), how the router
     # calls workers and the kvstore (the internal token, TLS), the largest request it reads
     public: ServerSecurity = ServerSecurity(credential=API_KEY)
@@ -53,6 +56,15 @@ class RouterConfig(RoutingConfig):
     max_request_bytes: int | None = None   # None: from max_model_len (max_request_bytes)
     # structured outputs: a spec that takes longer to compile is refused (INVALID_ARGUMENT / 400)
     grammar_compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S
+
+    @property
+    def server_threads(self) -> int:
+        """The gRPC server's threads (started on demand). Every Generate stream holds one for
+        its life, waiting in an admission queue (one per pool) or running on a worker; past
+        them, new calls and the health checks (Kubernetes probes, `pdserve up`) would queue
+        unseen inside gRPC, and the admission queues, which refuse with a retry hint, would
+        never fill. So: both queues full, and STREAMS_ON_WORKERS running."""
+        return 2 * self.max_queued_requests + STREAMS_ON_WORKERS
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -199,7 +199,7 @@ def _start_servers(cfg: RouterConfig, http: HttpConfig | None, servicer: RouterS
     The gRPC health says NOT_SERVING until the HTTP API listens too: `pdserve up` and a
     Kubernetes probe take SERVING to mean every front of the router accepts requests."""
     server = start_server([ServiceSpec("pdserve.v1.Router", add_router_to_server, servicer)], cfg.host, cfg.port,
-                          max_workers=cfg.max_concurrent_streams, serving=False, security=cfg.public,
+                          max_workers=cfg.server_threads, serving=False, security=cfg.public,
                           max_receive_bytes=max_request_bytes(cfg.max_request_bytes, servicer.model.max_model_len))
     try:
         metrics = servicer.metrics.metrics
