@@ -295,7 +295,7 @@ class Scheduler:
         if not is_decode(request):  # a prompt chunk: it moves srpt's work clock, the request's own with it
             budget.num_prefill_tokens -= num_new
             if request.prefill_chunk_tokens:
-                budget.num_capped_prefill_tokens = _capped_room(request, budget) - num_new
+                budget.num_capped_prefill_tokens = max(0, _capped_room(request, budget) - num_new)
             self.clock += num_new
             request.aging_clock += num_new
         budget.num_tokens -= num_new

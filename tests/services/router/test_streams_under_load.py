@@ -12,6 +12,7 @@ from engine import SamplingParams
 from services.common.grpc_server import channel
 from services.router.client import RouterClient
 from services.router.config import SLOClass
+from services.router.state.discovery import DECODE
 from tests.services.router.fakes import DEFAULT_MAX_TOKENS, expected_tokens, wait_until
 
 NUM_STREAMS = 300  # past the 256 server threads the router had: the rest queued unseen in gRPC
@@ -32,7 +33,9 @@ def test_health_answers_with_hundreds_of_streams_open_and_none_is_lost(make_clus
         try:
             wait_until(lambda: all(len(d.requests) >= HELD_PER_WORKER for d in cluster.decodes), "workers hold streams")
             # 128 on the workers (64 each, the router's bound), the rest in its admission queue
-            wait_until(lambda: _queued(cluster) >= NUM_STREAMS - 128,
+            queued = {"pool": DECODE, "slo_class": "interactive"}
+            metrics = cluster.router.metrics.metrics
+            wait_until(lambda: metrics.value("router_queued_requests", queued) >= NUM_STREAMS - 128,
                        "the rest queued in the router's admission (not unseen inside gRPC, short of threads)")
             with channel(cluster.router.address) as ch:
                 started = time.monotonic()
@@ -44,8 +47,3 @@ def test_health_answers_with_hundreds_of_streams_open_and_none_is_lost(make_clus
         outputs = [[t for msg in stream for t in msg.token_ids] for stream in streams]
     assert all(out == expected_tokens(len(prompt)) for out in outputs)
 
-
-def _queued(cluster) -> int:
-    """Requests waiting in the router's admission queues (its metrics' gauge, all pools)."""
-    gauge = cluster.router.metrics.queued
-    return int(sum(sample.value for metric in gauge.collect() for sample in metric.samples))
