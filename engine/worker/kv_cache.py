@@ -7,6 +7,7 @@ import torch
 
 from engine.config import CacheConfig, ModelArchConfig
 from engine.kv_transfer import BlockChunks
+from engine.worker.host_memory import available_host_memory
 
 if TYPE_CHECKING:
     from engine.worker.memory_profile import MemoryProfile
@@ -21,11 +22,7 @@ def bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype) 
 def available_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
+    return available_host_memory()
 
 
 def num_kv_blocks(cache: CacheConfig, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device,

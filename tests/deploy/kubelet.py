@@ -232,7 +232,8 @@ def wait_started(pod: Pod, poll_s: float = 1.0) -> float:
     while not probe_once(probe, pod):
         status, code = pod.state()
         assert status == "running", f"{pod.name} exited ({code}) before it started:\n{pod.logs()[-4000:]}"
-        assert time.monotonic() - start < budget_s, f"{pod.name}: startup probe failed for {budget_s} s"
+        assert time.monotonic() - start < budget_s, \
+            f"{pod.name}: startup probe failed for {budget_s} s; its log ends:\n{pod.logs()[-4000:]}"
         time.sleep(poll_s)
     took = time.monotonic() - start
     for kind in ("readinessProbe", "livenessProbe"):
