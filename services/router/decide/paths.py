@@ -41,11 +41,15 @@ KVSTORE_DOWN = "kvstore_down"
 SAME_WORKER = "same_worker"
 
 
-# the share of the streams' ITL room a rescued prompt's chunks take: such a prompt runs for
-# many steps, so its steps set the streams' mean inter-token time, not one gap; at the whole
-# room that mean sits on the target and every misestimate (a chunk late in a long prompt
-# costs more than its first) breaks it. Half keeps it halfway between a step and the target.
-RESCUE_ROOM_SHARE = 0.5
+# the share of the streams' ITL room a direct prompt's chunks take when it runs for more than
+# one step: its steps then set the streams' mean inter-token time (their TPOT), not one gap,
+# and prompts sent one after another keep the worker's steps full. At the whole room that mean
+# sits on the target and every misestimate (a chunk late in a long prompt costs more than its
+# first) breaks it: the 10% mix at 3.5 req/s lost 15-22% of its requests to TPOTs of
+# 150-190 ms against a 150 ms target (docs/benchmarks.md). Half keeps the mean halfway
+# between a step and the target. A prompt that fits one step's room takes the whole of it:
+# one gap at the target, once.
+DIRECT_ROOM_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -107,8 +111,8 @@ class AdaptivePaths(PathPolicy):
        of the strictest ITL target: nothing to move, nobody waits;
     2. else the path with the earlier first token, where the direct path is allowed only
        for a prompt whose whole prefill stalls the decode worker's streams by at most
-       `max_direct_stall_itls` ITL targets, runs in chunks that keep each step near the
-       target, and pays for that stall in the comparison:
+       `max_direct_stall_itls` ITL targets, runs in chunks of half the room that a step
+       leaves under the target (DIRECT_ROOM_SHARE), and pays for that stall in the comparison:
 
            prefill pool:  step in flight + (work ahead + prompt) / pool rate + hand-off
            direct:        decode backlog / rate + steps x (step + chunk / rate) + stall
@@ -121,7 +125,7 @@ class AdaptivePaths(PathPolicy):
        Short prompts go through the prefill pool unless it is busy with work that goes
        first; long prompts take the pool (the isolation the pools exist for)...
     3. ...unless the pool's estimate misses the request's own TTFT target and the decode
-       worker, with no prompt tokens queued, meets it in chunks of half the ITL room above
+       worker, with no prompt tokens queued, meets it in chunks of the same size
        ("prefill_pool_misses_ttft"): a first token the operator's SLO would count as
        lost is not bought with a decode core that has room. The running streams keep their
        targets; they lose part of the margin under them (the isolation benchmark's
@@ -154,7 +158,7 @@ class AdaptivePaths(PathPolicy):
         pool_ttft_s = min(self._prefill_ttft_s(w, n, priority, pools) for w in _handoff_prefills(pools, decode))
         stall_s = n / rate
         if stall_s <= cfg.max_direct_stall_itls * self._strictest_itl_s:
-            chunk = max(cfg.min_direct_chunk_tokens, int(room_s * rate))
+            chunk = max(cfg.min_direct_chunk_tokens, int(DIRECT_ROOM_SHARE * room_s * rate))
             steps = -(-n // chunk)
             direct_ttft_s = backlog / rate + steps * step_s + stall_s
             if direct_ttft_s + stall_s < pool_ttft_s:
@@ -169,14 +173,14 @@ class AdaptivePaths(PathPolicy):
                 ttft_target_s: float) -> PathChoice | None:
         """The prefill pool would miss the request's TTFT target: a decode worker with no
         prompt tokens queued takes the prompt, whatever its length, if it meets the target
-        in chunks of half its streams' ITL room (RESCUE_ROOM_SHARE). Only an idle one: a
+        in chunks of half its streams' ITL room (DIRECT_ROOM_SHARE). Only an idle one: a
         decode worker already prefilling is busy with what the pool could not take, and the
         goodput runs (docs/benchmarks.md) lost more streams' TPOT than first tokens they won
         when rescues queued there. The chunk is always given, so the engine shares one
         step's room between it and any prompt sent there later."""
         if backlog:
             return None
-        chunk = max(self.cfg.min_direct_chunk_tokens, int(RESCUE_ROOM_SHARE * room_s * rate))
+        chunk = max(self.cfg.min_direct_chunk_tokens, int(DIRECT_ROOM_SHARE * room_s * rate))
         if -(-n // chunk) * step_s + n / rate > ttft_target_s:
             return None
         return PathChoice(DIRECT, "prefill_pool_misses_ttft", prefill_chunk_tokens=chunk)

@@ -51,5 +51,5 @@ def test_a_busy_prefill_pool_leaves_the_prompt_to_the_decode_worker_in_small_chu
     assert [t for m in msgs for t in m.token_ids] == expected_tokens(len(PROMPT), 4)
     assert not adaptive.prefills[0].requests and msgs[-1].path == DIRECT
     (request,) = adaptive.decodes[0].requests
-    assert request.prefill_chunk_tokens == 40  # (100 ms ITL target - 60 ms step) x 1000 tokens/s
+    assert request.prefill_chunk_tokens == 20  # half of (100 ms ITL target - 60 ms step) x 1000 tokens/s
     assert _decisions(adaptive, DIRECT, "prefill_pool_busy") == 1

@@ -68,16 +68,17 @@ def test_adaptive_uses_measured_rates_not_constants():
 
 
 def test_adaptive_keeps_short_prompts_on_the_decode_worker_while_the_pool_is_busy():
-    paths = AdaptivePaths(PathConfig(min_direct_chunk_tokens=32), CLASSES)
+    paths = AdaptivePaths(PathConfig(min_direct_chunk_tokens=16), CLASSES)
     busy = [_w("p", prefill_tokens_per_s=1000, num_queued_prefill_tokens=5000)]  # 5 s of queue
     choice = paths.choose(100, "interactive", _pools(prefill=busy))
-    # in chunks of 40 tokens: 40 ms of room per step at 1000 tokens/s
-    assert choice == PathChoice(DIRECT, "prefill_pool_busy", prefill_chunk_tokens=40)
-    # 10 ms of room: 10 tokens fit a step, chunks are at least min_direct_chunk_tokens (32);
+    # 40 ms of room per step at 1000 tokens/s, half of it for a prompt of several chunks:
+    # chunks of 20 tokens, so that the streams' mean gap stays under the target
+    assert choice == PathChoice(DIRECT, "prefill_pool_busy", prefill_chunk_tokens=20)
+    # 10 ms of room: 5 tokens a step, chunks are at least min_direct_chunk_tokens (16);
     # a prompt within one chunk runs whole, with no cap
     slow = [_w("d", prefill_tokens_per_s=1000, decode_step_ms=90)]
-    assert paths.choose(30, "interactive", _pools(prefill=busy, decode=slow)) == PathChoice(DIRECT, "prefill_pool_busy")
-    assert paths.choose(100, "interactive", _pools(prefill=busy, decode=slow)).prefill_chunk_tokens == 32
+    assert paths.choose(16, "interactive", _pools(prefill=busy, decode=slow)) == PathChoice(DIRECT, "prefill_pool_busy")
+    assert paths.choose(100, "interactive", _pools(prefill=busy, decode=slow)).prefill_chunk_tokens == 16
 
 
 def test_adaptive_never_stalls_running_streams_with_a_long_prompt():
