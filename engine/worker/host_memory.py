@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
 
 
 @dataclass(frozen=True)
@@ -50,23 +51,40 @@ def _stat(path: Path, key: str) -> int:
     return 0
 
 
-def cgroup_memory(root: Path = CGROUP_ROOT) -> CgroupMemory | None:
-    """This process's memory cgroup (v2 unified, else v1), or None where it sets no limit.
-    Inside a container the namespace shows its own cgroup at the root."""
-    if (root / "memory.max").exists():  # v2
-        limit, usage = _read_int(root / "memory.max"), _read_int(root / "memory.current")
-        inactive = _stat(root / "memory.stat", "inactive_file")
+def _own_dir(mount: Path, proc_cgroup: Path, v2: bool) -> Path:
+    """This process's cgroup under `mount`: the path /proc/self/cgroup names, where it exists
+    there (a service's cgroup on the host); else the mount itself, which a container with
+    its own cgroup namespace, or v1's bind mount of its cgroup, shows as the root."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return mount
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if (controllers == "" if v2 else "memory" in controllers.split(",")):
+            own = mount / path.lstrip("/")
+            return own if own.is_dir() else mount
+    return mount
+
+
+def cgroup_memory(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> CgroupMemory | None:
+    """This process's memory cgroup (v2 unified, else v1), or None where it sets no limit."""
+    if (root / "memory.max").exists() or (root / "cgroup.controllers").exists():  # v2
+        own = _own_dir(root, proc_cgroup, v2=True)
+        limit, usage = _read_int(own / "memory.max"), _read_int(own / "memory.current")
+        inactive = _stat(own / "memory.stat", "inactive_file")
     else:  # v1
-        v1 = root / "memory"
-        limit, usage = _read_int(v1 / "memory.limit_in_bytes"), _read_int(v1 / "memory.usage_in_bytes")
-        inactive = _stat(v1 / "memory.stat", "total_inactive_file")
+        own = _own_dir(root / "memory", proc_cgroup, v2=False)
+        limit, usage = _read_int(own / "memory.limit_in_bytes"), _read_int(own / "memory.usage_in_bytes")
+        inactive = _stat(own / "memory.stat", "total_inactive_file")
     # v1 writes a page-rounded 2^63 for no limit
     if limit is None or usage is None or limit >= 1 << 62:
         return None
     return CgroupMemory(limit, usage, min(inactive, usage))
 
 
-def available_host_memory(meminfo: Path = Path("/proc/meminfo"), cgroup_root: Path = CGROUP_ROOT) -> int:
+def available_host_memory(meminfo: Path = Path("/proc/meminfo"), cgroup_root: Path = CGROUP_ROOT,
+                          proc_cgroup: Path = PROC_CGROUP) -> int:
     host = meminfo_available(meminfo)
-    cgroup = cgroup_memory(cgroup_root)
+    cgroup = cgroup_memory(cgroup_root, proc_cgroup)
     return host if cgroup is None else min(host, cgroup.room)
