@@ -45,7 +45,7 @@ SAME_WORKER = "same_worker"
 # one step: its steps then set the streams' mean inter-token time (their TPOT), not one gap,
 # and prompts sent one after another keep the worker's steps full. At the whole room that mean
 # sits on the target and every misestimate (a chunk late in a long prompt costs more than its
-# first) breaks it: the 10% mix at 3.5 req/s lost 15-22% of its requests to TPOTs of
+# first) breaks it: the 10% mix at 3.5 req/s lost 9-16% of its requests to TPOTs of
 # 150-190 ms against a 150 ms target (docs/benchmarks.md). Half keeps the mean halfway
 # between a step and the target. A prompt that fits one step's room takes the whole of it:
 # one gap at the target, once.
