@@ -159,7 +159,9 @@ class AdaptivePaths(PathPolicy):
         stall_s = n / rate
         if stall_s <= cfg.max_direct_stall_itls * self._strictest_itl_s:
             chunk = max(cfg.min_direct_chunk_tokens, int(DIRECT_ROOM_SHARE * room_s * rate))
-            steps = -(-n // chunk)
+            # the prompts queued there share the same room per step: their chunks' steps
+            # come before this prompt's, each a decode step too
+            steps = -(-(backlog + n) // chunk)
             direct_ttft_s = backlog / rate + steps * step_s + stall_s
             if direct_ttft_s + stall_s < pool_ttft_s:
                 return PathChoice(DIRECT, "prefill_pool_busy", prefill_chunk_tokens=chunk if chunk < n else 0)

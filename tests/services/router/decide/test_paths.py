@@ -81,6 +81,18 @@ def test_adaptive_keeps_short_prompts_on_the_decode_worker_while_the_pool_is_bus
     assert paths.choose(100, "interactive", _pools(prefill=busy, decode=slow)).prefill_chunk_tokens == 16
 
 
+def test_adaptive_counts_the_steps_of_the_prompts_queued_on_the_decode_worker():
+    """Prompts queued there share one step's room: a queue of 800 tokens in chunks of 20 is
+    40 more steps of 60 ms, not 0.8 s of prefill alone."""
+    paths = AdaptivePaths(PathConfig(), CLASSES)
+    behind = [_w("p", prefill_tokens_per_s=1000, num_queued_prefill_tokens=3000)]  # about 3.1 s
+    assert paths.choose(100, "interactive", _pools(prefill=behind)) == PathChoice(
+        DIRECT, "prefill_pool_busy", prefill_chunk_tokens=20)
+    # 0.8 s + 45 steps x 60 ms + 0.1 s + its 0.1 s stall = 3.7 s: the pool is sooner
+    queued = paths.choose(100, "interactive", _pools(prefill=behind, num_queued_prefill_tokens=800))
+    assert queued.path == DISAGGREGATED
+
+
 def test_adaptive_never_stalls_running_streams_with_a_long_prompt():
     paths = AdaptivePaths(PathConfig(max_direct_stall_itls=5), CLASSES)
     busy = [_w("p", prefill_tokens_per_s=1000, num_queued_prefill_tokens=5000)]
