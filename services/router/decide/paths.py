@@ -115,7 +115,8 @@ class AdaptivePaths(PathPolicy):
        leaves under the target (DIRECT_ROOM_SHARE), and pays for that stall in the comparison:
 
            prefill pool:  step in flight + (work ahead + prompt) / pool rate + hand-off
-           direct:        decode backlog / rate + steps x (step + chunk / rate) + stall
+           direct:        decode backlog / rate + steps x step + stall, where steps are
+                          the chunks of the decode backlog and the prompt
 
        where the decode backlog is the prompt tokens it has yet to compute (its report and
        what this router sent since), not the prompts of streams it already decodes, and
@@ -158,7 +159,7 @@ class AdaptivePaths(PathPolicy):
         pool_ttft_s = min(self._prefill_ttft_s(w, n, priority, pools) for w in _handoff_prefills(pools, decode))
         stall_s = n / rate
         if stall_s <= cfg.max_direct_stall_itls * self._strictest_itl_s:
-            chunk = max(cfg.min_direct_chunk_tokens, int(DIRECT_ROOM_SHARE * room_s * rate))
+            chunk = self._direct_chunk(room_s, rate)
             # the prompts queued there share the same room per step: their chunks' steps
             # come before this prompt's, each a decode step too
             steps = -(-(backlog + n) // chunk)
@@ -182,10 +183,15 @@ class AdaptivePaths(PathPolicy):
         step's room between it and any prompt sent there later."""
         if backlog:
             return None
-        chunk = max(self.cfg.min_direct_chunk_tokens, int(DIRECT_ROOM_SHARE * room_s * rate))
+        chunk = self._direct_chunk(room_s, rate)
         if -(-n // chunk) * step_s + n / rate > ttft_target_s:
             return None
         return PathChoice(DIRECT, "prefill_pool_misses_ttft", prefill_chunk_tokens=chunk)
+
+    def _direct_chunk(self, room_s: float, rate: float) -> int:
+        """Prompt tokens per step for a direct prompt of several chunks: DIRECT_ROOM_SHARE
+        of the room a step leaves under the ITL target, at least min_direct_chunk_tokens."""
+        return max(self.cfg.min_direct_chunk_tokens, int(DIRECT_ROOM_SHARE * room_s * rate))
 
     def _prefill_ttft_s(self, w: WorkerView, n: int, priority: int, pools: PoolsNow) -> float:
         """The worker's own rule: the step in flight, which the request cannot join (at most
