@@ -14,7 +14,8 @@ uniform in --short-len ± 75%; outputs uniform in --output-len ± 50%) and repla
 trace against each mode (`--arrival trace`). A mode's sweep stops after the first rate
 where fewer than half the requests meet the SLO. Prints one JSON line: per mode and rate
 the goodput share and rate, TTFT/TPOT p50/p99, then each mode's highest rate up to which
-every tested rate had >= 90% goodput, its ratio to colocated, and the requests by path.
+every tested rate had >= 90% goodput, its ratio to colocated, and the requests by path
+(and by path/reason, from the router's own counters).
 
     .venv/bin/python -m bench.serve_goodput [--model smollm2 --rates 0.25,0.5,0.75,1.0,1.5
         --duration-s 60 --slo-ttft-ms 5000 --slo-tpot-ms 150 --result-dir /tmp/pdserve-bench/goodput]
@@ -37,6 +38,7 @@ from cli.bench.local_platform import local_platform
 from cli.bench.main import BenchConfig, run_bench
 from cli.bench.metrics import SLO, RequestRecord, meets_slo
 from cli.bench.targets import TargetConfig
+from cli.bench.worker_metrics import decisions_during, scrape_path_decisions
 from cli.launcher import PlatformConfig
 
 # (prefill workers, decode workers, workers of both roles, path policy)
@@ -79,6 +81,7 @@ def sweep(mode: str, args, traces: dict[float, tuple[str, int]]) -> dict:
         p.warm_up()
         for rate, (path, n) in traces.items():
             label = f"rate{rate:g}"
+            decisions_before = scrape_path_decisions(p.router_metrics())
             s = run_bench(BenchConfig(target=TargetConfig("grpc", p.router_address, timeout_s=900),
                                       dataset=DatasetConfig("mooncake", num_requests=n, path=path),
                                       arrivals=ArrivalConfig("trace"), slo=slo, label=f"{mode}-{label}",
@@ -88,7 +91,8 @@ def sweep(mode: str, args, traces: dict[float, tuple[str, int]]) -> dict:
                            "goodput_rate": round(s["goodput"]["rate"], 3),
                            "ttft_ms": {k: round(1000 * s["ttft_s"][k]) for k in ("p50", "p99")},
                            "tpot_ms": {k: round(1000 * s["tpot_s"][k], 1) for k in ("p50", "p99")},
-                           "itl_p99_ms": round(1000 * s["itl_s"]["p99"], 1), "paths": s["paths"]}
+                           "itl_p99_ms": round(1000 * s["itl_s"]["p99"], 1), "paths": s["paths"],
+                           "reasons": decisions_during(decisions_before, scrape_path_decisions(p.router_metrics()))}
             emit_row({mode: rows[label]}, sys.stderr)
             if s["goodput"]["share"] < 0.5:
                 break

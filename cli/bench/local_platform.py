@@ -14,7 +14,7 @@ import socket
 import threading
 from dataclasses import replace
 
-from cli.launcher import Platform, PlatformConfig, plan
+from cli.launcher import ROUTER, Platform, PlatformConfig, plan
 
 
 def _ephemeral_start(default: int = 32768) -> int:
@@ -100,6 +100,11 @@ class RunningPlatform:
         """The workers' /metrics URLs (BenchConfig.worker_metrics)."""
         return tuple(f"http://{self.cfg.host}:{s.metrics_port}/metrics" for s in self.platform.specs
                      if s.name.startswith(("prefill-", "decode-", "both-")))
+
+    def router_metrics(self) -> str:
+        """The router's /metrics URL."""
+        spec = next(s for s in self.platform.specs if s.name == ROUTER)
+        return f"http://{self.cfg.host}:{spec.metrics_port}/metrics"
 
     def cpus(self) -> dict[str, list[int]]:
         return {s.name: s.cpus for s in self.platform.specs}

@@ -56,3 +56,23 @@ def spec_summary(before: SpecCounts, after: SpecCounts) -> dict:
     return {"proposed_tokens": int(proposed), "accepted_tokens": int(accepted), "verifications": int(verifications),
             "acceptance_rate": accepted / proposed if proposed else None,
             "mean_accepted_length": accepted / verifications if verifications else None}
+
+
+# services/router/metrics.py: RouterMetrics.paths, labelled (path, reason)
+PATH_DECISIONS = "pdserve_router_path_decisions_total"
+
+
+def scrape_path_decisions(url: str, timeout_s: float = 5.0) -> dict[str, float]:
+    """The router's requests by path and reason ("direct/prefill_pool_busy": n); an
+    unreachable router raises ValueError naming its URL."""
+    try:
+        body = urllib.request.urlopen(url, timeout=timeout_s).read().decode()
+    except OSError as e:
+        raise ValueError(f"cannot read the router's metrics at {url} ({e})") from e
+    return {f"{s.labels['path']}/{s.labels['reason']}": s.value
+            for family in text_string_to_metric_families(body) for s in family.samples if s.name == PATH_DECISIONS}
+
+
+def decisions_during(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """The decisions a run added, by path/reason, the ones it did not use left out."""
+    return {key: int(n - before.get(key, 0.0)) for key, n in sorted(after.items()) if n > before.get(key, 0.0)}

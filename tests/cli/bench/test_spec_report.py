@@ -74,3 +74,30 @@ def test_without_worker_metrics_the_report_has_no_spec_rows(ngram_platform):
         dataset=DatasetConfig("random", num_requests=1, input_len=LengthDist(8), output_len=LengthDist(2)),
         progress=False, plots=False), quiet=True)
     assert "spec_decode" not in result.summary and "Spec decode" not in table(result.summary)
+
+
+def test_the_router_decisions_of_a_run_by_path_and_reason():
+    """bench/serve_goodput.py's reasons: the router's counter scraped over HTTP before and
+    after a run, the run's increase per path/reason, the unused ones left out."""
+    from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+    from cli.bench.local_platform import free_port
+    from cli.bench.worker_metrics import decisions_during, scrape_path_decisions
+    registry = CollectorRegistry()
+    decisions = Counter("pdserve_router_path_decisions", "by path and reason", ("path", "reason"), registry=registry)
+    decisions.labels("direct", "fits_itl_budget").inc(3)
+    decisions.labels("disaggregated", "prefill_pool").inc(1)
+    port = free_port()
+    server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        before = scrape_path_decisions(url)
+        assert before == {"direct/fits_itl_budget": 3.0, "disaggregated/prefill_pool": 1.0}
+        decisions.labels("direct", "prefill_pool_misses_ttft").inc(2)
+        decisions.labels("direct", "fits_itl_budget").inc(1)
+        assert decisions_during(before, scrape_path_decisions(url)) == {
+            "direct/fits_itl_budget": 1, "direct/prefill_pool_misses_ttft": 2}
+    finally:
+        server.shutdown()
+    with pytest.raises(ValueError, match="cannot read the router's metrics at http://127.0.0.1:1/metrics"):
+        scrape_path_decisions("http://127.0.0.1:1/metrics")
