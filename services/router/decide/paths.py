@@ -126,7 +126,7 @@ class AdaptivePaths(PathPolicy):
        Short prompts go through the prefill pool unless it is busy with work that goes
        first; long prompts take the pool (the isolation the pools exist for)...
     3. ...unless the pool's estimate misses the request's own TTFT target and the decode
-       worker, with no prompt tokens queued, meets it in chunks of the same size
+       worker meets it in chunks of the same size, after the prompts queued there
        ("prefill_pool_misses_ttft"): a first token the operator's SLO would count as
        lost is not bought with a decode core that has room. The running streams keep their
        targets; they lose part of the margin under them (the isolation benchmark's
@@ -160,11 +160,7 @@ class AdaptivePaths(PathPolicy):
         stall_s = n / rate
         if stall_s <= cfg.max_direct_stall_itls * self._strictest_itl_s:
             chunk = self._direct_chunk(room_s, rate)
-            # the prompts queued there share the same room per step: their chunks' steps
-            # come before this prompt's, each a decode step too
-            steps = -(-(backlog + n) // chunk)
-            direct_ttft_s = backlog / rate + steps * step_s + stall_s
-            if direct_ttft_s + stall_s < pool_ttft_s:
+            if self._direct_ttft_s(n, rate, step_s, backlog, chunk) + stall_s < pool_ttft_s:
                 return PathChoice(DIRECT, "prefill_pool_busy", prefill_chunk_tokens=chunk if chunk < n else 0)
         ttft_target_s = self.slo_classes[slo_class].ttft_ms / 1000
         if pool_ttft_s <= ttft_target_s:
@@ -174,19 +170,22 @@ class AdaptivePaths(PathPolicy):
 
     def _rescue(self, n: int, rate: float, step_s: float, room_s: float, backlog: int,
                 ttft_target_s: float) -> PathChoice | None:
-        """The prefill pool would miss the request's TTFT target: a decode worker with no
-        prompt tokens queued takes the prompt, whatever its length, if it meets the target
-        in chunks of half its streams' ITL room (DIRECT_ROOM_SHARE). Only an idle one: a
-        decode worker already prefilling is busy with what the pool could not take, and the
-        goodput runs (docs/benchmarks.md) lost more streams' TPOT than first tokens they won
-        when rescues queued there. The chunk is always given, so the engine shares one
-        step's room between it and any prompt sent there later."""
-        if backlog:
-            return None
+        """The prefill pool would miss the request's TTFT target: the decode worker takes
+        the prompt, whatever its length, if it meets the target in chunks of half its
+        streams' ITL room (DIRECT_ROOM_SHARE) after the prompts queued there, whose chunks
+        share the same room per step (the engine's rule): rule 2's estimate. The chunk is
+        always given, so a prompt sent there later does not lengthen its steps either."""
         chunk = self._direct_chunk(room_s, rate)
-        if -(-n // chunk) * step_s + n / rate > ttft_target_s:
+        if self._direct_ttft_s(n, rate, step_s, backlog, chunk) > ttft_target_s:
             return None
         return PathChoice(DIRECT, "prefill_pool_misses_ttft", prefill_chunk_tokens=chunk)
+
+    @staticmethod
+    def _direct_ttft_s(n: int, rate: float, step_s: float, backlog: int, chunk: int) -> float:
+        """The first token on the decode worker: its queued prompt tokens and this prompt
+        computed at its rate, plus a decode step for each chunk of them (they share one
+        step's room, so each chunk costs a step)."""
+        return (backlog + n) / rate + -(-(backlog + n) // chunk) * step_s
 
     def _direct_chunk(self, room_s: float, rate: float) -> int:
         """Prompt tokens per step for a direct prompt of several chunks: DIRECT_ROOM_SHARE

@@ -106,7 +106,7 @@ def test_adaptive_never_stalls_running_streams_with_a_long_prompt():
 def test_adaptive_gives_a_long_prompt_to_the_decode_worker_when_the_pool_misses_its_ttft():
     """The operator's SLO (6 s TTFT, 150 ms ITL): a pool 9 s behind misses the target; the
     decode worker meets it in chunks that keep its steps within 150 ms, so it takes the
-    prompt. Not while it prefills another, nor when its chunks would take past the target."""
+    prompt. Not when the prompts queued there, or its own chunks, take it past the target."""
     classes = {"interactive": SLOClass(ttft_ms=6000, itl_ms=150)}
     paths = AdaptivePaths(PathConfig(max_direct_stall_itls=5), classes)
     behind = [_w("p", prefill_tokens_per_s=1000, num_queued_prefill_tokens=8000)]
@@ -117,10 +117,14 @@ def test_adaptive_gives_a_long_prompt_to_the_decode_worker_when_the_pool_misses_
     # a pool that meets the target keeps the prompt: the isolation the pools exist for
     on_time = [_w("p", prefill_tokens_per_s=1000, num_queued_prefill_tokens=3000)]
     assert paths.choose(1000, "interactive", _pools(prefill=on_time)).reason == "prefill_pool"
-    # not while the decode worker has prompt tokens of its own queued, reported or just sent
+    # after 500 prompt tokens queued there, in the same room per step:
+    # 1.5 s + 34 steps x 60 ms = 3.5 s, still within the target
     assert paths.choose(1000, "interactive", _pools(prefill=behind, num_queued_prefill_tokens=500)).reason == \
+        "prefill_pool_misses_ttft"
+    # after 2000 (reported, or sent by this router since): 3 s + 67 steps x 60 ms = 7 s
+    assert paths.choose(1000, "interactive", _pools(prefill=behind, num_queued_prefill_tokens=2000)).reason == \
         "prefill_pool_backlogged"
-    assert paths.choose(1000, "interactive", _pools(prefill=behind, unreported_tokens=100)).reason == \
+    assert paths.choose(1000, "interactive", _pools(prefill=behind, unreported_tokens=2000)).reason == \
         "prefill_pool_backlogged"
     # streams decoding there hold their prompts as in-flight tokens: not prefill work left
     assert paths.choose(1000, "interactive", _pools(prefill=behind, in_flight_tokens=9000)).reason == \
