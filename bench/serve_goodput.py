@@ -64,6 +64,15 @@ def write_trace(path: str, rate: float, args) -> int:
     return n
 
 
+def prompt_seed(seed: int, rate: float) -> int:
+    """The seed of one rate's prompt tokens: every mode replays the same prompts at a rate,
+    and each rate has its own. A mode serves its rates one after another on one platform,
+    and traces of equal length have equal prompt lengths (the lengths are drawn after the
+    arrival gaps, from the same stream): with one seed for all, a later rate's prompts
+    were an earlier one's, whole prefix-cache hits (TTFT p50 87 ms on 1,000-token prompts)."""
+    return seed * 1_000_003 + round(rate * 1000)
+
+
 def sweep(mode: str, args, traces: dict[float, tuple[str, int]]) -> dict:
     num_prefill, num_decode, num_both, path_policy = MODES[mode]
     slo_path = os.path.join(args.result_dir, "slo.json")
@@ -83,7 +92,8 @@ def sweep(mode: str, args, traces: dict[float, tuple[str, int]]) -> dict:
             label = f"rate{rate:g}"
             decisions_before = scrape_path_decisions(p.router_metrics())
             s = run_bench(BenchConfig(target=TargetConfig("grpc", p.router_address, timeout_s=900),
-                                      dataset=DatasetConfig("mooncake", num_requests=n, path=path),
+                                      dataset=DatasetConfig("mooncake", num_requests=n, path=path,
+                                                            seed=prompt_seed(args.seed, rate)),
                                       arrivals=ArrivalConfig("trace"), slo=slo, label=f"{mode}-{label}",
                                       result_dir=out_dir, progress=False), quiet=True).summary
             rows[label] = {"rate": rate, "requests": n, "failed": s["failed"],

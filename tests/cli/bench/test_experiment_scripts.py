@@ -50,9 +50,34 @@ def test_goodput_experiment(tiny_llama_dir, tmp_path):
     assert out["threshold"]["rates"]["rate5"]["paths"] == {k: v for k, v in
                                                           (("direct", direct), ("disaggregated", 6 - direct)) if v}
     assert out["colocated"]["rates"]["rate5"]["paths"] == {"direct": 6}
+    # and by reason, from the router's counters: the run's own requests, not the warm-up's
+    assert out["threshold"]["rates"]["rate5"]["reasons"] == {
+        k: v for k, v in (("direct/short_prompt", direct), ("disaggregated/long_prompt", 6 - direct)) if v}
+    assert out["colocated"]["rates"]["rate5"]["reasons"] == {"direct/colocated": 6}
     lines = (tmp_path / "trace_rate5.jsonl").read_text().splitlines()
     assert len(lines) == 6 and all({"timestamp", "input_length", "output_length"} <= json.loads(x).keys()
                                    for x in lines)
+
+
+def test_goodput_rates_replay_prompts_of_their_own(tmp_path):
+    """Two rates with as many requests have the same prompt lengths: their tokens differ, so a
+    platform serving both finds nothing of the first in its prefix cache; every mode gets
+    the same tokens at one rate."""
+    import argparse
+
+    from bench.serve_goodput import prompt_seed, write_trace
+    from cli.bench.datasets import DatasetConfig, load_requests
+    args = argparse.Namespace(seed=0, min_requests=3, duration_s=1, long_share=0.5, short_len=16, long_len=64,
+                              output_len=4)
+
+    def prompts(rate: float) -> list[tuple[int, ...]]:
+        path = str(tmp_path / f"trace_{rate}.jsonl")
+        n = write_trace(path, rate, args)
+        cfg = DatasetConfig("mooncake", num_requests=n, path=path, seed=prompt_seed(0, rate), vocab_size=1000)
+        return [r.prompt for r in load_requests(cfg)]
+    assert [len(p) for p in prompts(0.5)] == [len(p) for p in prompts(0.6)]
+    assert prompts(0.5) == prompts(0.5)
+    assert all(a != b for a, b in zip(prompts(0.5), prompts(0.6)))
 
 
 def test_kv_share_experiment(tiny_llama_dir, tmp_path):
