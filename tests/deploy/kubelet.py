@@ -73,8 +73,12 @@ class Pod:
         return (done.stdout + done.stderr) if done else ""
 
     def state(self) -> tuple[str, int]:
+        """(status, exit code). Podman says "stopped" for a container whose process has ended
+        (its exit code read) until its cleanup process marks it "exited"; that cleanup runs
+        asynchronously, so the two are one state here."""
         out = podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", self.container_id).stdout.split()
-        return out[0], int(out[1])
+        status = "exited" if out[0] == "stopped" else out[0]
+        return status, int(out[1])
 
 
 def run_pod(name: str, spec: dict, cluster: Cluster, folder: Path) -> Pod:
@@ -258,7 +262,7 @@ def terminate(pod: Pod, on_pre_stop=None) -> float:
     podman("kill", "--signal", "TERM", pod.container_id)
     pod.sigterm_at = time.monotonic()
     pod.events.append(f"SIGTERM after {pod.sigterm_at - start:.1f} s")
-    while pod.state()[0] == "running":
+    while pod.state()[0] in ("running", "stopping"):
         if time.monotonic() - start > grace_s:
             podman("kill", "--signal", "KILL", pod.container_id, check=False)
             pod.events.append("SIGKILL: the grace period ran out")
