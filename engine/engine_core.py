@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -118,6 +119,8 @@ class EngineCore:
         if new.prefill_chunk_tokens < 0:
             raise InvalidRequestError("prefill_chunk_tokens",
                                       f"must be >= 0 (0: no cap), got {new.prefill_chunk_tokens}")
+        if not (new.ttft_budget_s >= 0 and math.isfinite(new.ttft_budget_s)):
+            raise InvalidRequestError("ttft_budget_s", f"must be a finite number >= 0 (0: none), got {new.ttft_budget_s}")
         if (problem := check_cache_salt(new.cache_salt)) is not None:
             raise InvalidRequestError("cache_salt", problem)
         params, kv_import = _prompt_logprobs_rule(params, new.mode, new.kv_import)
@@ -127,7 +130,8 @@ class EngineCore:
             request = Request(child_req_id(new.req_id, index), new.prompt_token_ids, child, self.loaded.eos_token_ids,
                               output_token_ids=new.output_token_ids, kv_import=kv_import if index == 0 else None,
                               mode=new.mode, priority=new.priority, prefill_chunk_tokens=new.prefill_chunk_tokens,
-                              cache_salt=new.cache_salt, index=index, parent_req_id=new.req_id)
+                              cache_salt=new.cache_salt, index=index, parent_req_id=new.req_id,
+                              ttft_budget_s=new.ttft_budget_s)
             self.outputs.add(request, new.prompt)
             if child.structured_outputs is not None:
                 self.structured.add(request)  # the scheduler gets it once its grammar is compiled

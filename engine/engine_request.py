@@ -25,3 +25,6 @@ class EngineRequest:
     priority: int = 0
     prefill_chunk_tokens: int = 0  # caps this request's prefill chunks below the engine's own; 0: no cap
     cache_salt: str = ""  # the request shares cached KV only with requests of the same salt
+    # seconds left to the first token's target when it was sent (0: none): srpt lets newer
+    # prompts overtake it only while it can still meet that (engine/core/prefill_order.py)
+    ttft_budget_s: float = 0.0

@@ -44,7 +44,8 @@ class Request:
                  eos_token_ids: frozenset[int] = frozenset(), arrival_time: float | None = None,
                  output_token_ids: list[int] = (), kv_import: KVPayload | None = None,
                  mode: RequestMode = RequestMode.COLOCATED, priority: int = 0, prefill_chunk_tokens: int = 0,
-                 cache_salt: str = "", index: int = 0, parent_req_id: str | None = None):
+                 cache_salt: str = "", index: int = 0, parent_req_id: str | None = None,
+                 ttft_budget_s: float = 0.0):
         self.req_id = req_id
         # SamplingParams.n > 1: completion `index` of the request added as `parent_req_id`,
         # whose first completion has that req_id (engine/parallel_sampling.py); n = 1: 0, req_id
@@ -66,6 +67,12 @@ class Request:
         # this request arrived, moved on by each chunk of its own, so that the clock's lead
         # over it is the prompt work done for other requests meanwhile
         self.aging_clock = 0
+        # the time left to its first token when it was sent (a prefill worker's request: the
+        # router's class target less the time already spent); 0: none. srpt turns it into
+        # `deadline_clock` (prefill_order.deadline_on_arrival); None: no deadline kept
+        self.ttft_budget_s = ttft_budget_s
+        self.deadline_clock: int | None = None
+        self.latest_start_clock = 0
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit at first scheduling; -1 until then
         self.num_preemptions = 0

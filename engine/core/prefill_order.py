@@ -23,7 +23,23 @@ waits only for Q, the work queued before it that ranked lower, and A, the work o
 class that arrives while the engine computes R tokens, so it finishes within
 ceil((Q + R + A) / F) steps of F prompt tokens, plus whatever work of a more urgent class
 arrives meanwhile: between classes the order is strict (as the waiting queue's always
-was). Pure Python: no torch.
+was).
+
+A request may carry a deadline (a prefill worker's, from the router: the time left to its
+class's TTFT target). In clock units, at the measured prefill rate, less the step in flight
+it arrived behind: its budget B of prompt work until its first token is due. If its
+length R fits (R <= B) it ranks by
+
+    rank = min(still needed - computed for others since,  B - R - computed for anyone since)
+
+the second term being the prompt work that may still go before it with its own R computed
+after in time. A newcomer then overtakes it only while it would still meet its deadline
+started from scratch, so a prompt that needs under half its budget orders as before, and a
+longer one is overtaken by B - R tokens, not R. Both terms fall by one for every token
+computed, so the order stays settled at arrival. A request whose deadline can no longer be
+met (B - R - computed for anyone since + its own computed < 0), or never could, ranks by
+length alone: a lost first token takes no place from one that can still be on time.
+Pure Python: no torch.
 """
 from __future__ import annotations
 
@@ -34,6 +50,7 @@ from collections.abc import Iterable
 from engine.config import SCHEDULING_POLICIES  # noqa: F401  (the choices, beside the policies they name)
 from engine.request import Request
 from engine.stats import QueuedPrefill
+from engine.step_rates import StepRates
 
 
 def num_prefill_needed(request: Request) -> int:
@@ -90,7 +107,39 @@ class ShortestRemainingFirst(PrefillOrder):
         return sorted([*running, *waiting], key=lambda r: (r.priority, self.rank(r, clock)))
 
     def rank(self, request, clock):
-        return request.aging_clock + num_prefill_needed(request) - clock
+        needed = num_prefill_needed(request)
+        by_length = request.aging_clock + needed - clock
+        if request.deadline_clock is None or request.deadline_clock - clock < needed:
+            return by_length  # no deadline, or one it can no longer meet
+        return min(by_length, request.latest_start_clock - clock)
+
+
+def deadline_tokens(ttft_budget_s: float, tokens_per_s: float, max_step_ms: float, num_tokens: int) -> int | None:
+    """A TTFT budget as prompt work: what the prefill rate computes in it, less the step in
+    flight it arrives behind. None when there is none to keep: no budget, no measured
+    rate, or less than the prompt's own tokens (it cannot be on time)."""
+    if ttft_budget_s <= 0 or tokens_per_s <= 0:
+        return None
+    budget = int((ttft_budget_s - max_step_ms / 1000) * tokens_per_s)
+    return budget if budget >= num_tokens else None
+
+
+def rank_on_arrival(num_tokens: int, ttft_budget_s: float, tokens_per_s: float, max_step_ms: float) -> int:
+    """A newcomer's srpt rank: its length, or less under a deadline that leaves under as
+    much again for others (never below 1: ties go to the queued request). The router's
+    estimate of what goes before it (services/router/decide/saturation.py)."""
+    budget = deadline_tokens(ttft_budget_s, tokens_per_s, max_step_ms, num_tokens)
+    return num_tokens if budget is None else max(1, min(num_tokens, budget - num_tokens))
+
+
+def keep_deadline(request: Request, clock: int, rates: StepRates, max_step_ms: float) -> None:
+    """On arrival: the request's TTFT budget as a work-clock deadline (see the module's
+    docstring), when deadline_tokens finds one to keep."""
+    needed = num_prefill_needed(request)
+    budget = deadline_tokens(request.ttft_budget_s, rates.prefill_tokens_per_s, max_step_ms, needed)
+    if budget is not None:
+        request.deadline_clock = clock + budget
+        request.latest_start_clock = clock + budget - needed
 
 
 def prefill_order(name: str) -> PrefillOrder:

@@ -25,6 +25,7 @@ decode that continues a completion reads that one handle.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 
@@ -66,6 +67,10 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
 
     def _prefill(self, request: prefill_pb2.PrefillRequest, context) -> prefill_pb2.PrefillResponse:
         req = self.admit(request, context)
+        budget_ms = request.ttft_budget_ms
+        if not (budget_ms >= 0 and math.isfinite(budget_ms)):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"ttft_budget_ms: must be a finite number >= 0 (0: none), got {budget_ms}")
         # the last prompt token is always computed here: it samples the first token
         hashes = self.loop.info.prompt_block_hashes(req.prompt_token_ids, req.cache_salt)[
             : (len(req.prompt_token_ids) - 1) // self.block_size]
@@ -76,7 +81,10 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
             # a request wanting its prompt's logprobs computes every prompt token: nothing to read
             wanted = hashes if req.params.prompt_logprobs is None else []
             imported, num_in_store = self._import_prefix(wanted, lease_id)
-            finals = self._run(req, imported, context)
+            # what is left of it once admitted and its prefix read: the engine's deadline
+            # (none left and none given rank alike: by length)
+            budget_s = max(0.0, budget_ms / 1000 - (now() - req.start)) if budget_ms else 0.0
+            finals = self._run(req, imported, context, budget_s)
             final = finals[0]
             response = self._response(req, finals)
             # n > 1: the first completion to hand off carries the shared prompt's KV, one write for all
@@ -137,12 +145,13 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         self.metrics.kvstore_imported.inc(payload.num_tokens - num_local * self.block_size)
         return payload, payload.end_block
 
-    def _run(self, req: AdmittedRequest, imported: KVPayload | None, context) -> list[RequestOutput]:
+    def _run(self, req: AdmittedRequest, imported: KVPayload | None, context,
+             ttft_budget_s: float = 0.0) -> list[RequestOutput]:
         """The final output of each of the request's n completions, by index."""
         try:
             stream = self.loop.submit(EngineRequest(
                 req.req_id, req.prompt_token_ids, req.params, mode=RequestMode.PREFILL_ONLY, kv_import=imported,
-                priority=req.priority, cache_salt=req.cache_salt))
+                priority=req.priority, cache_salt=req.cache_salt, ttft_budget_s=ttft_budget_s))
         except EngineDeadError:
             self.abort_if_engine_dead(context)
             raise

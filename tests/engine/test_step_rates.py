@@ -88,6 +88,9 @@ def test_a_request_can_ask_for_smaller_prefill_chunks_with_the_same_tokens(engin
     assert capped == whole
     with pytest.raises(InvalidRequestError, match="prefill_chunk_tokens"):
         engine.add_request(EngineRequest("bad", prompt, SamplingParams(max_tokens=1), prefill_chunk_tokens=-1))
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(InvalidRequestError, match="ttft_budget_s"):
+            engine.add_request(EngineRequest("bad", prompt, SamplingParams(max_tokens=1), ttft_budget_s=bad))
 
 
 def test_requests_asking_for_small_chunks_share_one_steps_room(engine):

@@ -24,6 +24,7 @@ completion then goes on as a request of its own, all merged into one stream (cho
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import partial
@@ -236,6 +237,8 @@ class GenerateFlow:
                 # checked again after the admission wait: no decode worker may be left to finish it
                 self.pools[DECODE].require_reachable()
                 out.dispatched()
+                # the class's TTFT target less the time spent here (queued, a failed attempt)
+                request.ttft_budget_ms = max(0.0, req.slo.ttft_ms - 1000 * (time.monotonic() - out.arrival))
                 return self.calls.prefill(slot.address, request, time_left(), cancel), slot.address
             except grpc.RpcError as e:
                 last_error = self._failure(PREFILL, slot.address, e, can_retry=attempt + 1 < MAX_ATTEMPTS)

@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.core.prefill_order import rank_on_arrival
 from engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
 # PATH_POLICIES: the flags' choices, found here beside the policies they name
 from services.router.decide.config import PATH_POLICIES, PathConfig, RoutingConfig, SLOClass  # noqa: F401
@@ -155,14 +156,14 @@ class AdaptivePaths(PathPolicy):
         unusable = _pool_unusable(pools, decode)
         if unusable is not None:
             return unusable
-        priority = self.slo_classes[slo_class].priority
-        pool_ttft_s = min(self._prefill_ttft_s(w, n, priority, pools) for w in _handoff_prefills(pools, decode))
+        slo = self.slo_classes[slo_class]
+        pool_ttft_s = min(self._prefill_ttft_s(w, n, slo, pools) for w in _handoff_prefills(pools, decode))
         stall_s = n / rate
         if stall_s <= cfg.max_direct_stall_itls * self._strictest_itl_s:
             chunk = self._direct_chunk(room_s, rate)
             if self._direct_ttft_s(n, rate, step_s, backlog, chunk) + stall_s < pool_ttft_s:
                 return PathChoice(DIRECT, "prefill_pool_busy", prefill_chunk_tokens=chunk if chunk < n else 0)
-        ttft_target_s = self.slo_classes[slo_class].ttft_ms / 1000
+        ttft_target_s = slo.ttft_ms / 1000
         if pool_ttft_s <= ttft_target_s:
             return PathChoice(DISAGGREGATED, "prefill_pool", decode_address=decode.address)
         rescue = self._rescue(n, rate, step_s, room_s, backlog, ttft_target_s)
@@ -192,13 +193,15 @@ class AdaptivePaths(PathPolicy):
         of the room a step leaves under the ITL target, at least min_direct_chunk_tokens."""
         return max(self.cfg.min_direct_chunk_tokens, int(DIRECT_ROOM_SHARE * room_s * rate))
 
-    def _prefill_ttft_s(self, w: WorkerView, n: int, priority: int, pools: PoolsNow) -> float:
+    def _prefill_ttft_s(self, w: WorkerView, n: int, slo: SLOClass, pools: PoolsNow) -> float:
         """The worker's own rule: the step in flight, which the request cannot join (at most
         the worker's max_step_ms, and no longer than its backlog takes: none when it is
-        idle), then the work its order puts ahead of the request, then its own prompt."""
+        idle), then the work its order puts ahead of the request (ranked as the worker
+        will rank it, its TTFT target its deadline), then its own prompt."""
         rate = prefill_rate_beside_decodes(w, self._rate(w, pools))
         in_flight_s = min(w.max_step_ms / 1000, prefill_backlog(w) / rate)
-        return in_flight_s + (prefill_work_ahead(w, priority, n) + n) / rate + self.cfg.kv_handoff_ms / 1000
+        rank = rank_on_arrival(n, slo.ttft_ms / 1000, rate, w.max_step_ms)
+        return in_flight_s + (prefill_work_ahead(w, slo.priority, rank) + n) / rate + self.cfg.kv_handoff_ms / 1000
 
     def _rate(self, w: WorkerView, pools: PoolsNow) -> float:
         """The worker's measured prefill rate; before it has one, the best any worker has

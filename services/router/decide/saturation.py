@@ -33,8 +33,9 @@ def decode_prefill_backlog(w: WorkerView) -> int:
     return w.num_queued_prefill_tokens + w.unreported_tokens
 
 
-def prefill_work_ahead(w: WorkerView, priority: int, num_tokens: int) -> int:
-    """Prompt tokens a new request of `priority` needing `num_tokens` waits for on prefill
+def prefill_work_ahead(w: WorkerView, priority: int, rank: int) -> int:
+    """Prompt tokens a new request of `priority` that ranks `rank` (its length, or less
+    under a deadline: prefill_order.rank_on_arrival) waits for on prefill
     worker w, in the worker's own order (WorkerLoad.queued_prefill): the buckets of a more
     urgent priority, and those of its own whose ranks may go first (a bucket the request
     falls inside counts whole: at most one bucket of error, on the safe side); and what
@@ -43,5 +44,5 @@ def prefill_work_ahead(w: WorkerView, priority: int, num_tokens: int) -> int:
     if w.num_queued_prefill_tokens and not w.queued_prefill:
         return prefill_backlog(w)
     ranked = sum(q.num_tokens for q in w.queued_prefill
-                 if q.priority < priority or q.priority == priority and q.min_rank_tokens < num_tokens)
+                 if q.priority < priority or q.priority == priority and q.min_rank_tokens < rank)
     return ranked + w.unreported_tokens

@@ -7,7 +7,7 @@ import pytest
 from engine.config import SchedulerConfig
 from engine.core.block_hash import model_fingerprint
 from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.prefill_order import NO_RANK_LIMIT
+from engine.core.prefill_order import NO_RANK_LIMIT, rank_on_arrival
 from engine.core.scheduler import Scheduler
 from engine.core.scheduler_output import ModelRunnerOutput
 from engine.request import Request
@@ -22,9 +22,11 @@ def _scheduler(num_blocks=256, block_size=4, rates=None, **cfg) -> Scheduler:
     return Scheduler(SchedulerConfig(**cfg), kv, rates)
 
 
-def _add(s: Scheduler, req_id: str, n: int, max_tokens: int = 1, priority: int = 0) -> Request:
+def _add(s: Scheduler, req_id: str, n: int, max_tokens: int = 1, priority: int = 0,
+         ttft_budget_s: float = 0.0) -> Request:
     base = 1000 * (len(s.requests) + s.clock + 1)  # distinct prompts: no prefix-cache sharing
-    r = Request(req_id, list(range(base, base + n)), SamplingParams(max_tokens=max_tokens), priority=priority)
+    r = Request(req_id, list(range(base, base + n)), SamplingParams(max_tokens=max_tokens), priority=priority,
+                ttft_budget_s=ttft_budget_s)
     s.add_request(r)
     return r
 
@@ -202,3 +204,79 @@ def test_an_unbounded_rank_lands_in_the_last_bucket():
     s = _scheduler(max_model_len=200000, max_num_batched_tokens=8)
     _add(s, "huge", 100000)
     assert s.queued_prefill() == (QueuedPrefill(0, 65536, NO_RANK_LIMIT, 1, 100000),)
+
+
+# ---- deadlines: a prefill worker's request carries the time left to its TTFT target -------
+
+def _long_under_shorts(ttft_budget_s: float, max_step_ms: float = 0.0):
+    """A 40-token prompt with the given budget at 10 prompt tokens/s (400 tokens of work =
+    40 s), then a new 6-token prompt before every 8-token step. Returns the clock (prompt
+    tokens computed since it arrived) when the long prompt got its first token, and the
+    steps' shares of it until then."""
+    s = _scheduler(max_num_batched_tokens=8, long_prefill_token_threshold=8, max_step_ms=max_step_ms,
+                   rates=StepRates(prefill_tokens_per_s=10.0))
+    long = _add(s, "long", 40, ttft_budget_s=ttft_budget_s)
+    shares = []
+    for i in range(40):
+        shares.append(_step(s).get("long", 0))
+        if long.status.finished:
+            return s.clock, shares
+        _add(s, f"short{i}", 6)
+    raise AssertionError(f"the long prompt did not finish: {shares}")
+
+
+def test_a_deadline_lets_newer_prompts_overtake_only_while_it_can_still_be_met():
+    # 5.6 s at 10 tokens/s: 56 tokens of work until its first token is due, 40 of them its
+    # own, so 16 of others' may go first (not the 40 its length alone would let through)
+    # (its own first chunk counts against the 16 as well: the rank assumes it starts over)
+    done_at, shares = _long_under_shorts(ttft_budget_s=5.6)
+    assert shares == [8, 2, 8, 8, 8, 6] and done_at == 48  # one short overtook it, then none
+    no_deadline, shares = _long_under_shorts(ttft_budget_s=0.0)
+    assert shares == [8, 2, 2, 2, 2, 8, 8, 8] and no_deadline == 64  # by length alone: four, late
+
+
+def test_the_step_in_flight_is_taken_off_the_budget():
+    # 5.6 s less a 0.8 s step: 48 tokens, 8 for others, which its own first chunk uses up
+    # (max_step_ms does not bound these steps further: 800 ms at 10 tokens/s is 8 tokens)
+    assert _long_under_shorts(ttft_budget_s=5.6, max_step_ms=800) == (40, [8] * 5)
+
+
+def test_a_deadline_the_prompt_cannot_meet_leaves_it_ranked_by_length():
+    # 3 s: 30 tokens of work for a 40-token prompt, late whatever the order
+    assert _long_under_shorts(ttft_budget_s=3.0) == _long_under_shorts(ttft_budget_s=0.0)
+
+
+def test_a_prompt_that_needs_under_half_its_budget_orders_as_before():
+    assert _long_under_shorts(ttft_budget_s=100.0) == _long_under_shorts(ttft_budget_s=0.0)
+
+
+def test_a_deadline_missed_on_the_way_no_longer_holds_newer_prompts_back():
+    # a batch prompt of 40 with 48 tokens of budget (8 to spare) ranks min(40, 8); interactive
+    # work of a more urgent class takes 16 tokens first, so its deadline is lost: it ranks by
+    # length again (24 once 16 were computed for others), and a 10-token prompt of its
+    # class goes before it, which its kept deadline (rank 8 - 16 = -8) would have refused
+    s = _scheduler(max_num_batched_tokens=8, long_prefill_token_threshold=8,
+                   rates=StepRates(prefill_tokens_per_s=10.0))
+    late = _add(s, "batch-long", 40, priority=1, ttft_budget_s=4.8)
+    assert s.order.rank(late, s.clock) == 8
+    _add(s, "interactive", 16, priority=0)
+    assert [_step(s) for _ in range(2)] == [{"interactive": 8}] * 2
+    assert s.order.rank(late, s.clock) == 24
+    _add(s, "batch-short", 10, priority=1)
+    assert list(_step(s).items()) == [("batch-short", 8)]
+
+
+def test_the_deadline_needs_a_measured_rate():
+    s = _scheduler(max_num_batched_tokens=8, rates=StepRates())
+    r = _add(s, "long", 40, ttft_budget_s=5.6)
+    assert r.deadline_clock is None and s.order.rank(r, s.clock) == 40
+
+
+def test_a_newcomers_rank_under_a_deadline():
+    # 6 s less a 150 ms step at 300 tokens/s: 1,755 tokens of budget
+    assert rank_on_arrival(1000, 6.0, 300.0, 150) == 755      # 755 of others' may go first
+    assert rank_on_arrival(500, 6.0, 300.0, 150) == 500       # under half: its length
+    assert rank_on_arrival(1900, 6.0, 300.0, 150) == 1900     # cannot be on time: its length
+    assert rank_on_arrival(1755, 6.0, 300.0, 150) == 1        # none to spare: ties go to the queue
+    assert rank_on_arrival(1000, 0.0, 300.0, 150) == 1000     # no target
+    assert rank_on_arrival(1000, 6.0, 0.0, 150) == 1000       # no measured rate

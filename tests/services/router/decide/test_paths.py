@@ -163,10 +163,10 @@ def _ranked(*buckets, **load) -> WorkerView:
 def test_work_ahead_counts_the_buckets_that_go_first():
     # one 5000-token prompt ranked ~4.7k, two short ones ranked <= 16, a batch prompt
     w = _ranked((0, 0, 16, 2, 30), (0, 4096, 8192, 1, 5000), (1, 32, 64, 1, 40))
-    assert prefill_work_ahead(w, priority=0, num_tokens=100) == 30            # not the long one
-    assert prefill_work_ahead(w, priority=0, num_tokens=4097) == 5030         # its bucket counts whole
-    assert prefill_work_ahead(w, priority=1, num_tokens=10) == 5030           # every more urgent one
-    assert prefill_work_ahead(w, priority=1, num_tokens=33) == 5070
+    assert prefill_work_ahead(w, priority=0, rank=100) == 30            # not the long one
+    assert prefill_work_ahead(w, priority=0, rank=4097) == 5030         # its bucket counts whole
+    assert prefill_work_ahead(w, priority=1, rank=10) == 5030           # every more urgent one
+    assert prefill_work_ahead(w, priority=1, rank=33) == 5070
     # what this router sent since the report is not ranked there: it counts whole
     assert prefill_work_ahead(replace(w, unreported_tokens=700), 0, 100) == 730
     # a worker that reports no ranks: its backlog, as before
@@ -190,13 +190,27 @@ def test_adaptive_sends_a_short_prompt_to_a_pool_busy_only_with_longer_ones():
                                                                                       decode_address="d")
 
 
+def test_adaptive_estimate_ranks_the_prompt_as_its_deadline_lets_the_worker():
+    """A 600-token prompt with a 1 s target at 1000 tokens/s behind a 250 ms step: 750
+    tokens of budget, so the worker lets only 150 go first: a queued 400-token prompt
+    (ranked in 256-512) waits behind it. With a 30 s target (the batch class, priority
+    aside) it ranks by length, 600, and that prompt goes first."""
+    paths = AdaptivePaths(PathConfig(kv_handoff_ms=0), CLASSES)
+    w = _ranked((0, 256, 512, 1, 400))
+    assert paths._prefill_ttft_s(w, 600, CLASSES["interactive"], _pools(prefill=[w])) == pytest.approx(0.25 + 0.6)
+    loose = SLOClass(ttft_ms=30000, itl_ms=100)
+    assert paths._prefill_ttft_s(w, 600, loose, _pools(prefill=[w])) == pytest.approx(0.25 + 1.0)
+
+
 def test_adaptive_estimate_adds_the_step_in_flight():
     paths = AdaptivePaths(PathConfig(kv_handoff_ms=20), CLASSES)
     w = _ranked((0, 4096, 8192, 1, 5000))
-    assert paths._prefill_ttft_s(w, 100, 0, _pools(prefill=[w])) == pytest.approx(0.1 + 0.25 + 0.02)
-    assert paths._prefill_ttft_s(replace(w, max_step_ms=0), 100, 0, _pools(prefill=[w])) == pytest.approx(0.12)
+    assert paths._prefill_ttft_s(w, 100, CLASSES["interactive"],
+                                 _pools(prefill=[w])) == pytest.approx(0.1 + 0.25 + 0.02)
+    assert paths._prefill_ttft_s(replace(w, max_step_ms=0), 100, CLASSES["interactive"],
+                                 _pools(prefill=[w])) == pytest.approx(0.12)
     # a step in flight lasts no longer than the backlog takes: nothing on an idle worker
     idle = _ranked()
-    assert paths._prefill_ttft_s(idle, 100, 0, _pools(prefill=[idle])) == pytest.approx(0.12)
+    assert paths._prefill_ttft_s(idle, 100, CLASSES["interactive"], _pools(prefill=[idle])) == pytest.approx(0.12)
     short = _ranked((0, 0, 16, 1, 50))
-    assert paths._prefill_ttft_s(short, 100, 0, _pools(prefill=[short])) == pytest.approx(0.05 + 0.15 + 0.02)
+    assert paths._prefill_ttft_s(short, 100, CLASSES["interactive"], _pools(prefill=[short])) == pytest.approx(0.05 + 0.15 + 0.02)
