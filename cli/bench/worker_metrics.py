@@ -35,15 +35,20 @@ def scrape_spec(urls: tuple[str, ...], timeout_s: float = 5.0) -> SpecCounts:
     totals = dict.fromkeys(SPEC_COUNTERS, 0.0)
     wanted = {name: key for key, name in SPEC_COUNTERS.items()}
     for url in urls:
-        try:
-            body = urllib.request.urlopen(url, timeout=timeout_s).read().decode()
-        except OSError as e:
-            raise ValueError(f"--worker-metrics: cannot read {url} ({e})") from e
-        for family in text_string_to_metric_families(body):
-            for sample in family.samples:
-                if sample.name in wanted:
-                    totals[wanted[sample.name]] += sample.value
+        for sample in _samples(url, timeout_s, "--worker-metrics: cannot read {url} ({error})"):
+            if sample.name in wanted:
+                totals[wanted[sample.name]] += sample.value
     return SpecCounts(**totals)
+
+
+def _samples(url: str, timeout_s: float, unreachable: str):
+    """Every sample of the Prometheus exposition at `url`; ValueError with `unreachable`
+    (formatted with url and error) when it cannot be read."""
+    try:
+        body = urllib.request.urlopen(url, timeout=timeout_s).read().decode()
+    except OSError as e:
+        raise ValueError(unreachable.format(url=url, error=e)) from e
+    return [sample for family in text_string_to_metric_families(body) for sample in family.samples]
 
 
 def spec_summary(before: SpecCounts, after: SpecCounts) -> dict:
@@ -65,12 +70,9 @@ PATH_DECISIONS = "pdserve_router_path_decisions_total"
 def scrape_path_decisions(url: str, timeout_s: float = 5.0) -> dict[str, float]:
     """The router's requests by path and reason ("direct/prefill_pool_busy": n); an
     unreachable router raises ValueError naming its URL."""
-    try:
-        body = urllib.request.urlopen(url, timeout=timeout_s).read().decode()
-    except OSError as e:
-        raise ValueError(f"cannot read the router's metrics at {url} ({e})") from e
     return {f"{s.labels['path']}/{s.labels['reason']}": s.value
-            for family in text_string_to_metric_families(body) for s in family.samples if s.name == PATH_DECISIONS}
+            for s in _samples(url, timeout_s, "cannot read the router's metrics at {url} ({error})")
+            if s.name == PATH_DECISIONS}
 
 
 def decisions_during(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:

@@ -31,6 +31,7 @@ import openai
 import pytest
 
 from cli.bench.local_platform import free_port_range
+from cli.bench.worker_metrics import scrape_path_decisions
 
 SHORT_PROMPT_TOKENS = 96  # the threshold path policy: longer prompts go prefill -> kvstore -> decode
 MAX_TOKENS = 96           # the schema's bounds close every reply well within it
@@ -122,11 +123,9 @@ def model(client) -> str:
 
 
 def _path_decisions(up, path: str) -> float:
-    """pdserve_router_path_decisions_total summed over reasons, from the router's /metrics."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{up.http_port}/metrics", timeout=5).read().decode()
-    name = "pdserve_router_path_decisions_total"
-    assert f"# HELP {name}" in text, f"the router's /metrics has no {name}"
-    return sum(float(v) for v in re.findall(rf'^{name}{{[^}}]*path="{path}"[^}}]*}} (\S+)$', text, re.M))
+    """The router's requests that took `path`, summed over reasons, from its /metrics."""
+    decisions = scrape_path_decisions(f"http://127.0.0.1:{up.http_port}/metrics")
+    return sum(n for key, n in decisions.items() if key.startswith(f"{path}/"))
 
 
 def _chat(client, model: str, content: str, **kwargs) -> openai.types.chat.ChatCompletion:
