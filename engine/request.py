@@ -69,7 +69,7 @@ class Request:
         self.aging_clock = 0
         # the time left to its first token when it was sent (a prefill worker's request: the
         # router's class target less the time already spent); 0: none. srpt turns it into
-        # `deadline_clock` (prefill_order.deadline_on_arrival); None: no deadline kept
+        # `deadline_clock` (prefill_order.keep_deadline); None: no deadline kept
         self.ttft_budget_s = ttft_budget_s
         self.deadline_clock: int | None = None
         self.latest_start_clock = 0
