@@ -82,6 +82,9 @@ class PrefillOrder(ABC):
         """How a queued request compares with a new one of the same priority that needs n
         prompt tokens: it goes first when rank <= n. The worker reports ranks to the router."""
 
+    def on_arrival(self, request: Request, clock: int, rates: StepRates, max_step_ms: float) -> None:
+        """What the order keeps of a request as it is queued (nothing, unless it says)."""
+
 
 class FirstComeFirstServed(PrefillOrder):
     name = "fcfs"
@@ -105,6 +108,9 @@ class ShortestRemainingFirst(PrefillOrder):
 
     def order(self, running, waiting, clock):
         return sorted([*running, *waiting], key=lambda r: (r.priority, self.rank(r, clock)))
+
+    def on_arrival(self, request, clock, rates, max_step_ms):
+        keep_deadline(request, clock, rates, max_step_ms)
 
     def rank(self, request, clock):
         needed = num_prefill_needed(request)

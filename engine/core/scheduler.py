@@ -38,7 +38,7 @@ from engine.core.kv_cache_manager import KVCacheManager
 from engine.kv_transfer import KVLoad
 from engine.core.scheduler_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                           SchedulerOutput)
-from engine.core.prefill_order import is_decode, keep_deadline, prefill_order, summarize_queue
+from engine.core.prefill_order import is_decode, prefill_order, summarize_queue
 from engine.parallel_sampling import waits_for_sibling
 from engine.request import Request, RequestStatus
 from engine.stats import QueuedPrefill
@@ -77,8 +77,7 @@ class Scheduler:
         """Queue behind every waiting request of the same or a more urgent priority."""
         self.requests[request.req_id] = request
         request.aging_clock = self.clock
-        if self.order.name == "srpt":
-            keep_deadline(request, self.clock, self.rates, self.config.max_step_ms or 0.0)
+        self.order.on_arrival(request, self.clock, self.rates, self.config.max_step_ms)
         if not self.waiting or self.waiting[-1].priority <= request.priority:
             self.waiting.append(request)
             return
