@@ -45,7 +45,7 @@ class Request:
                  output_token_ids: list[int] = (), kv_import: KVPayload | None = None,
                  mode: RequestMode = RequestMode.COLOCATED, priority: int = 0, prefill_chunk_tokens: int = 0,
                  cache_salt: str = "", index: int = 0, parent_req_id: str | None = None,
-                 ttft_budget_s: float = 0.0):
+                 ttft_budget_s: float = 0.0, itl_target_s: float = 0.0):
         self.req_id = req_id
         # SamplingParams.n > 1: completion `index` of the request added as `parent_req_id`,
         # whose first completion has that req_id (engine/parallel_sampling.py); n = 1: 0, req_id
@@ -73,6 +73,12 @@ class Request:
         self.ttft_budget_s = ttft_budget_s
         self.deadline_clock: int | None = None
         self.latest_start_clock = 0
+        # the mean inter-token time its stream keeps (the router's class target; 0: none), and
+        # when it had its first tokens: those given (a decode-only or resumed request) on
+        # arrival, else its first one here (engine/core/tpot_room.py)
+        self.itl_target_s = itl_target_s
+        self.tpot_anchor: tuple[float, int] | None = (
+            (self.arrival_time, len(output_token_ids)) if len(output_token_ids) else None)
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit at first scheduling; -1 until then
         self.num_preemptions = 0
@@ -114,3 +120,5 @@ class Request:
 
     def append_output_token(self, token_id: int) -> None:
         self.all_token_ids.append(token_id)
+        if self.tpot_anchor is None:
+            self.tpot_anchor = (time.monotonic(), self.num_output_tokens)

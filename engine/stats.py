@@ -2,6 +2,7 @@
 whose fields carry the same names (proto/pdserve/v1/common.proto)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -60,6 +61,9 @@ class EngineStats:
     # the queued prefill work by priority and rank: what a new request would wait for
     queued_prefill: tuple[QueuedPrefill, ...] = ()
     max_step_ms: float = 0.0             # the engine's bound on a step (SchedulerConfig); 0: tokens only
+    # the longest pause its running streams could take within their TPOT targets
+    # (engine/core/tpot_room.py); inf: none keeps one
+    tpot_stall_room_ms: float = math.inf
     spec: SpecDecodeStats = SpecDecodeStats()
     host: HostTierStats = HostTierStats()
 

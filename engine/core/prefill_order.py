@@ -37,8 +37,16 @@ after in time. A newcomer then overtakes it only while it would still meet its d
 started from scratch, so a prompt that needs under half its budget orders as before, and a
 longer one is overtaken by B - R tokens, not R. Both terms fall by one for every token
 computed, so the order stays settled at arrival. A request whose deadline can no longer be
-met (B - R - computed for anyone since + its own computed < 0), or never could, ranks by
-length alone: a lost first token takes no place from one that can still be on time.
+met (B - R - computed for anyone since + its own computed < 0), or never could (B < R), is
+late: it ranks by length with a slower aging,
+
+    rank = still needed - (computed for others since) / LATE_AGING_DIVISOR
+
+so a lost first token takes no place from one that can still be on time until its request
+has waited LATE_AGING_DIVISOR times its length of others' work; then nothing overtakes
+it, which bounds its wait as above with that much more work. Being late is for good: the
+slack B - R - computed for anyone since + own computed only falls. Late requests yield to
+on-time ones, and among themselves go by that rank.
 Pure Python: no torch.
 """
 from __future__ import annotations
@@ -114,38 +122,49 @@ class ShortestRemainingFirst(PrefillOrder):
 
     def rank(self, request, clock):
         needed = num_prefill_needed(request)
-        by_length = request.aging_clock + needed - clock
-        if request.deadline_clock is None or request.deadline_clock - clock < needed:
-            return by_length  # no deadline, or one it can no longer meet
-        return min(by_length, request.latest_start_clock - clock)
+        for_others = clock - request.aging_clock
+        if request.deadline_clock is None:
+            return needed - for_others  # no deadline: by length
+        if request.deadline_clock - clock < needed:  # lost: it yields to those still on time
+            return needed - for_others // LATE_AGING_DIVISOR
+        return min(needed - for_others, request.latest_start_clock - clock)
 
 
-def deadline_tokens(ttft_budget_s: float, tokens_per_s: float, max_step_ms: float, num_tokens: int) -> int | None:
+def deadline_tokens(ttft_budget_s: float, tokens_per_s: float, max_step_ms: float) -> int | None:
     """A TTFT budget as prompt work: what the prefill rate computes in it, less the step in
-    flight it arrives behind. None when there is none to keep: no budget, no measured
-    rate, or less than the prompt's own tokens (it cannot be on time)."""
+    flight it arrives behind (below the prompt's own tokens, or 0: it cannot be on time).
+    None when there is none to keep: no budget, or no measured rate."""
     if ttft_budget_s <= 0 or tokens_per_s <= 0:
         return None
-    budget = int((ttft_budget_s - max_step_ms / 1000) * tokens_per_s)
-    return budget if budget >= num_tokens else None
+    return max(0, int((ttft_budget_s - max_step_ms / 1000) * tokens_per_s))
 
 
 def rank_on_arrival(num_tokens: int, ttft_budget_s: float, tokens_per_s: float, max_step_ms: float) -> int:
     """A newcomer's srpt rank: its length, or less under a deadline that leaves under as
     much again for others (never below 1: ties go to the queued request). The router's
     estimate of what goes before it (services/router/decide/saturation.py)."""
-    budget = deadline_tokens(ttft_budget_s, tokens_per_s, max_step_ms, num_tokens)
-    return num_tokens if budget is None else max(1, min(num_tokens, budget - num_tokens))
+    budget = deadline_tokens(ttft_budget_s, tokens_per_s, max_step_ms)
+    if budget is None or budget < num_tokens:  # none, or one it cannot meet: its length
+        return num_tokens
+    return max(1, min(num_tokens, budget - num_tokens))
 
 
 def keep_deadline(request: Request, clock: int, rates: StepRates, max_step_ms: float) -> None:
     """On arrival: the request's TTFT budget as a work-clock deadline (see the module's
-    docstring), when deadline_tokens finds one to keep."""
+    docstring), when deadline_tokens finds one to keep; one it cannot meet is kept too,
+    and makes it late from the start."""
     needed = num_prefill_needed(request)
-    budget = deadline_tokens(request.ttft_budget_s, rates.prefill_tokens_per_s, max_step_ms, needed)
+    budget = deadline_tokens(request.ttft_budget_s, rates.prefill_tokens_per_s, max_step_ms)
     if budget is not None:
         request.deadline_clock = clock + budget
         request.latest_start_clock = clock + budget - needed
+
+
+# how much slower a request that has lost its first token's deadline ages: newcomers still
+# on time overtake it until this many times its length in prompt work has been done for
+# others since it arrived (its length alone before: a lost long prompt then held back the
+# short ones arriving after it, which lost their first tokens too; docs/benchmarks.md)
+LATE_AGING_DIVISOR = 4
 
 
 def prefill_order(name: str) -> PrefillOrder:

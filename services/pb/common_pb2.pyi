@@ -155,7 +155,7 @@ class KVHandle(_message.Message):
     def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ..., tail_key: _Optional[str] = ..., num_tokens: _Optional[int] = ..., lease_id: _Optional[str] = ..., kvstore_address: _Optional[str] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_queued_prefill_tokens", "num_free_kv_blocks", "num_total_kv_blocks", "max_num_seqs", "draining", "prefill_tokens_per_s", "decode_step_ms", "queued_prefill", "max_step_ms")
+    __slots__ = ("num_running", "num_waiting", "num_queued_prefill_tokens", "num_free_kv_blocks", "num_total_kv_blocks", "max_num_seqs", "draining", "prefill_tokens_per_s", "decode_step_ms", "queued_prefill", "max_step_ms", "tpot_stall_room_ms")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +167,7 @@ class WorkerLoad(_message.Message):
     DECODE_STEP_MS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_PREFILL_FIELD_NUMBER: _ClassVar[int]
     MAX_STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    TPOT_STALL_ROOM_MS_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     num_queued_prefill_tokens: int
@@ -178,7 +179,8 @@ class WorkerLoad(_message.Message):
     decode_step_ms: float
     queued_prefill: _containers.RepeatedCompositeFieldContainer[QueuedPrefill]
     max_step_ms: float
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_queued_prefill_tokens: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., num_total_kv_blocks: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., draining: _Optional[bool] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_ms: _Optional[float] = ..., queued_prefill: _Optional[_Iterable[_Union[QueuedPrefill, _Mapping]]] = ..., max_step_ms: _Optional[float] = ...) -> None: ...
+    tpot_stall_room_ms: float
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_queued_prefill_tokens: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., num_total_kv_blocks: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., draining: _Optional[bool] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_ms: _Optional[float] = ..., queued_prefill: _Optional[_Iterable[_Union[QueuedPrefill, _Mapping]]] = ..., max_step_ms: _Optional[float] = ..., tpot_stall_room_ms: _Optional[float] = ...) -> None: ...
 
 class QueuedPrefill(_message.Message):
     __slots__ = ("priority", "min_rank_tokens", "max_rank_tokens", "num_requests", "num_tokens")

@@ -49,6 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "rates and load, 'threshold' by --short-prompt-tokens, 'colocated' always direct")
     parser.add_argument("--min-direct-chunk-tokens", type=int, default=PathConfig.min_direct_chunk_tokens,
                         help="the adaptive policy: the smallest prefill chunk it asks of a decode worker")
+    parser.add_argument("--rescue-step-ms", type=float, default=PathConfig.rescue_step_ms, metavar="MS",
+                        help="the adaptive policy: a prompt the prefill pool would make late, taken by a decode "
+                             "worker whose streams have the TPOT room for it, runs in steps of up to this long "
+                             "(0: in the chunks the streams' ITL room allows)")
     parser.add_argument("--short-prompt-tokens", type=int, default=RouterConfig.short_prompt_tokens,
                         help="the threshold policy: prompts of at most this many tokens go straight to a decode worker")
     parser.add_argument("--placement", choices=PLACEMENTS, default=RouterConfig.placement,
@@ -127,7 +131,8 @@ def config_from_args(args) -> RouterConfig:
         model=args.model, revision=args.revision, served_model_names=tuple(args.served_model_name),
         chat_template=args.chat_template, prefill_addresses=prefill, decode_addresses=decode,
         kvstore_address=args.kvstore,
-        paths=PathConfig(policy=args.path_policy, min_direct_chunk_tokens=args.min_direct_chunk_tokens),
+        paths=PathConfig(policy=args.path_policy, min_direct_chunk_tokens=args.min_direct_chunk_tokens,
+                         rescue_step_ms=args.rescue_step_ms),
         short_prompt_tokens=args.short_prompt_tokens, slo_classes=slo_classes, default_slo_class=default_class,
         max_model_len=args.max_model_len, host=args.host, port=args.port, metrics_port=args.metrics_port,
         poll_interval_s=args.poll_interval_s, retry_after_ms=args.retry_after_ms, placement=args.placement,

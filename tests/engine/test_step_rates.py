@@ -1,6 +1,8 @@
 """The engine's own step-cost estimates, which workers report to the router."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from engine import InvalidRequestError, SamplingParams
@@ -91,6 +93,25 @@ def test_a_request_can_ask_for_smaller_prefill_chunks_with_the_same_tokens(engin
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(InvalidRequestError, match="ttft_budget_s"):
             engine.add_request(EngineRequest("bad", prompt, SamplingParams(max_tokens=1), ttft_budget_s=bad))
+        with pytest.raises(InvalidRequestError, match="itl_target_s"):
+            engine.add_request(EngineRequest("bad", prompt, SamplingParams(max_tokens=1), itl_target_s=bad))
+
+
+def test_engine_reports_the_tpot_room_of_its_streams(engine):
+    """A stream with an ITL target counts once it has its first token: its room is what
+    its target leaves over the tokens still to come, less their steps; none before."""
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    engine.add_request(EngineRequest("paced", list(range(3, 40)), params, itl_target_s=1.0))
+    assert engine.stats().tpot_stall_room_ms == math.inf  # still prefilling
+    while engine.scheduler.requests["paced"].num_output_tokens < 4:
+        engine.step()
+    room_ms = engine.stats().tpot_stall_room_ms
+    # 39 gaps of 1 s less what 3 took and 36 more decode steps (a few ms each here)
+    assert 30_000 < room_ms < 39_000
+    engine.abort_request("paced")
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.stats().tpot_stall_room_ms == math.inf
 
 
 def test_requests_asking_for_small_chunks_share_one_steps_room(engine):

@@ -17,6 +17,7 @@ from services.common.grpc_server import channel
 from services.pb import (common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, router_pb2,
                          router_pb2_grpc)
 from services.router.client import RouterClient
+from services.router.decide.config import default_slo_classes
 from services.kvstore.store import hash_key
 from tests.services.cluster import start_cluster
 
@@ -171,6 +172,29 @@ def test_the_ttft_budget_reaches_the_engine_less_the_time_spent_on_the_worker(cl
             sampling=common_pb2.SamplingParams(temperature=0, max_tokens=1)))
     (request,) = sent
     assert 3.0 < request.ttft_budget_s < 4.0
+
+
+@pytest.mark.parametrize("target_ms", [-1.0, float("nan"), float("inf")])
+def test_a_bad_itl_target_is_invalid_argument(cluster, offline, target_ms):
+    with channel(cluster.decodes[0].address) as ch, pytest.raises(grpc.RpcError) as e:
+        list(decode_pb2_grpc.DecodeWorkerStub(ch).Decode(decode_pb2.DecodeRequest(
+            req_id="bad-target", prompt_token_ids=SHORT[0], itl_target_ms=target_ms,
+            sampling=common_pb2.SamplingParams(temperature=0, max_tokens=MAX_TOKENS))))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "itl_target_ms" in e.value.details()
+    assert _tokens(_generate(cluster.router.address, SHORT[0])) == offline[tuple(SHORT[0])].token_ids
+
+
+def test_each_decode_carries_its_class_itl_target_to_the_engine(cluster, monkeypatch):
+    """Direct and handed-over streams alike: the engine keeps their TPOT room under it."""
+    sent = []
+    for worker in cluster.decodes:
+        submit = worker.servicer.loop.submit
+        monkeypatch.setattr(worker.servicer.loop, "submit", lambda r, submit=submit: sent.append(r) or submit(r))
+    for prompt, slo in ((SHORT[0], "interactive"), (LONG[0], "interactive"), (LONG[1], "batch")):
+        _generate(cluster.router.address, prompt, slo_class=slo)
+    itl_ms = {name: c.itl_ms for name, c in default_slo_classes().items()}  # the cluster's router
+    assert [r.itl_target_s for r in sent] == [itl_ms["interactive"] / 1000, itl_ms["interactive"] / 1000,
+                                              itl_ms["batch"] / 1000]
 
 
 def _decode_direct(worker, prompt, first: int, handle, req_id: str):

@@ -99,6 +99,7 @@ class GenerateFlow:
     def _direct(self, req, outs: list[ResponseStream], cancel, time_left):
         decode_req = decode_pb2.DecodeRequest(req_id=req.req_id, prompt_token_ids=req.prompt_token_ids,
                                               sampling=req.sampling, priority=req.slo.priority,
+                                              itl_target_ms=req.slo.itl_ms,
                                               prefill_chunk_tokens=req.prefill_chunk_tokens, cache_salt=req.cache_salt,
                                               n=req.n)
         if req.n > 1:
@@ -121,8 +122,8 @@ class GenerateFlow:
                 return
             decode_req = decode_pb2.DecodeRequest(
                 req_id=req.req_id, prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
-                priority=req.slo.priority, first_token_id=reply.first_token_id, kv_handle=reply.kv_handle,
-                cache_salt=req.cache_salt)
+                priority=req.slo.priority, itl_target_ms=req.slo.itl_ms, first_token_id=reply.first_token_id,
+                kv_handle=reply.kv_handle, cache_salt=req.cache_salt)
             for msg in self._decode(req, decode_req, 0, out, cancel, time_left, avoid=prefilled_on):
                 taken = True
                 yield msg
@@ -156,8 +157,8 @@ class GenerateFlow:
         req = out.req
         decode_req = decode_pb2.DecodeRequest(
             req_id=req.req_id, prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
-            priority=req.slo.priority, first_token_id=reply.choices[req.index].token_id, kv_handle=reply.kv_handle,
-            cache_salt=req.cache_salt, shared_lease=True)
+            priority=req.slo.priority, itl_target_ms=req.slo.itl_ms, first_token_id=reply.choices[req.index].token_id,
+            kv_handle=reply.kv_handle, cache_salt=req.cache_salt, shared_lease=True)
         read = False
         try:
             for msg in self._decode(req, decode_req, 0, out, cancel, time_left, avoid=prefilled_on):

@@ -11,6 +11,7 @@ class may also set its own direct-path threshold (`short_prompt_tokens`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 PATH_POLICIES = ("adaptive", "threshold", "colocated")
@@ -60,6 +61,9 @@ class PathConfig:
     # streams by at most this many (strictest) ITL targets, in chunks of at least:
     max_direct_stall_itls: float = 5.0
     min_direct_chunk_tokens: int = 8
+    # a prompt rescued onto a decode worker (paths.py rule 4) whose streams have the TPOT room
+    # for its whole prefill runs in steps of up to this long instead of the ITL room's chunks
+    rescue_step_ms: float = 250.0
 
     def __post_init__(self) -> None:
         if self.policy not in PATH_POLICIES:
@@ -67,9 +71,9 @@ class PathConfig:
         for name in ("default_prefill_tokens_per_s", "default_decode_step_ms"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
-        for name in ("kv_handoff_ms", "max_direct_stall_itls"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        for name in ("kv_handoff_ms", "max_direct_stall_itls", "rescue_step_ms"):
+            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
+                raise ValueError(f"{name}: must be a finite number >= 0, got {getattr(self, name)}")
         if self.min_direct_chunk_tokens < 1:
             raise ValueError(f"min_direct_chunk_tokens: must be >= 1, got {self.min_direct_chunk_tokens}")
 

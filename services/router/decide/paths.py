@@ -18,6 +18,7 @@ Each choice carries a reason; the router counts requests by (path, reason).
 """
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +52,11 @@ SAME_WORKER = "same_worker"
 # between a step and the target. A prompt that fits one step's room takes the whole of it:
 # one gap at the target, once.
 DIRECT_ROOM_SHARE = 0.5
+# the share of the decode worker's TPOT room (WorkerLoad.tpot_stall_room_ms) a rescued
+# prompt's prefill may take: the room counts each stream's tokens up to max_tokens, and a
+# stream that stops sooner keeps its mean over fewer gaps; the steps also lengthen as the
+# batch grows. Half leaves both their margin.
+TPOT_ROOM_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -131,7 +137,9 @@ class AdaptivePaths(PathPolicy):
        ("prefill_pool_misses_ttft"): a first token the operator's SLO would count as
        lost is not bought with a decode core that has room. The running streams keep their
        targets; they lose part of the margin under them (the isolation benchmark's
-       calm-to-burst ratio), and only while the pool is behind.
+       calm-to-burst ratio), and only while the pool is behind. When the streams' TPOT
+       room (WorkerLoad.tpot_stall_room_ms) takes the whole prefill, the prompt runs in
+       steps of up to rescue_step_ms: a pause their mean absorbs, not a crawl.
     """
 
     def __init__(self, cfg: PathConfig, slo_classes: dict[str, SLOClass]):
@@ -166,20 +174,30 @@ class AdaptivePaths(PathPolicy):
         ttft_target_s = slo.ttft_ms / 1000
         if pool_ttft_s <= ttft_target_s:
             return PathChoice(DISAGGREGATED, "prefill_pool", decode_address=decode.address)
-        rescue = self._rescue(n, rate, step_s, room_s, backlog, ttft_target_s)
+        rescue = self._rescue(n, rate, step_s, room_s, backlog, ttft_target_s, decode.tpot_stall_room_ms / 1000)
         return rescue or PathChoice(DISAGGREGATED, "prefill_pool_backlogged", decode_address=decode.address)
 
     def _rescue(self, n: int, rate: float, step_s: float, room_s: float, backlog: int,
-                ttft_target_s: float) -> PathChoice | None:
+                ttft_target_s: float, tpot_room_s: float) -> PathChoice | None:
         """The prefill pool would miss the request's TTFT target: the decode worker takes
-        the prompt, whatever its length, if it meets the target in chunks of half its
-        streams' ITL room (DIRECT_ROOM_SHARE) after the prompts queued there, whose chunks
-        share the same room per step (the engine's rule): rule 2's estimate. The chunk is
-        always given, so a prompt sent there later does not lengthen its steps either."""
+        the prompt, whatever its length, if it meets the target after the prompts queued
+        there, whose chunks share the same room per step (the engine's rule): rule 2's
+        estimate. The chunks are half its streams' ITL room (DIRECT_ROOM_SHARE), unless
+        their TPOT room takes the whole prefill, the queued prompts' with it, within
+        TPOT_ROOM_SHARE of it: then steps of up to rescue_step_ms, a pause the streams'
+        mean absorbs instead of a crawl that makes the prompt late. The chunk is always
+        given, so a prompt sent there later does not lengthen its steps either."""
         chunk = self._direct_chunk(room_s, rate)
+        reason = "prefill_pool_misses_ttft"
+        # inf: no stream keeps a target there now, and those that join while the prompt
+        # runs would see its long steps for all their tokens: the ITL room's chunks
+        if math.isfinite(tpot_room_s) and (backlog + n) / rate <= TPOT_ROOM_SHARE * tpot_room_s:
+            paused = int(self.cfg.rescue_step_ms / 1000 * rate)
+            if paused > chunk:
+                chunk, reason = paused, "prefill_pool_misses_ttft_tpot_room"
         if self._direct_ttft_s(n, rate, step_s, backlog, chunk) > ttft_target_s:
             return None
-        return PathChoice(DIRECT, "prefill_pool_misses_ttft", prefill_chunk_tokens=chunk)
+        return PathChoice(DIRECT, reason, prefill_chunk_tokens=chunk)
 
     @staticmethod
     def _direct_ttft_s(n: int, rate: float, step_s: float, backlog: int, chunk: int) -> float:

@@ -34,6 +34,9 @@ class WorkerView:
     # none queued, or a worker that does not report it), and its bound on a step (0: none)
     queued_prefill: tuple[QueuedPrefill, ...] = ()
     max_step_ms: float = 0.0
+    # the longest pause its running streams could take within their TPOT targets (inf: none
+    # keeps one; 0: no room, or a worker that does not report it): what a rescued prompt may cost them
+    tpot_stall_room_ms: float = 0.0
     # what this router itself has outstanding on the worker
     in_flight: int = 0
     in_flight_tokens: int = 0   # their prompt tokens

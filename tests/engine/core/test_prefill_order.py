@@ -7,7 +7,7 @@ import pytest
 from engine.config import SchedulerConfig
 from engine.core.block_hash import model_fingerprint
 from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.prefill_order import NO_RANK_LIMIT, rank_on_arrival
+from engine.core.prefill_order import LATE_AGING_DIVISOR, NO_RANK_LIMIT, rank_on_arrival
 from engine.core.scheduler import Scheduler
 from engine.core.scheduler_output import ModelRunnerOutput
 from engine.request import Request
@@ -241,9 +241,15 @@ def test_the_step_in_flight_is_taken_off_the_budget():
     assert _long_under_shorts(ttft_budget_s=5.6, max_step_ms=800) == (40, [8] * 5)
 
 
-def test_a_deadline_the_prompt_cannot_meet_leaves_it_ranked_by_length():
-    # 3 s: 30 tokens of work for a 40-token prompt, late whatever the order
-    assert _long_under_shorts(ttft_budget_s=3.0) == _long_under_shorts(ttft_budget_s=0.0)
+def test_a_prompt_that_cannot_meet_its_deadline_yields_to_those_that_can_for_a_bounded_time():
+    # 3 s: 30 tokens of work for a 40-token prompt, late whatever the order. It ages at a
+    # quarter of the rate: each step computes 2 of its tokens and 6 of a newcomer's, so
+    # its rank falls 3.5 a step from 32, and a 6-token newcomer stops overtaking after 7
+    # (by length alone, after 4); however many come, at most 4 x 40 tokens of others'
+    done_at, shares = _long_under_shorts(ttft_budget_s=3.0)
+    assert shares == [8] + [2] * 8 + [8, 8] and done_at == 88
+    assert done_at <= (LATE_AGING_DIVISOR + 1) * 40
+    assert _long_under_shorts(ttft_budget_s=0.0)[0] == 64  # no deadline: by length alone
 
 
 def test_a_prompt_that_needs_under_half_its_budget_orders_as_before():
@@ -253,15 +259,16 @@ def test_a_prompt_that_needs_under_half_its_budget_orders_as_before():
 def test_a_deadline_missed_on_the_way_no_longer_holds_newer_prompts_back():
     # a batch prompt of 40 with 48 tokens of budget (8 to spare) ranks min(40, 8); interactive
     # work of a more urgent class takes 16 tokens first, so its deadline is lost: it ranks by
-    # length again (24 once 16 were computed for others), and a 10-token prompt of its
-    # class goes before it, which its kept deadline (rank 8 - 16 = -8) would have refused
+    # length, aging at a quarter (40 - 16 / 4 = 36 once 16 were computed for others), and a
+    # 10-token prompt of its class goes before it, which its kept deadline (rank 8 - 16 = -8)
+    # would have refused
     s = _scheduler(max_num_batched_tokens=8, long_prefill_token_threshold=8,
                    rates=StepRates(prefill_tokens_per_s=10.0))
     late = _add(s, "batch-long", 40, priority=1, ttft_budget_s=4.8)
     assert s.order.rank(late, s.clock) == 8
     _add(s, "interactive", 16, priority=0)
     assert [_step(s) for _ in range(2)] == [{"interactive": 8}] * 2
-    assert s.order.rank(late, s.clock) == 24
+    assert s.order.rank(late, s.clock) == 36
     _add(s, "batch-short", 10, priority=1)
     assert list(_step(s).items()) == [("batch-short", 8)]
 

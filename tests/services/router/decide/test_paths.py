@@ -1,6 +1,7 @@
 """Path policies on WorkerView snapshots: which path each request takes, and why."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -132,6 +133,53 @@ def test_adaptive_gives_a_long_prompt_to_the_decode_worker_when_the_pool_misses_
     # 10 ms of room: chunks of 8 (the floor), 750 steps x 140 ms, far past 6 s
     slow = [_w("d", prefill_tokens_per_s=1000, decode_step_ms=140)]
     assert paths.choose(6000, "interactive", _pools(prefill=behind, decode=slow)).reason == "prefill_pool_backlogged"
+
+
+def test_a_rescue_runs_in_longer_steps_when_the_streams_tpot_room_takes_its_prefill():
+    """The decode worker's streams could be paused 3 s and keep their TPOT targets: a
+    rescued 1000-token prompt (1 s of prefill, within half that room) runs in 250 ms steps,
+    not in chunks of half the ITL room. Less room, or prompts queued there that use it
+    up, keep the small chunks; with no room reported, nothing changes."""
+    classes = {"interactive": SLOClass(ttft_ms=6000, itl_ms=150)}
+    paths = AdaptivePaths(PathConfig(max_direct_stall_itls=5, rescue_step_ms=250), classes)
+    behind = [_w("p", prefill_tokens_per_s=1000, num_queued_prefill_tokens=8000)]
+    assert paths.choose(1000, "interactive", _pools(prefill=behind, tpot_stall_room_ms=3000)) == PathChoice(
+        DIRECT, "prefill_pool_misses_ttft_tpot_room", prefill_chunk_tokens=250)
+    # 1 s of prefill against half of 1.5 s: the ITL room's chunks of 45
+    assert paths.choose(1000, "interactive", _pools(prefill=behind, tpot_stall_room_ms=1500)) == PathChoice(
+        DIRECT, "prefill_pool_misses_ttft", prefill_chunk_tokens=45)
+    # 600 tokens queued there first: 1.6 s of pause against half of 3 s
+    assert paths.choose(1000, "interactive", _pools(prefill=behind, tpot_stall_room_ms=3000,
+                                                    num_queued_prefill_tokens=600)).prefill_chunk_tokens == 45
+    assert paths.choose(1000, "interactive", _pools(prefill=behind)).prefill_chunk_tokens == 45
+    # no stream keeps a target there (inf): those joining while it runs would see only
+    # long steps, so the ITL room's chunks
+    assert paths.choose(1000, "interactive", _pools(prefill=behind, tpot_stall_room_ms=math.inf)
+                        ).prefill_chunk_tokens == 45
+    # rescue_step_ms 0: the ITL room's chunks whatever the TPOT room
+    small = AdaptivePaths(PathConfig(max_direct_stall_itls=5, rescue_step_ms=0), classes)
+    assert small.choose(1000, "interactive", _pools(prefill=behind, tpot_stall_room_ms=3000)
+                        ).prefill_chunk_tokens == 45
+
+
+def test_a_rescue_the_itl_room_would_make_late_is_on_time_in_the_tpot_room():
+    """A 3000-token prompt on a decode worker with 10 ms of ITL room: chunks of 8, 375
+    steps of 140 ms, 55 s; in 250 ms steps, 12 of them, 3 s + 1.7 s, within the 6 s target."""
+    classes = {"interactive": SLOClass(ttft_ms=6000, itl_ms=150)}
+    paths = AdaptivePaths(PathConfig(max_direct_stall_itls=5), classes)
+    behind = [_w("p", prefill_tokens_per_s=1000, num_queued_prefill_tokens=8000)]
+    slow = dict(prefill_tokens_per_s=1000, decode_step_ms=140)
+    assert paths.choose(3000, "interactive", _pools(prefill=behind, decode=[_w("d", **slow)])).reason == \
+        "prefill_pool_backlogged"
+    roomy = [_w("d", tpot_stall_room_ms=10_000, **slow)]
+    assert paths.choose(3000, "interactive", _pools(prefill=behind, decode=roomy)) == PathChoice(
+        DIRECT, "prefill_pool_misses_ttft_tpot_room", prefill_chunk_tokens=250)
+
+
+@pytest.mark.parametrize("ms", [-1.0, float("nan"), float("inf")])
+def test_path_config_names_a_bad_rescue_step(ms):
+    with pytest.raises(ValueError, match="rescue_step_ms"):
+        PathConfig(rescue_step_ms=ms)
 
 
 def test_adaptive_uses_the_pool_when_the_decode_worker_would_be_later():
