@@ -15,7 +15,6 @@ Once a request has ended normally and its last message is streamed, its full blo
 from __future__ import annotations
 
 import logging
-import math
 
 import grpc
 
@@ -34,7 +33,7 @@ from services.worker.finished_kv import FinishedRequest, finished_kv_writer
 from services.worker.kv_wire import payload_from_batches
 from services.worker.metrics import WorkerMetrics
 from services.worker.runtime import RunningWorker, WorkerService, serve_worker
-from services.worker.servicer import AdmittedRequest, WorkerServicer, now
+from services.worker.servicer import AdmittedRequest, WorkerServicer, abort_unless_non_negative, now
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +50,7 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
 
     def _decode(self, request, context):
         req = self.admit(request, context)
-        itl_target_ms = request.itl_target_ms
-        if not (itl_target_ms >= 0 and math.isfinite(itl_target_ms)):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"itl_target_ms: must be a finite number >= 0 (0: none), got {itl_target_ms}")
+        abort_unless_non_negative(context, "itl_target_ms", request.itl_target_ms)
         first = _tokens_given(request, context)
         continuation = bool(first)
         kv_import, kv_read_s = self._pull_kv(request, req, first) if continuation else (None, 0.0)
@@ -63,7 +59,7 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
             stream = self.loop.submit(EngineRequest(
                 req.req_id, req.prompt_token_ids, req.params, mode=mode, output_token_ids=first, kv_import=kv_import,
                 priority=req.priority, prefill_chunk_tokens=request.prefill_chunk_tokens, cache_salt=req.cache_salt,
-                itl_target_s=itl_target_ms / 1000))
+                itl_target_s=request.itl_target_ms / 1000))
         except InvalidRequestError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except EngineDeadError:

@@ -25,7 +25,6 @@ decode that continues a completion reads that one handle.
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 
@@ -44,7 +43,7 @@ from services.worker.engine_loop import EngineLoop
 from services.worker.kv_wire import payload_from_batches, payload_to_put
 from services.worker.metrics import WorkerMetrics
 from services.worker.runtime import RunningWorker, WorkerService, serve_worker
-from services.worker.servicer import AdmittedRequest, WorkerServicer, now
+from services.worker.servicer import AdmittedRequest, WorkerServicer, abort_unless_non_negative, now
 
 logger = logging.getLogger(__name__)
 _HANDOFF = RequestStatus.FINISHED_HANDOFF.value
@@ -68,9 +67,7 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
     def _prefill(self, request: prefill_pb2.PrefillRequest, context) -> prefill_pb2.PrefillResponse:
         req = self.admit(request, context)
         budget_ms = request.ttft_budget_ms
-        if not (budget_ms >= 0 and math.isfinite(budget_ms)):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"ttft_budget_ms: must be a finite number >= 0 (0: none), got {budget_ms}")
+        abort_unless_non_negative(context, "ttft_budget_ms", budget_ms)
         # the last prompt token is always computed here: it samples the first token
         hashes = self.loop.info.prompt_block_hashes(req.prompt_token_ids, req.cache_salt)[
             : (len(req.prompt_token_ids) - 1) // self.block_size]

@@ -4,6 +4,7 @@ aborted request and the worker's one kvstore client."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -36,6 +37,13 @@ class AdmittedRequest:
     priority: int
     start: float  # when the worker took it (monotonic)
     cache_salt: str = ""  # shares cached KV only with requests of the same salt
+
+
+def abort_unless_non_negative(context: grpc.ServicerContext, name: str, value: float) -> None:
+    """A request's optional float field (0: none) must be a finite number >= 0: INVALID_ARGUMENT
+    naming the field as the caller sent it otherwise."""
+    if not (value >= 0 and math.isfinite(value)):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: must be a finite number >= 0 (0: none), got {value}")
 
 
 def load_to_proto(stats: EngineStats, max_num_seqs: int, draining: bool) -> common_pb2.WorkerLoad:
