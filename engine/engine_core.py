@@ -122,8 +122,10 @@ class EngineCore:
                                       f"must be >= 0 (0: no cap), got {new.prefill_chunk_tokens}")
         if not (new.ttft_budget_s >= 0 and math.isfinite(new.ttft_budget_s)):
             raise InvalidRequestError("ttft_budget_s", f"must be a finite number >= 0 (0: none), got {new.ttft_budget_s}")
-        if not (new.itl_target_s >= 0 and math.isfinite(new.itl_target_s)):
-            raise InvalidRequestError("itl_target_s", f"must be a finite number >= 0 (0: none), got {new.itl_target_s}")
+        for name in ("min_class_ttft_s", "itl_target_s"):
+            value = getattr(new, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise InvalidRequestError(name, f"must be a finite number >= 0 (0: none), got {value}")
         if (problem := check_cache_salt(new.cache_salt)) is not None:
             raise InvalidRequestError("cache_salt", problem)
         params, kv_import = _prompt_logprobs_rule(params, new.mode, new.kv_import)
@@ -134,7 +136,8 @@ class EngineCore:
                               output_token_ids=new.output_token_ids, kv_import=kv_import if index == 0 else None,
                               mode=new.mode, priority=new.priority, prefill_chunk_tokens=new.prefill_chunk_tokens,
                               cache_salt=new.cache_salt, index=index, parent_req_id=new.req_id,
-                              ttft_budget_s=new.ttft_budget_s, itl_target_s=new.itl_target_s)
+                              ttft_budget_s=new.ttft_budget_s, itl_target_s=new.itl_target_s,
+                              min_class_ttft_s=new.min_class_ttft_s)
             self.outputs.add(request, new.prompt)
             if child.structured_outputs is not None:
                 self.structured.add(request)  # the scheduler gets it once its grammar is compiled
@@ -315,7 +318,7 @@ class EngineCore:
                                kv.host.num_onloaded_blocks, kv.host.num_used_slots, kv.host.num_slots),
             prefill_tokens_per_s=self.step_rates.prefill_tokens_per_s,
             decode_step_ms=self.step_rates.decode_step_s * 1000,
-            queued_prefill=scheduler.queued_prefill(), max_step_ms=scheduler.config.max_step_ms,
+            queued_prefill=scheduler.queued_prefill(), max_step_ms=scheduler.step_ms(),
             tpot_stall_room_ms=1000 * tpot_stall_room_s(scheduler.running, time.monotonic(),
                                                         self.step_rates.decode_step_s, self.max_model_len),
             spec=self.drafting.stats)

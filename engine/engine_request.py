@@ -28,6 +28,9 @@ class EngineRequest:
     # seconds left to the first token's target when it was sent (0: none): srpt lets newer
     # prompts overtake it only while it can still meet that (engine/core/prefill_order.py)
     ttft_budget_s: float = 0.0
+    # the tightest TTFT target among the sending router's SLO classes (0: none): what a
+    # request arriving behind it may need, so how long a step may last (engine/core/step_bound.py)
+    min_class_ttft_s: float = 0.0
     # the mean inter-token time (TPOT) its stream keeps, the class's ITL target (0: none);
     # the engine reports its streams' room under it (EngineStats.tpot_stall_room_ms)
     itl_target_s: float = 0.0

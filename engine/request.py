@@ -45,7 +45,7 @@ class Request:
                  output_token_ids: list[int] = (), kv_import: KVPayload | None = None,
                  mode: RequestMode = RequestMode.COLOCATED, priority: int = 0, prefill_chunk_tokens: int = 0,
                  cache_salt: str = "", index: int = 0, parent_req_id: str | None = None,
-                 ttft_budget_s: float = 0.0, itl_target_s: float = 0.0):
+                 ttft_budget_s: float = 0.0, itl_target_s: float = 0.0, min_class_ttft_s: float = 0.0):
         self.req_id = req_id
         # SamplingParams.n > 1: completion `index` of the request added as `parent_req_id`,
         # whose first completion has that req_id (engine/parallel_sampling.py); n = 1: 0, req_id
@@ -71,6 +71,9 @@ class Request:
         # router's class target less the time already spent); 0: none. srpt turns it into
         # `deadline_clock` (prefill_order.keep_deadline); None: no deadline kept
         self.ttft_budget_s = ttft_budget_s
+        # the tightest TTFT target of its router's SLO classes (0: none): what a newcomer
+        # may need, so how long steps may last (engine/core/step_bound.py)
+        self.min_class_ttft_s = min_class_ttft_s
         self.deadline_clock: int | None = None
         self.latest_start_clock = 0
         # the mean inter-token time its stream keeps (the router's class target; 0: none), and

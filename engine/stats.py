@@ -60,7 +60,9 @@ class EngineStats:
     decode_step_ms: float = 0.0          # a pure decode step of the recent batches; 0: not yet
     # the queued prefill work by priority and rank: what a new request would wait for
     queued_prefill: tuple[QueuedPrefill, ...] = ()
-    max_step_ms: float = 0.0             # the engine's bound on a step (SchedulerConfig); 0: tokens only
+    # the bound on its next step as its running requests stand (SchedulerConfig's, or longer
+    # for prompts alone: engine/core/step_bound.py); 0: tokens only
+    max_step_ms: float = 0.0
     # the longest pause its running streams could take within their TPOT targets
     # (engine/core/tpot_room.py); inf: none keeps one
     tpot_stall_room_ms: float = math.inf

@@ -15,6 +15,8 @@ whose budget holds it (the engine ensures a full budget holds any request).
 A step's budget is tokens (max_num_batched_tokens, a chunk at most
 long_prefill_token_threshold) and, with max_step_ms, time: its prompt tokens are what the
 measured prefill rate computes in that time beside the step's decodes, at least one block.
+A step without decodes may last longer when the TTFT targets of the traffic allow it
+(engine/core/step_bound.py).
 Which prefill work comes first is the order's (engine/core/prefill_order.py): fcfs, or
 srpt, where a short prompt arriving behind a long one's chunks joins the next step.
 
@@ -39,6 +41,7 @@ from engine.kv_transfer import KVLoad
 from engine.core.scheduler_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                           SchedulerOutput)
 from engine.core.prefill_order import is_decode, prefill_order, summarize_queue
+from engine.core.step_bound import StepBound
 from engine.parallel_sampling import waits_for_sibling
 from engine.request import Request, RequestStatus
 from engine.stats import QueuedPrefill
@@ -57,12 +60,16 @@ class StepBudget:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, rates: StepRates | None = None):
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, rates: StepRates | None = None,
+                 step_bound: StepBound | None = None):
         """`rates`: the engine's measured step costs, read for max_step_ms (the engine
-        updates them after each step); None: never measured, so token budgets only."""
+        updates them after each step); None: never measured, so token budgets only.
+        `step_bound`: how long a step may last (default: max_step_ms, lengthened for
+        prompts alone by the TTFT targets of the requests, on the wall clock)."""
         self.config = config
         self.kv = kv_cache_manager
         self.rates = rates if rates is not None else StepRates()
+        self.step_bound = step_bound if step_bound is not None else StepBound(config.max_step_ms)
         self.order = prefill_order(config.scheduling_policy)
         self.clock = 0  # prompt tokens scheduled since start: srpt's work clock
         self._admitted_now: set[str] = set()
@@ -77,7 +84,8 @@ class Scheduler:
         """Queue behind every waiting request of the same or a more urgent priority."""
         self.requests[request.req_id] = request
         request.aging_clock = self.clock
-        self.order.on_arrival(request, self.clock, self.rates, self.config.max_step_ms)
+        self.step_bound.note_arrival(request.min_class_ttft_s)
+        self.order.on_arrival(request, self.clock, self.rates, self.step_ms())
         if not self.waiting or self.waiting[-1].priority <= request.priority:
             self.waiting.append(request)
             return
@@ -136,10 +144,18 @@ class Scheduler:
         num_tokens = self.config.max_num_batched_tokens
         if not self.config.max_step_ms or self.rates.prefill_tokens_per_s <= 0:
             return StepBudget(num_tokens, num_tokens)
-        with_decodes = any(is_decode(r) for r in self.running)
-        within = self.rates.prefill_tokens_within(self.config.max_step_ms / 1000, with_decodes)
+        with_decodes = self._with_decodes()
+        within = self.rates.prefill_tokens_within(self.step_bound.step_ms(with_decodes) / 1000, with_decodes)
         floor = max(self.kv.block_size, MIN_PREFILL_TOKENS_FOR_RATE if with_decodes else 0)
         return StepBudget(num_tokens, min(num_tokens, max(floor, within)))
+
+    def step_ms(self) -> float:
+        """The bound of the next step as the running requests stand (0: tokens only): what a
+        prompt arriving now waits for at most before it can join."""
+        return self.step_bound.step_ms(self._with_decodes())
+
+    def _with_decodes(self) -> bool:
+        return any(is_decode(r) for r in self.running)
 
     def _num_new_tokens(self, request: Request, num_computed: int, budget: StepBudget) -> int:
         """Tokens to compute this step; 0 when chunked prefill is off and the rest does not fit.

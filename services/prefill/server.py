@@ -68,6 +68,7 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         req = self.admit(request, context)
         budget_ms = request.ttft_budget_ms
         abort_unless_non_negative(context, "ttft_budget_ms", budget_ms)
+        abort_unless_non_negative(context, "min_class_ttft_ms", request.min_class_ttft_ms)
         # the last prompt token is always computed here: it samples the first token
         hashes = self.loop.info.prompt_block_hashes(req.prompt_token_ids, req.cache_salt)[
             : (len(req.prompt_token_ids) - 1) // self.block_size]
@@ -81,7 +82,7 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
             # what is left of it once admitted and its prefix read: the engine's deadline
             # (none left and none given rank alike: by length)
             budget_s = max(0.0, budget_ms / 1000 - (now() - req.start)) if budget_ms else 0.0
-            finals = self._run(req, imported, context, budget_s)
+            finals = self._run(req, imported, context, budget_s, request.min_class_ttft_ms / 1000)
             final = finals[0]
             response = self._response(req, finals)
             # n > 1: the first completion to hand off carries the shared prompt's KV, one write for all
@@ -143,12 +144,13 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         return payload, payload.end_block
 
     def _run(self, req: AdmittedRequest, imported: KVPayload | None, context,
-             ttft_budget_s: float = 0.0) -> list[RequestOutput]:
+             ttft_budget_s: float = 0.0, min_class_ttft_s: float = 0.0) -> list[RequestOutput]:
         """The final output of each of the request's n completions, by index."""
         try:
             stream = self.loop.submit(EngineRequest(
                 req.req_id, req.prompt_token_ids, req.params, mode=RequestMode.PREFILL_ONLY, kv_import=imported,
-                priority=req.priority, cache_salt=req.cache_salt, ttft_budget_s=ttft_budget_s))
+                priority=req.priority, cache_salt=req.cache_salt, ttft_budget_s=ttft_budget_s,
+                min_class_ttft_s=min_class_ttft_s))
         except EngineDeadError:
             self.abort_if_engine_dead(context)
             raise

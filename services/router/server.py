@@ -120,8 +120,9 @@ def serve(cfg: RouterConfig, tokenizer=None, discovery: Discovery | None = None,
     drain = Drain()
     validator = RequestValidator(model, tokenizer, cfg.slo_classes, cfg.default_slo_class,
                                  cfg.grammar_compile_timeout_s)
-    front = Front(validator, GenerateFlow(pools, paths, calls, metrics, cfg.kvstore_address, cfg.retry_after_ms),
-                  metrics, drain)
+    flow = GenerateFlow(pools, paths, calls, metrics, cfg.kvstore_address, cfg.retry_after_ms,
+                        min(c.ttft_ms for c in cfg.slo_classes.values()))
+    front = Front(validator, flow, metrics, drain)
     servicer = RouterServicer(cfg, model, front)
     try:
         servers = _start_servers(cfg, http, servicer, watch.readiness, tokenizer)

@@ -159,7 +159,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, rol
                              "running first, then by class and arrival); default: srpt")
     parser.add_argument("--max-step-ms", type=_max_step_ms_arg, default=None, metavar="MS",
                         help="bound each step in time: its prompt tokens are what the measured prefill rate computes "
-                             "in MS beside its decodes, never less than a block; 0: token budgets only (default: "
+                             "in MS beside its decodes, never less than a block; a step without decodes may last up to "
+                             "an eighth of the tightest SLO class TTFT target its requests of the last minute carried, when that "
+                             "is longer (engine/core/step_bound.py); 0: token budgets only (default: "
                              f"{DEFAULT_MAX_STEP_MS['prefill']:g} on prefill workers, "
                              f"{DEFAULT_MAX_STEP_MS['decode']:g} on decode workers, "
                              f"{DEFAULT_MAX_STEP_MS['both']:g} on workers of --role both, "

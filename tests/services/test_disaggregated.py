@@ -149,29 +149,31 @@ def _prefill_direct(worker, prompt, req_id: str, max_tokens: int = MAX_TOKENS):
             sampling=common_pb2.SamplingParams(temperature=0, max_tokens=max_tokens)))
 
 
-@pytest.mark.parametrize("budget_ms", [-1.0, float("nan"), float("inf")])
-def test_a_bad_ttft_budget_is_invalid_argument(cluster, offline, budget_ms):
+@pytest.mark.parametrize("field", ["ttft_budget_ms", "min_class_ttft_ms"])
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])
+def test_a_bad_ttft_budget_or_target_is_invalid_argument(cluster, offline, field, value):
     with channel(cluster.prefills[0].address) as ch, pytest.raises(grpc.RpcError) as e:
         prefill_pb2_grpc.PrefillWorkerStub(ch).Prefill(prefill_pb2.PrefillRequest(
-            req_id="bad-budget", prompt_token_ids=LONG[0], ttft_budget_ms=budget_ms,
+            req_id="bad-budget", prompt_token_ids=LONG[0], **{field: value},
             sampling=common_pb2.SamplingParams(temperature=0, max_tokens=MAX_TOKENS)))
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "ttft_budget_ms" in e.value.details()
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
     # one token: it ends on the prefill worker, no KV handed over
     assert _prefill_direct(cluster.prefills[0], LONG[0], "after", max_tokens=1).first_token_id == \
         offline[tuple(LONG[0])].token_ids[0]
 
 
-def test_the_ttft_budget_reaches_the_engine_less_the_time_spent_on_the_worker(cluster, monkeypatch):
+def test_the_ttft_budget_reaches_the_engine_less_the_time_spent_on_the_worker_the_target_whole(
+        cluster, monkeypatch):
     worker = cluster.prefills[0]
     sent = []
     submit = worker.servicer.loop.submit
     monkeypatch.setattr(worker.servicer.loop, "submit", lambda r: sent.append(r) or submit(r))
     with channel(worker.address) as ch:
         prefill_pb2_grpc.PrefillWorkerStub(ch).Prefill(prefill_pb2.PrefillRequest(
-            req_id="budget", prompt_token_ids=LONG[0], ttft_budget_ms=4000.0,
+            req_id="budget", prompt_token_ids=LONG[0], ttft_budget_ms=4000.0, min_class_ttft_ms=6000.0,
             sampling=common_pb2.SamplingParams(temperature=0, max_tokens=1)))
     (request,) = sent
-    assert 3.0 < request.ttft_budget_s < 4.0
+    assert 3.0 < request.ttft_budget_s < 4.0 and request.min_class_ttft_s == 6.0
 
 
 @pytest.mark.parametrize("target_ms", [-1.0, float("nan"), float("inf")])

@@ -51,13 +51,16 @@ MAX_ATTEMPTS = 2  # the first call and one retry
 
 class GenerateFlow:
     def __init__(self, pools: dict[str, Pool], paths: PathPolicy, calls: WorkerCalls, metrics: RouterMetrics,
-                 kvstore_address: str, retry_after_ms: int):
+                 kvstore_address: str, retry_after_ms: int, min_class_ttft_ms: float = 0.0):
+        """`min_class_ttft_ms`: the tightest TTFT target of this router's SLO classes; each
+        prefill request carries it, so the worker sizes its steps to what a newcomer may need."""
         self.pools = pools
         self.paths = paths
         self.calls = calls
         self.metrics = metrics
         self.kvstore_address = kvstore_address
         self.retry_after_ms = retry_after_ms
+        self.min_class_ttft_ms = min_class_ttft_ms
 
     def run(self, req: RoutedRequest, arrival: float, cancel: Cancellation,
             time_left: Callable[[], float | None]) -> Iterator[common_pb2.GenerateResponse]:
@@ -228,7 +231,8 @@ class GenerateFlow:
         """The prefill's reply and the worker that gave it."""
         request = prefill_pb2.PrefillRequest(req_id=req.req_id, prompt_token_ids=req.prompt_token_ids,
                                              sampling=req.sampling, priority=req.slo.priority,
-                                             cache_salt=req.cache_salt, n=req.n)
+                                             cache_salt=req.cache_salt, n=req.n,
+                                             min_class_ttft_ms=self.min_class_ttft_ms)
         failed: list[str] = []
         last_error: RouterError | None = None
         for attempt in range(MAX_ATTEMPTS):
