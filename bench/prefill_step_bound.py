@@ -4,6 +4,11 @@ that the machine's drift falls on all of them alike. pdserve against itself (a d
 not a peer comparison); prints one JSON line with each bound's median and rounds.
 
     .venv/bin/python -m bench.prefill_step_bound [--bounds 0,150,500 --prompt-len 1024 --rounds 3]
+        [--min-class-ttft-ms 6000]
+
+`--min-class-ttft-ms`: each prompt carries it as a router would (PrefillRequest.
+min_class_ttft_ms), so a bound is lengthened as the SLO allows (engine/core/step_bound.py);
+0 (default): none, the bound as given. Each prompt's steps are counted too.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from bench.machine import read_cpu_flags
 from bench.report import emit_result
 from engine import LLM, SamplingParams
 from engine.config import DEFAULT_MODEL
+from engine.engine_request import EngineRequest, RequestMode
 
 
 def main() -> int:
@@ -26,6 +32,8 @@ def main() -> int:
     p.add_argument("--prompt-len", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min-class-ttft-ms", type=float, default=0.0,
+                   help="the tightest SLO class's TTFT target each prompt carries (0: none)")
     args = p.parse_args()
     bounds = [float(b) for b in args.bounds.split(",")]
     torch.set_num_threads(1)  # one prefill worker's core
@@ -35,19 +43,31 @@ def main() -> int:
     vocab = next(iter(engines.values())).engine.loaded.arch.vocab_size
     one_token = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 
-    def prompt(n: int) -> dict:
-        return {"prompt_token_ids": [rng.randrange(100, vocab) for _ in range(n)]}
+    submitted = iter(range(1 << 30))
+
+    def prefill(llm: LLM) -> int:
+        """One prompt prefilled as a prefill worker's request; its number of steps."""
+        core = llm.engine
+        core.add_request(EngineRequest(f"p{next(submitted)}", [rng.randrange(100, vocab) for _ in range(args.prompt_len)],
+                                       one_token, mode=RequestMode.PREFILL_ONLY,
+                                       min_class_ttft_s=args.min_class_ttft_ms / 1000))
+        steps = 0
+        while core.has_unfinished_requests():
+            core.step()
+            steps += 1
+        return steps
     for llm in engines.values():  # warm: no bound pays first-call costs (nor, with a bound, an unmeasured rate)
-        llm.generate(prompt(args.prompt_len), one_token)
+        prefill(llm)
     seconds: dict[float, list[float]] = {b: [] for b in bounds}
+    num_steps: dict[float, int] = {}
     for _ in range(args.rounds):
         for b, llm in engines.items():
-            request = prompt(args.prompt_len)
             start = time.perf_counter()
-            llm.generate(request, one_token)
+            num_steps[b] = prefill(llm)
             seconds[b].append(round(time.perf_counter() - start, 3))
     emit_result({"prompt_len": args.prompt_len, "cpu": read_cpu_flags(), "threads": 1,
-                 "bounds": {f"{b:g}": {"median_s": statistics.median(s),
+                 "min_class_ttft_ms": args.min_class_ttft_ms,
+                 "bounds": {f"{b:g}": {"median_s": statistics.median(s), "steps": num_steps[b],
                                        "tok_s": round(args.prompt_len / statistics.median(s)), "rounds": s}
                             for b, s in seconds.items()}})
     return 0
