@@ -9,11 +9,12 @@ from engine.core.block_hash import model_fingerprint
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.prefill_order import LATE_AGING_DIVISOR, NO_RANK_LIMIT, rank_on_arrival
 from engine.core.scheduler import Scheduler
-from engine.core.scheduler_output import ModelRunnerOutput
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.stats import QueuedPrefill
 from engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
+
+from tests.engine.core.scheduler_steps import run_step as _step
 
 
 def _scheduler(num_blocks=256, block_size=4, rates=None, **cfg) -> Scheduler:
@@ -29,20 +30,6 @@ def _add(s: Scheduler, req_id: str, n: int, max_tokens: int = 1, priority: int =
                 ttft_budget_s=ttft_budget_s)
     s.add_request(r)
     return r
-
-
-def _step(s: Scheduler) -> dict[str, int]:
-    """One step; requests that reach their last token sample one and end at max_tokens
-    (a prefill worker's prefill-only requests end at their first). Returns the step's
-    tokens by request, in the order the step took them."""
-    out = s.schedule()
-    sampled = {r: [7] for r in out.num_scheduled_tokens
-               if s.requests[r].num_computed_tokens == s.requests[r].num_tokens}
-    for request, token_ids in s.update_from_output(out, ModelRunnerOutput(sampled_token_ids=sampled)):
-        request.append_output_token(token_ids[0])
-        if request.num_output_tokens >= request.sampling_params.max_tokens:
-            s.finish_requests([request.req_id], s.check_stop(request))
-    return dict(out.num_scheduled_tokens)
 
 
 def test_a_short_prompt_arriving_behind_a_long_one_joins_the_next_step():

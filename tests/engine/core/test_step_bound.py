@@ -7,11 +7,12 @@ from engine.config import SchedulerConfig
 from engine.core.block_hash import model_fingerprint
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.scheduler import Scheduler
-from engine.core.scheduler_output import ModelRunnerOutput
 from engine.core.step_bound import STEP_SHARE_OF_TTFT, TARGET_MEMORY_S, StepBound
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
+
+from tests.engine.core.scheduler_steps import run_step as _step
 
 
 class _Clock:
@@ -77,17 +78,6 @@ def _add(s: Scheduler, req_id: str, n: int, min_class_ttft_s: float, max_tokens:
                 min_class_ttft_s=min_class_ttft_s)
     s.add_request(r)
     return r
-
-
-def _step(s: Scheduler) -> dict[str, int]:
-    out = s.schedule()
-    sampled = {r: [7] for r in out.num_scheduled_tokens
-               if s.requests[r].num_computed_tokens == s.requests[r].num_tokens}
-    for request, token_ids in s.update_from_output(out, ModelRunnerOutput(sampled_token_ids=sampled)):
-        request.append_output_token(token_ids[0])
-        if request.num_output_tokens >= request.sampling_params.max_tokens:
-            s.finish_requests([request.req_id], s.check_stop(request))
-    return dict(out.num_scheduled_tokens)
 
 
 def test_prompt_chunks_follow_the_bound_and_a_newcomer_waits_one_such_step():
