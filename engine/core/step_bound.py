@@ -5,7 +5,7 @@ A step is bounded in time so that a prompt arriving behind a long one waits for 
 step before it joins (srpt then puts it first). The right length is a share of the tightest
 TTFT target a newcomer may carry: --max-step-ms (150 ms on a prefill worker) is sized to
 the default interactive class's 1 s; an operator whose classes give every first token 6 s
-pays for 150 ms steps in chunks too small to amortise a pass over the weights (16-27% of a
+pays for 150 ms steps in chunks too small to amortise a pass over the weights (15-27% of a
 long prompt's prefill on a 2-core CPU, bench/prefill_step_bound.py) and gains nothing.
 
 Each prefill request carries the tightest TTFT target among its router's SLO classes
