@@ -91,6 +91,6 @@ def load_slo_classes(path: str) -> dict[str, SLOClass]:
     for name, spec in raw.items():
         try:
             classes[name] = SLOClass(**spec)
-        except TypeError as e:
+        except (TypeError, ValueError) as e:
             raise ValueError(f"--slo-config: class {name!r}: {e}") from None
     return classes

@@ -27,9 +27,12 @@ class SLOClass:
     short_prompt_tokens: int | None = None  # this class's direct-path threshold (None: the router's)
 
     def __post_init__(self) -> None:
+        # finite: each travels to the workers (ttft_ms as PrefillRequest.min_class_ttft_ms,
+        # itl_ms as DecodeRequest.itl_target_ms), which refuse inf and NaN
         for name in ("ttft_ms", "itl_ms", "max_queue_ms"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < math.inf):
+                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
 
 
 def default_slo_classes() -> dict[str, SLOClass]:

@@ -69,8 +69,13 @@ def test_slo_config_file(tmp_path):
     path.write_text(json.dumps({"x": {"ttft_ms": 1, "itl_ms": 1, "colour": "red"}}))
     with pytest.raises(ValueError, match="colour"):
         load_slo_classes(str(path))
-    with pytest.raises(ValueError, match="ttft_ms"):
-        SLOClass(ttft_ms=-1, itl_ms=1)
+    # each target travels to the workers, which refuse what is not a finite number >= 0
+    for bad in ("Infinity", "NaN", "-1", '"1000"'):
+        path.write_text('{"x": {"ttft_ms": %s, "itl_ms": 1}}' % bad)
+        with pytest.raises(ValueError, match="class 'x': ttft_ms: must be a finite number >= 0"):
+            load_slo_classes(str(path))
+    with pytest.raises(ValueError, match="itl_ms"):
+        SLOClass(ttft_ms=1, itl_ms=float("inf"))
 
 
 def test_config_checks_its_default_class():
