@@ -120,9 +120,7 @@ class EngineCore:
         if new.prefill_chunk_tokens < 0:
             raise InvalidRequestError("prefill_chunk_tokens",
                                       f"must be >= 0 (0: no cap), got {new.prefill_chunk_tokens}")
-        if not (new.ttft_budget_s >= 0 and math.isfinite(new.ttft_budget_s)):
-            raise InvalidRequestError("ttft_budget_s", f"must be a finite number >= 0 (0: none), got {new.ttft_budget_s}")
-        for name in ("min_class_ttft_s", "itl_target_s"):
+        for name in ("ttft_budget_s", "min_class_ttft_s", "itl_target_s"):
             value = getattr(new, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise InvalidRequestError(name, f"must be a finite number >= 0 (0: none), got {value}")

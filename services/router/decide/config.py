@@ -29,10 +29,15 @@ class SLOClass:
     def __post_init__(self) -> None:
         # finite: each travels to the workers (ttft_ms as PrefillRequest.min_class_ttft_ms,
         # itl_ms as DecodeRequest.itl_target_ms), which refuse inf and NaN
-        for name in ("ttft_ms", "itl_ms", "max_queue_ms"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < math.inf):
-                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+        _require_finite_non_negative(self, ("ttft_ms", "itl_ms", "max_queue_ms"))
+
+
+def _require_finite_non_negative(config, names: tuple[str, ...]) -> None:
+    """ValueError naming the first of `names` whose value is not a finite number >= 0."""
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < math.inf):
+            raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
 
 
 def default_slo_classes() -> dict[str, SLOClass]:
@@ -74,9 +79,7 @@ class PathConfig:
         for name in ("default_prefill_tokens_per_s", "default_decode_step_ms"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
-        for name in ("kv_handoff_ms", "max_direct_stall_itls", "rescue_step_ms"):
-            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name}: must be a finite number >= 0, got {getattr(self, name)}")
+        _require_finite_non_negative(self, ("kv_handoff_ms", "max_direct_stall_itls", "rescue_step_ms"))
         if self.min_direct_chunk_tokens < 1:
             raise ValueError(f"min_direct_chunk_tokens: must be >= 1, got {self.min_direct_chunk_tokens}")
 
