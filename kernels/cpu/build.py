@@ -6,12 +6,21 @@ the sources and flags are unchanged, so loading an already built library takes w
 under a second. The library's name carries a digest of its sources and flags: two checkouts
 or versions of pdserve sharing one cache each keep their own build, and neither loads the
 other's (an older build lacks newer ops). `make setup` runs `python -m kernels.cpu.build` to build it ahead of use.
+
+Every load, even of a library already built, passes through torch's build lock: a file
+`lock` in the build directory, made on entry and removed on exit. A process killed in
+between (an OOM kill while compiling at a pod's start, a kill -9) leaves the file behind,
+and every later load waits for it forever, silently. So loads here first take a lock of
+their own, a flock the kernel releases when its holder dies: whoever holds it knows no
+other pdserve process is inside torch's lock, and removes a file left by a dead one.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
+import logging
 import os
 from pathlib import Path
 
@@ -25,6 +34,10 @@ SOURCES = [str(Path(__file__).with_name(name)) for name in ("paged_attention.cpp
 # already, so kernels and torch share one thread pool.
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
+TORCH_LOCK = "lock"             # torch's FileBaton, in the build directory
+LOAD_LOCK = "pdserve.flock"     # ours, beside it
+
+logger = logging.getLogger(__name__)
 
 
 def library_name() -> str:
@@ -42,11 +55,16 @@ class CpuKernelBuildError(RuntimeError):
 def load_library() -> str:
     """Builds (if needed) and loads the kernels, registering torch.ops.pdserve.*; returns the
     library's path. Raises CpuKernelBuildError, saying what failed, when it cannot."""
+    name = library_name()
     try:
-        with _ninja_on_path():
+        # torch's own choice of directory (TORCH_EXTENSIONS_DIR or its default), named so
+        # that the directory locked below is the one it builds in
+        build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+        with _ninja_on_path(), load_lock(build_dir):
             # copies: torch appends to the flag lists it is given, which would change library_name()
-            path = cpp_extension.load(name=library_name(), sources=SOURCES, extra_cflags=list(CFLAGS),
-                                      extra_ldflags=list(LDFLAGS), is_python_module=False, verbose=False)
+            path = cpp_extension.load(name=name, sources=SOURCES, extra_cflags=list(CFLAGS),
+                                      extra_ldflags=list(LDFLAGS), is_python_module=False, verbose=False,
+                                      build_directory=str(build_dir))
     except Exception as e:  # compiler, ninja or link failure: say so, never fall back silently
         raise CpuKernelBuildError(
             f"building the C++ CPU kernels ({BASE_NAME}: {', '.join(SOURCES)}) failed: {e}\n"
@@ -54,6 +72,25 @@ def load_library() -> str:
             "reference needs neither: use attention_backend='torch' (--attention-backend torch)."
         ) from e
     return str(path)
+
+
+@contextlib.contextmanager
+def load_lock(build_dir: Path):
+    """Held while torch builds or loads the library in `build_dir`: one pdserve process at a
+    time, and none inside torch's lock unless it holds this one. Holding it, a torch lock
+    file found is a dead loader's, and is removed (see the module's docstring)."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / LOAD_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            stale = build_dir / TORCH_LOCK
+            if stale.exists():
+                logger.warning("removing %s: torch's build lock, left by a process that died while it "
+                               "built or loaded the CPU kernels", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
