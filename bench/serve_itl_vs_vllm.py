@@ -199,7 +199,12 @@ def main() -> None:
         peers.append(("llama_cpp", lambda: run_llama_server(args.llama_server, resolve_model(DEFAULT_MODEL).path,
                                                             os.path.join(args.out_dir, "llama-server.log"))))
     for peer, start in peers:
-        proc, port = start()
+        try:
+            proc, port = start()
+        except RuntimeError as e:  # the platforms and peers measured so far still count
+            print(f"{peer} did not start, not measured: {e}", file=sys.stderr)
+            result[f"{peer}_error"] = str(e)
+            continue
         try:
             result.update(measure(args, f"http://127.0.0.1:{port}", peer, DEFAULT_MODEL))
         finally:
