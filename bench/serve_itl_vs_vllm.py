@@ -37,6 +37,7 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import replace
 
+from bench.machine import read_cpu_flags
 from bench.report import emit_result
 from cli.bench.local_platform import local_platform
 from cli.launcher import PlatformConfig
@@ -213,6 +214,7 @@ def main() -> None:
         for name in names:
             result[f"{name}_itl_p90_vs_{peer}"] = round(result[name]["itl_p90_ms"] / result[peer]["itl_p90_ms"], 2)
     result["dtype"] = args.dtype
+    result["cpu"] = read_cpu_flags()
     emit_result(result)
 
 
