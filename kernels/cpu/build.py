@@ -57,9 +57,7 @@ def load_library() -> str:
     library's path. Raises CpuKernelBuildError, saying what failed, when it cannot."""
     name = library_name()
     try:
-        # torch's own choice of directory (TORCH_EXTENSIONS_DIR or its default), named so
-        # that the directory locked below is the one it builds in
-        build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+        build_dir = build_directory()
         with _ninja_on_path(), load_lock(build_dir):
             # copies: torch appends to the flag lists it is given, which would change library_name()
             path = cpp_extension.load(name=name, sources=SOURCES, extra_cflags=list(CFLAGS),
@@ -72,6 +70,12 @@ def load_library() -> str:
             "reference needs neither: use attention_backend='torch' (--attention-backend torch)."
         ) from e
     return str(path)
+
+
+def build_directory() -> Path:
+    """Where torch builds the library: its own choice (TORCH_EXTENSIONS_DIR or its default),
+    named so that the directory load_lock locks is the one torch builds in."""
+    return Path(cpp_extension._get_build_directory(library_name(), verbose=False))
 
 
 @contextlib.contextmanager

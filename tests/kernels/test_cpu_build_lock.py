@@ -27,14 +27,9 @@ with build.load_lock(build_dir):
 LOAD = "from kernels.cpu import build; print(build.load_library())"
 
 
-def _build_dir() -> Path:
-    from torch.utils import cpp_extension
-    return Path(cpp_extension._get_build_directory(build.library_name(), verbose=False))
-
-
 def test_a_load_after_a_loader_killed_inside_the_locks_finishes():
     build.load_library()  # built already (make setup); this test is about the lock, not the compile
-    build_dir = _build_dir()
+    build_dir = build.build_directory()
     dead = subprocess.run([sys.executable, "-c", DIE_INSIDE_THE_LOCKS, str(build_dir)], capture_output=True)
     assert dead.returncode == -signal.SIGKILL, dead.stderr.decode()
     assert (build_dir / build.TORCH_LOCK).exists()  # what it left: torch would wait on this forever
