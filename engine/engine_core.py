@@ -38,6 +38,7 @@ from engine.engine_setup import (engine_info, log_kv_cache, make_drafting, memor
                                  pick_attention_backend, resolve_max_model_len, resolve_scheduler_config)
 from engine.step_rates import StepRates
 from engine.validation import validate_mode, validate_request, validate_token_ids, validate_transfer
+from engine.worker.host_malloc import keep_freed_memory
 from engine.worker.kv_cache import allocate_kv_caches, bytes_per_block, num_host_kv_slots, num_kv_blocks
 from engine.worker.model_runner import ModelRunner
 
@@ -70,6 +71,8 @@ class EngineCore:
         self.step_rates = StepRates()  # measured by step(), read by the scheduler's time bound (max_step_ms)
         self.scheduler = Scheduler(resolve_scheduler_config(config.scheduler, self.max_model_len), self.kv_manager,
                                    self.step_rates)
+        if device.type == "cpu":
+            keep_freed_memory()
         kv_caches = allocate_kv_caches(num_blocks, kv_arch, cache.block_size, self.dtype, device)
         self.executor.start_kv(num_blocks, kv_caches, backend, num_host_slots)
         self.runner = ModelRunner(self.loaded.model, kv_caches, cache.block_size, backend, device, config.seed,

@@ -18,6 +18,7 @@ from engine.executor.stage import StageWorker
 from engine.model.loader import load_model, parse_dtype
 from engine.model.packed_linear import can_prepack
 from engine.model.source import resolve_model
+from engine.worker.host_malloc import keep_freed_memory
 from engine.worker.kv_cache import allocate_kv_caches
 
 logger = logging.getLogger("pdserve.rank")
@@ -43,6 +44,8 @@ def main(argv: list[str]) -> int:
     op, num_blocks, num_host_slots = M.HEADER.unpack(header)
     if op != M.INIT:
         raise RuntimeError(f"rank {place.rank}: expected INIT from the driver, got op {op}")
+    if device.type == "cpu":
+        keep_freed_memory()
     kv_caches = allocate_kv_caches(num_blocks, rank_kv_arch(parallel, loaded.arch), launch.block_size, dtype, device)
     kv_caches = kv_caches[:len(loaded.model.layers)]
     worker = StageWorker(loaded.model, kv_caches, get_attention_backend(launch.attention_backend), groups, device,
