@@ -1,14 +1,16 @@
-"""The CPU KV cache asks Linux for transparent huge pages before its first touch
-(engine/worker/huge_pages.py); the kernel's own accounting (/proc/self/smaps) is the witness."""
+"""The CPU KV cache is a mapping of its own, advised onto transparent huge pages before its
+first touch (engine/worker/huge_pages.py); the kernel's accounting (/proc/self/smaps) is the
+witness."""
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 
 import torch
 
 from engine.config import ModelArchConfig
-from engine.worker.huge_pages import HUGE_PAGE, advise_huge_pages, zeros_on_huge_pages
+from engine.worker.huge_pages import HUGE_PAGE, zeros_on_huge_pages
 from engine.worker.kv_cache import allocate_kv_caches
 
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -34,34 +36,34 @@ def huge_bytes_around(address: int) -> int:
     raise AssertionError(f"no mapping holds {address:#x}")
 
 
-def test_advice_covers_the_whole_huge_pages_inside_the_tensor():
-    tensor = torch.empty(5 * HUGE_PAGE, dtype=torch.uint8)
-    advised = advise_huge_pages(tensor)
-    if not sys.platform.startswith("linux"):
-        assert advised == 0
-        return
-    start = tensor.data_ptr()
-    whole_pages = ((start + tensor.numel()) // HUGE_PAGE) - (-(-start // HUGE_PAGE))
-    assert advised == whole_pages * HUGE_PAGE >= 4 * HUGE_PAGE
-
-
-def test_small_tensors_are_left_alone():
-    assert advise_huge_pages(torch.empty(HUGE_PAGE // 2, dtype=torch.uint8)) == 0
+def tiny_arch() -> ModelArchConfig:
+    return ModelArchConfig(architecture="LlamaForCausalLM", vocab_size=100, hidden_size=64, intermediate_size=128,
+                           num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5,
+                           rope_theta=10000.0, max_position_embeddings=4096, tie_word_embeddings=False)
 
 
 def test_the_cpu_kv_cache_is_backed_by_huge_pages_where_the_kernel_gives_them():
-    arch = ModelArchConfig(architecture="LlamaForCausalLM", vocab_size=100, hidden_size=64, intermediate_size=128,
-                           num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5,
-                           rope_theta=10000.0, max_position_embeddings=4096, tie_word_embeddings=False)
-    caches = allocate_kv_caches(4096, arch, 16, torch.float32, torch.device("cpu"))  # 32 MiB
+    # memory malloc took back (on small pages already) must not be what the cache gets
+    for _ in range(3):
+        torch.ones(40 << 20, dtype=torch.uint8).sum()
+    caches = allocate_kv_caches(4096, tiny_arch(), 16, torch.float32, torch.device("cpu"))  # 32 MiB
     assert all(not c.any() for c in caches)
+    caches[1][1, -1].fill_(1.0)  # every layer's view is writable memory of its own
+    assert caches[1].sum() == caches[1][1, -1].numel() and not caches[0].any()
     huge = huge_bytes_around(caches[0].data_ptr() + 8 * HUGE_PAGE) if sys.platform.startswith("linux") else 0
     if thp_mode() in ("always", "madvise"):  # "madvise" (the default): only the advice gives them
-        assert huge >= HUGE_PAGE
+        assert huge >= 8 * HUGE_PAGE
     else:
         assert huge == 0
 
 
-def test_zeros_on_huge_pages_is_zeros():
-    t = zeros_on_huge_pages((3, HUGE_PAGE // 4), torch.float32)
-    assert t.shape == (3, HUGE_PAGE // 4) and t.dtype == torch.float32 and not t.any()
+def test_the_mapping_lives_as_long_as_the_tensor():
+    t = zeros_on_huge_pages((4, HUGE_PAGE // 4), torch.float32)
+    gc.collect()
+    t[3, -1] = 7.0
+    assert t.shape == (4, HUGE_PAGE // 4) and t.dtype == torch.float32 and t.sum() == 7.0
+
+
+def test_small_caches_are_plain_zeros():
+    t = zeros_on_huge_pages((3, 5), torch.bfloat16)
+    assert t.shape == (3, 5) and t.dtype == torch.bfloat16 and not t.any()
