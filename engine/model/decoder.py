@@ -236,7 +236,8 @@ class DecoderForCausalLM(nn.Module):
     def prepack(self) -> None:
         """Prepares the model for CPU steps: every linear layer's weight prepacked for oneDNN
         (see packed_linear.py), the LM head too, tied or not; norms and RoPE on the C++ ops of
-        kernels/cpu/fused_ops.cpp when they build. Idempotent."""
+        kernels/cpu/fused_ops.cpp and decode batches of a few rows on skinny_linear.cpp when
+        they build. Idempotent."""
         prepack_linears(self)
         if self.lm_head is None and self.embed_tokens is not None and self.shard.is_last_stage:
             self.lm_head = PackedLinear(self.embed_tokens.weight, None)
@@ -252,3 +253,5 @@ class DecoderForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, (RMSNorm, RotaryEmbedding)):
                 module.fused = True
+            elif isinstance(module, PackedLinear):
+                module.use_skinny_kernel()

@@ -4,12 +4,17 @@ paged_decode_attention: paged_decode_attention_ref without its gather, reading e
 sequence's K/V rows in place through its block table.
 rms_norm, fused_add_rms_norm, rotary_embedding: the decoder's per-token ops in one call each
 (fused_ops.cpp), rounding as engine/model/decoder.py's RMSNorm and rope.py's RotaryEmbedding do.
+skinny_linear: F.linear for 1..SKINNY_MAX_ROWS rows of float32, streaming the plain weight
+(skinny_linear.cpp): decode batches of a few sequences, where a linear layer is a read of its weight.
 """
 from __future__ import annotations
 
 import torch
 
-__all__ = ["paged_decode_attention", "rms_norm", "fused_add_rms_norm", "rotary_embedding"]
+__all__ = ["paged_decode_attention", "rms_norm", "fused_add_rms_norm", "rotary_embedding", "skinny_linear",
+           "SKINNY_MAX_ROWS"]
+
+SKINNY_MAX_ROWS = 4  # skinny_linear.cpp: kMaxRows
 
 
 def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -48,6 +53,12 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, 
     cos_table.shape[1] dims of each head)."""
     _load()
     torch.ops.pdserve.rotary_embedding(q, k, positions, cos_table, sin_table)
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for float32 x of 0..SKINNY_MAX_ROWS rows and a contiguous weight."""
+    _load()
+    return torch.ops.pdserve.skinny_linear(x, weight, bias)
 
 
 def _load() -> None:

@@ -28,7 +28,7 @@ import torch
 from torch.utils import cpp_extension
 
 BASE_NAME = "pdserve_cpu_kernels"
-SOURCES = [str(Path(__file__).with_name(name)) for name in ("paged_attention.cpp", "fused_ops.cpp")]
+SOURCES = [str(Path(__file__).with_name(name)) for name in ("paged_attention.cpp", "fused_ops.cpp", "skinny_linear.cpp")]
 # ATen's parallel_for is header code over OpenMP (torch's CPU parallel backend): without
 # -fopenmp it runs serially. The library then needs libgomp.so.1, which torch has loaded
 # already, so kernels and torch share one thread pool.
