@@ -8,7 +8,6 @@ import torch
 from engine.config import CacheConfig, ModelArchConfig
 from engine.kv_transfer import BlockChunks
 from engine.worker.host_memory import available_host_memory
-from engine.worker.huge_pages import zeros_on_huge_pages
 
 if TYPE_CHECKING:
     from engine.worker.memory_profile import MemoryProfile
@@ -73,8 +72,6 @@ def allocate_kv_caches(num_blocks: int, arch: ModelArchConfig, block_size: int, 
     one allocation in layer order, so that a copy of many blocks across every layer is one
     indexed op (stacked_kv_caches; the host tier's copies)."""
     shape = (arch.num_layers, 2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
-    if torch.device(device).type == "cpu":
-        return list(zeros_on_huge_pages(shape, dtype).unbind(0))
     return list(torch.zeros(shape, dtype=dtype, device=device).unbind(0))
 
 
