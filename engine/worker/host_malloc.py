@@ -4,8 +4,8 @@ A step's large temporaries (a batch's activations, logits: a few MiB to tens of 
 above glibc's mmap threshold, so each is a fresh mmap, faulted in and zeroed page by page by
 the kernel, then unmapped when freed; and freed heap memory above the trim threshold goes back
 to the kernel too. Measured on the offline benchmark (64 requests, SmolLM2, 2 threads): 3.3
-million page faults and 21 s of system time in a 60 s run, against 0.48 million and 11.6 s with
-the thresholds raised. vLLM's CPU backend avoids the same cost by preloading tcmalloc.
+million page faults and 21 s of system time, against 0.49 million and 14 s with the
+thresholds raised (docs/kernels.md). vLLM's CPU backend avoids the same cost by preloading tcmalloc.
 
 Raised thresholds mean the process keeps its peak working set (a batch's worth) instead of
 returning it between steps; the KV cache and the weights are allocated once either way.

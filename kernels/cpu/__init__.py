@@ -4,7 +4,7 @@ paged_decode_attention: paged_decode_attention_ref without its gather, reading e
 sequence's K/V rows in place through its block table.
 rms_norm, fused_add_rms_norm, rotary_embedding: the decoder's per-token ops in one call each
 (fused_ops.cpp), rounding as engine/model/decoder.py's RMSNorm and rope.py's RotaryEmbedding do.
-skinny_linear: F.linear for 1..SKINNY_MAX_ROWS rows of float32, streaming the plain weight
+skinny_linear: F.linear for 0..SKINNY_MAX_ROWS rows of float32, streaming the plain weight
 (skinny_linear.cpp): decode batches of a few sequences, where a linear layer is a read of its weight.
 """
 from __future__ import annotations
