@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.gettempdir(), f"pdserve-kernels-march-{args.march}")
 
     from kernels.cpu import build
+    # the flag is swapped here, not made a setting of build.py: only this check needs another
+    # target (pods build on their own node), and load_library() is one build per process anyway
     build.CFLAGS[build.CFLAGS.index("-march=native")] = f"-march={args.march}"
     try:
         path = build.load_library()  # cached: every later load in this process gets this build
