@@ -59,10 +59,16 @@ $(WHEELS)/.complete: pyproject.toml constraints.txt | image-base
 	    rm -f /wheels/pdserve-*'
 	touch $@
 
+# The image a rebuild replaces is removed, not left dangling: each is 3.5 GB, and only
+# its layers that the new one shares (torch's, triton's) stay. podman refuses while a
+# container still uses it, and the build goes on.
 image: image-base $(WHEELS)/.complete
+	@old=$$($(PODMAN) image inspect --format '{{.Id}}' $(CPU_IMAGE) 2>/dev/null || true); \
 	$(PODMAN) build --network host --ignorefile deploy/Dockerfile.cpu.dockerignore \
 	  --build-arg PIP_FIND_LINKS=/context/$(WHEELS) --build-arg PIP_NO_INDEX=1 --build-arg BASE_IMAGE=$(CPU_BASE) \
-	  -f deploy/Dockerfile.cpu -t $(CPU_IMAGE) .
+	  -f deploy/Dockerfile.cpu -t $(CPU_IMAGE) . || exit 1; \
+	new=$$($(PODMAN) image inspect --format '{{.Id}}' $(CPU_IMAGE)); \
+	if [ -n "$$old" ] && [ "$$old" != "$$new" ]; then $(PODMAN) rmi "$$old" >/dev/null || true; fi
 	@echo "$(CPU_IMAGE): $$($(PODMAN) image inspect --format '{{.Size}}' $(CPU_IMAGE)) bytes"
 
 # The same build for GPU nodes, every wheel from PyPI (the CUDA torch: several GB).
