@@ -15,9 +15,9 @@ from tests.deploy.test_pods_podman import image
 
 pytestmark = pytest.mark.pods
 
-# Committing a layer holds it on disk about four times over for a moment (the container's
+# Committing a layer holds it on disk three to four times over for a moment (the container's
 # copy, the diff, the stored layer), so the largest layer sets the build's peak: one 3 GB
-# layer peaked at 12 GB over the base, three of ~1 GB at 8 GB (docs/deployment.md).
+# layer peaked at 11.6 GiB over the start, three of ~1 GB at 7.9 GiB (docs/deployment.md).
 LARGEST_LAYER_BYTES = 1.5e9
 
 
