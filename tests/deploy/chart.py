@@ -27,6 +27,12 @@ VALUES = {"default": None,
 COMPONENTS = ("router", "prefill", "decode", "kvstore")
 
 
+
+def cpu_image() -> str:
+    """The cpu image `make image` tags, which the chart's cpu values run."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    return f"pdserve:{chart['appVersion']}-cpu"
+
 @functools.cache
 def helm_binary() -> str:
     helm = REPO / ".tools" / "bin" / "helm"

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
+from tests.deploy.chart import cpu_image
 from tests.deploy.kubelet import ULIMITS, image_exists, podman
-from tests.deploy.test_pods_podman import image
 
 pytestmark = pytest.mark.pods
 
@@ -23,8 +23,8 @@ LARGEST_LAYER_BYTES = 1.5e9
 
 @pytest.fixture(scope="module")
 def built() -> str:
-    assert image_exists(image()), f"no image {image()}: `make image` builds it (make test-deploy does first)"
-    return image()
+    assert image_exists(cpu_image()), f"no image {cpu_image()}: `make image` builds it (make test-deploy does first)"
+    return cpu_image()
 
 
 def test_no_layer_of_the_image_is_large_enough_to_blow_up_the_build_s_disk_peak(built):

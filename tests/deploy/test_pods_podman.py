@@ -22,7 +22,7 @@ import urllib.request
 import pytest
 
 from tests.deploy.apiserver import EndpointSliceServer
-from tests.deploy.chart import CHART, FULLNAME, NAMESPACE, VALUES, render_text
+from tests.deploy.chart import FULLNAME, NAMESPACE, VALUES, cpu_image, render_text
 from tests.deploy.kubelet import Cluster, image_exists, remove, run_pod, terminate, wait_started
 from tests.services.security.procs import free_ports
 
@@ -36,11 +36,6 @@ STREAM_PROMPT = "Once upon a time, in a small village by the sea,"
 STREAM_TOKENS = 160   # long enough to be in flight when SIGTERM follows the decode pods' preStop pause
 DECODE_PRE_STOP_S = 1  # (the chart's default is 5 s: shorter here, the test waits it out)
 ENGINE = dict(dtype="float32", attention_backend="torch", max_num_seqs=16)   # ci/cpu-values.yaml's engine
-
-
-def image() -> str:
-    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    return f"pdserve:{chart['appVersion']}-cpu"
 
 
 def rendered(ports: dict[str, int], metrics_port: int) -> list[dict]:
@@ -103,7 +98,7 @@ class Stream:
 
 
 def test_the_charts_pods_run_from_the_image_serve_and_drain(tmp_path, offline):
-    assert image_exists(image()), f"no image {image()}: `make image` builds it (make test-deploy does first)"
+    assert image_exists(cpu_image()), f"no image {cpu_image()}: `make image` builds it (make test-deploy does first)"
     names = ("router", "http", "kvstore", "kv_tcp", "prefill", "decode")
     ports = dict(zip(names, free_ports(len(names))))
     metrics = dict(zip(("kvstore", "prefill", "decode", "router"), free_ports(4)))
