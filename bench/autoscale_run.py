@@ -27,12 +27,12 @@ import time
 from pathlib import Path
 
 from bench.report import emit_result
-from cli.bench.arrivals import ArrivalConfig
-from cli.bench.autoscale_plot import PoolSample, autoscale_timeline
-from cli.bench.datasets import DatasetConfig, LengthDist
-from cli.bench.local_platform import free_port_range
-from cli.bench.main import BenchConfig, run_bench
-from cli.bench.targets import TargetConfig
+from pdserve.cli.bench.arrivals import ArrivalConfig
+from pdserve.cli.bench.autoscale_plot import PoolSample, autoscale_timeline
+from pdserve.cli.bench.datasets import DatasetConfig, LengthDist
+from pdserve.cli.bench.local_platform import free_port_range
+from pdserve.cli.bench.main import BenchConfig, run_bench
+from pdserve.cli.bench.targets import TargetConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,7 +99,7 @@ def main() -> int:
         from tests.models import build_tiny_llama
         model = build_tiny_llama(Path(tempfile.mkdtemp(prefix="pdserve-tiny-")))
     router, workers, metrics = free_port_range(2), free_port_range(2), free_port_range(4)
-    cmd = [sys.executable, "-m", "cli.main", "up", "--model", model, "--prefill", "1", "--decode", "1",
+    cmd = [sys.executable, "-m", "pdserve.cli.main", "up", "--model", model, "--prefill", "1", "--decode", "1",
            "--port", str(router), "--kvstore-port", str(router + 1), "--http-port", "off",
            "--worker-base-port", str(workers), "--metrics-base-port", str(metrics),
            "--path-policy", "threshold", "--short-prompt-tokens", "32",

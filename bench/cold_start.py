@@ -20,12 +20,12 @@ import tempfile
 import time
 
 from bench.report import emit_result
-from engine.config import DEFAULT_MODEL
+from pdserve.engine.config import DEFAULT_MODEL
 
 _PDSERVE = """
 import time, json
 t0 = float({t0!r})
-from engine import LLM, SamplingParams
+from pdserve.engine import LLM, SamplingParams
 imported = time.time()
 llm = LLM({model!r}, progress=False)
 built = time.time()
@@ -78,7 +78,7 @@ def main() -> None:
     result = {"pdserve": run(sys.executable, _PDSERVE, DEFAULT_MODEL)}
     if args.vllm_python:
         if not os.path.isfile(os.path.join(args.hf_dir, "config.json")):
-            from engine.model.source import resolve_model
+            from pdserve.engine.model.source import resolve_model
             from bench.offline_throughput import save_hf_folder
             save_hf_folder(resolve_model(DEFAULT_MODEL).path, args.hf_dir)
         result["vllm"] = run(args.vllm_python, _VLLM, args.hf_dir)

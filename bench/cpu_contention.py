@@ -27,15 +27,15 @@ import time
 import torch
 
 from bench.report import emit_row
-from engine import LLM, SamplingParams
-from engine.config import DEFAULT_MODEL
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.config import DEFAULT_MODEL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _PREFILL_LOOP = f"""
 import random, torch
 torch.set_num_threads(1)
-from engine import LLM, SamplingParams
+from pdserve.engine import LLM, SamplingParams
 llm = LLM(model={DEFAULT_MODEL!r}, enable_prefix_caching=False, progress=False)
 while True:
     prompt = {{"prompt_token_ids": [random.randrange(1000, 20000) for _ in range(1900)]}}

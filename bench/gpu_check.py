@@ -54,7 +54,7 @@ bench/gpu_check_wheels.sh downloads them into .whl/ (31 wheels, 21 MB), and
         python3 -m bench.gpu_check --out $OUT
 
 pdserve itself need not be installed: run from the repository root, which is put on the
-PYTHONPATH of every process it starts (`pdserve up` runs as `python -m cli.main up`).
+PYTHONPATH of every process it starts (`pdserve up` runs as `python -m pdserve.cli.main up`).
 """
 from __future__ import annotations
 
@@ -125,10 +125,10 @@ REQUIRED_MODULES = {
 }
 # Imported once here, so a version mismatch (services/pb's generated code checks grpcio and
 # protobuf) shows before any check starts.
-PROJECT_MODULES = ("engine", "kernels.paged_attention", "services.pb.router_pb2_grpc", "services.kvstore.main",
-                   "services.prefill.main", "services.decode.main", "services.router.main", "services.router.server",
-                   "services.router.client",
-                   "cli.up")
+PROJECT_MODULES = ("pdserve.engine", "pdserve.kernels.paged_attention", "pdserve.services.pb.router_pb2_grpc", "pdserve.services.kvstore.main",
+                   "pdserve.services.prefill.main", "pdserve.services.decode.main", "pdserve.services.router.main", "pdserve.services.router.server",
+                   "pdserve.services.router.client",
+                   "pdserve.cli.up")
 DEVICE_COMMAND = ("python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "
                   "--target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && "
                   "python3 -m bench.gpu_check --out $OUT")
@@ -258,7 +258,7 @@ def describe_model(model: str | None, shape: dict) -> str:
 def child_env(extra: dict | None = None) -> dict:
     env = dict(os.environ, **(extra or {}))
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if ROOT not in paths:  # the platform's processes run `python -P -m cli.main`: the root must be here
+    if ROOT not in paths:  # the platform's processes run `python -P -m pdserve.cli.main`: the root must be here
         paths.append(ROOT)
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["PYTHONUNBUFFERED"] = "1"
@@ -433,14 +433,14 @@ def free(*_objects) -> None:
 def make_llm(ctx: Ctx, graph_sizes: tuple[int, ...] = (), **kwargs):
     """The engine on ctx's device in bfloat16; `graph_sizes`: CUDA graphs for decode (on CPU,
     EagerGraph stands in for the capture, as tests/engine/test_gpu_engine_bench.py does)."""
-    from engine import LLM
+    from pdserve.engine import LLM
     kwargs = {"kv_cache_memory_bytes": (1 << 30) if ctx.cuda else (64 << 20), "progress": False, **kwargs}
     if ctx.cuda:
         return LLM(ctx.model, dtype="bfloat16", device="cuda", attention_backend="triton",
                    cuda_graph_batch_sizes=graph_sizes, **kwargs)
     llm = LLM(ctx.model, dtype="bfloat16", device="cpu", attention_backend=ctx.backend, **kwargs)
     if graph_sizes:
-        from engine.worker.cuda_graphs import EagerGraph
+        from pdserve.engine.worker.cuda_graphs import EagerGraph
         engine = llm.engine
         engine.runner.capture_decode_graphs(graph_sizes, engine.max_model_len, engine.scheduler.config.max_num_seqs,
                                             graph_type=EagerGraph)
@@ -449,7 +449,7 @@ def make_llm(ctx: Ctx, graph_sizes: tuple[int, ...] = (), **kwargs):
 
 def greedy_with_logprobs(llm, prompts: list[list[int]], max_tokens: list[int] | int):
     """Tokens, top-N sets and the chosen tokens' logprobs of one generate call."""
-    from engine import SamplingParams
+    from pdserve.engine import SamplingParams
     lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=TOP_N) for n in lengths]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
@@ -498,7 +498,7 @@ def check_triton_kernels(ctx: Ctx):
     import torch
 
     import bench.gpu_kernels as gk
-    from kernels import cache_ops, paged_attention
+    from pdserve.kernels import cache_ops, paged_attention
     tolerance = {torch.float32: 2e-4, torch.bfloat16: 2e-2}
     rows: list[dict] = []
     dtype_now = {}
@@ -531,7 +531,7 @@ def check_triton_kernels(ctx: Ctx):
 
 def hf_model(ctx: Ctx, dtype):
     """transformers' model of ctx.model on ctx's device."""
-    from engine.model.source import resolve_model
+    from pdserve.engine.model.source import resolve_model
     from tests.engine.hf_reference import load_hf_model
     model = load_hf_model(resolve_model(ctx.model).path, dtype)
     model.generation_config.eos_token_id = None  # every asked-for token, as ignore_eos does
@@ -579,8 +579,8 @@ def check_engine_vs_transformers(ctx: Ctx):
     import torch
 
     from tests.engine.correctness import varied_prompts
-    from engine.model.loader import read_arch
-    from engine.model.source import resolve_model
+    from pdserve.engine.model.loader import read_arch
+    from pdserve.engine.model.source import resolve_model
     vocab = read_arch(resolve_model(ctx.model)).vocab_size
     prompts = varied_prompts(vocab, [7, 16, 33, 64, 129, 257, 400] if ctx.cuda else [7, 33], seed=0)
     new_tokens = 32 if ctx.cuda else 8
@@ -610,8 +610,8 @@ def check_engine_vs_transformers(ctx: Ctx):
 
 def workload(ctx: Ctx, num_prompts: int = 32):
     from bench.offline_throughput import make_workload
-    from engine.model.loader import read_arch
-    from engine.model.source import resolve_model
+    from pdserve.engine.model.loader import read_arch
+    from pdserve.engine.model.source import resolve_model
     vocab = read_arch(resolve_model(ctx.model)).vocab_size
     prompts, outputs = make_workload(vocab, num_prompts if ctx.cuda else 3, seed=0)
     if not ctx.cuda:  # the tiny model on CPU: short runs
@@ -643,16 +643,16 @@ def check_cuda_graphs(ctx: Ctx):
 
 
 def check_pd_up(ctx: Ctx):
-    """`python -m cli.main up --prefill 1 --decode 1` with both workers on ctx's device, the
+    """`python -m pdserve.cli.main up --prefill 1 --decode 1` with both workers on ctx's device, the
     threshold path policy at 0 direct-path tokens (every request through the prefill worker and
     the kvstore), greedy requests one at a time, against the offline engine run one prompt at a
     time (the same batch-1 shapes)."""
     import random
 
-    from engine import SamplingParams
-    from engine.model.loader import read_arch
-    from engine.model.source import resolve_model
-    from services.router.client import RouterClient
+    from pdserve.engine import SamplingParams
+    from pdserve.engine.model.loader import read_arch
+    from pdserve.engine.model.source import resolve_model
+    from pdserve.services.router.client import RouterClient
     from tests.cli.up_platform import Platform, up_ports
     vocab = read_arch(resolve_model(ctx.model)).vocab_size
     rng = random.Random(0)
@@ -664,7 +664,7 @@ def check_pd_up(ctx: Ctx):
     del llm
     free()
     ports = up_ports(2)
-    cmd = [sys.executable, "-m", "cli.main", "up", "--model", ctx.model, "--prefill", "1", "--decode", "1",
+    cmd = [sys.executable, "-m", "pdserve.cli.main", "up", "--model", ctx.model, "--prefill", "1", "--decode", "1",
            "--port", str(ports["router"]), "--kvstore-port", str(ports["kvstore"]), "--http-port", "off",
            "--worker-base-port", str(ports["workers"]), "--metrics-base-port", str(ports["metrics"]),
            "--path-policy", "threshold", "--short-prompt-tokens", "0",

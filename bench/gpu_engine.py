@@ -28,10 +28,10 @@ import torch
 from bench.report import emit_row
 from bench.offline_throughput import make_workload, run_engine
 from bench.profile_step import start_decode_batch
-from engine import LLM
-from engine.config import DEFAULT_MODEL
-from engine.model.loader import load_model, parse_dtype
-from engine.model.source import resolve_model
+from pdserve.engine import LLM
+from pdserve.engine.config import DEFAULT_MODEL
+from pdserve.engine.model.loader import load_model, parse_dtype
+from pdserve.engine.model.source import resolve_model
 
 
 def parse_args() -> argparse.Namespace:

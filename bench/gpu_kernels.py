@@ -265,7 +265,7 @@ def main() -> int:
     elif not torch.cuda.is_available():
         sys.exit("bench/gpu_kernels.py: CUDA is not available on this machine "
                  "(for an interpreter smoke run of the checks use --device cpu)")
-    from kernels import cache_ops, paged_attention
+    from pdserve.kernels import cache_ops, paged_attention
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     torch.manual_seed(0)
     print(f"correctness vs torch references ({args.dtype}, block size {BLOCK_SIZE})")

@@ -219,7 +219,7 @@ def hf_reference(path: str, dtype: str, prompts: list[list[int]], new_tokens: in
 
 def llm_kwargs(size: Size) -> dict:
     """The large runs size the KV cache by gpu_memory_utilization when LLM takes it."""
-    from engine import LLM
+    from pdserve.engine import LLM
     if size.kv_cache_memory_bytes is None and "gpu_memory_utilization" in inspect.signature(LLM).parameters:
         return {"gpu_memory_utilization": GPU_MEMORY_UTILIZATION}
     return {"kv_cache_memory_bytes": size.kv_cache_memory_bytes or (4 << 30)}
@@ -227,8 +227,8 @@ def llm_kwargs(size: Size) -> dict:
 
 def run_engine(path: str, dtype: str, prompts, new_tokens: int, target: Target, kwargs: dict):
     """The engine's greedy tokens and their logprobs (all prompts in one generate) and its KV cache."""
-    from engine import LLM, SamplingParams
-    from engine.worker.kv_cache import bytes_per_block
+    from pdserve.engine import LLM, SamplingParams
+    from pdserve.engine.worker.kv_cache import bytes_per_block
     llm = LLM(path, dtype=dtype, device=target.device, attention_backend=target.backend, progress=False, **kwargs)
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True, logprobs=0)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
@@ -263,8 +263,8 @@ def compare(ref_tokens, ref_logprobs, tokens, logprobs) -> dict:
 
 
 def run_one(arch: str, size: Size, dtype: str, path: str, target: Target, logprob_tol: float) -> dict:
-    from engine.model.loader import read_arch
-    from engine.model.source import resolve_model
+    from pdserve.engine.model.loader import read_arch
+    from pdserve.engine.model.source import resolve_model
     from tests.engine.correctness import varied_prompts
     prompts = varied_prompts(read_arch(resolve_model(path)).vocab_size, list(size.prompt_lengths), seed=0)
     left_gib = allocated_gib(target)

@@ -20,9 +20,9 @@ import torch
 import xxhash
 
 from bench.serve_kv_transfer import BLOCK_SHAPE
-from engine.kv_transfer import KVLayout
-from services.worker import kv_integrity
-from services.worker.kv_wire import block_header
+from pdserve.engine.kv_transfer import KVLayout
+from pdserve.services.worker import kv_integrity
+from pdserve.services.worker.kv_wire import block_header
 
 
 def candidates() -> dict:

@@ -20,9 +20,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PDSERVE = """
 import time, torch
 t = time.perf_counter()
-from engine.config import DEFAULT_MODEL
-from engine.model.loader import load_model
-from engine.model.source import resolve_model
+from pdserve.engine.config import DEFAULT_MODEL
+from pdserve.engine.model.loader import load_model
+from pdserve.engine.model.source import resolve_model
 load_model(resolve_model({model!r}), torch.float32, "cpu", progress=False)
 print(time.perf_counter() - t)
 """
@@ -31,7 +31,7 @@ HF = """
 import os, time, torch
 t = time.perf_counter()
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from engine.model.source import resolve_model
+from pdserve.engine.model.source import resolve_model
 p = resolve_model({model!r}).path
 d, f = os.path.dirname(p), os.path.basename(p)
 AutoTokenizer.from_pretrained(d, gguf_file=f)

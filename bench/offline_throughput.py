@@ -37,9 +37,9 @@ import torch
 
 from bench.report import emit_result
 from bench.machine import read_cpu_flags
-from engine.config import DEFAULT_MODEL
-from engine import LLM, SamplingParams
-from engine.model.source import resolve_model
+from pdserve.engine.config import DEFAULT_MODEL
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.model.source import resolve_model
 
 
 def make_workload(vocab_size: int, num_prompts: int, seed: int):

@@ -33,8 +33,8 @@ import sys
 import time
 
 from bench.report import emit_row, markdown_table
-from engine.config import DEFAULT_MODEL
-from engine.engine_request import EngineRequest
+from pdserve.engine.config import DEFAULT_MODEL
+from pdserve.engine.engine_request import EngineRequest
 
 CONFIGS = "1x1,3x1,1x2,3x2"
 
@@ -90,7 +90,7 @@ def timed_steps(engine, steps: int, device: str) -> float:
 
 def prefill_step_ms(engine, prompt_lens: list[int], steps: int, rng: random.Random, device: str) -> float:
     """ms of a step that prefills len(prompt_lens) fresh prompts whole (prefix caching is off)."""
-    from engine import SamplingParams
+    from pdserve.engine import SamplingParams
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     total = 0.0
     for i in range(steps):
@@ -114,7 +114,7 @@ def decode_step_ms(engine, batch: int, prompt_len: int, steps: int, seed: int, d
 
 def measure(args, t: int, p: int, microbatches: int | None) -> dict:
     import torch
-    from engine import LLM
+    from pdserve.engine import LLM
     batches = [int(b) for b in args.batch_sizes.split(",")]
     if args.device == "cpu":  # every configuration gets this process's cores (the executor shares them out)
         torch.set_num_threads(len(os.sched_getaffinity(0)))
@@ -148,7 +148,7 @@ def measure(args, t: int, p: int, microbatches: int | None) -> dict:
 
 def run_child(module: str, argv: list[str], t: int, p: int, microbatches: int | None) -> dict | None:
     one = f"{t},{p},{microbatches or 0}"
-    # the child and its ranks (`python -m engine.executor.rank_main`) find the repo from anywhere
+    # the child and its ranks (`python -m pdserve.engine.executor.rank_main`) find the repo from anywhere
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", module, *argv, "--one", one], stdout=subprocess.PIPE, text=True,

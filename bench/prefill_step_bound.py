@@ -21,9 +21,9 @@ import torch
 
 from bench.machine import read_cpu_flags
 from bench.report import emit_result
-from engine import LLM, SamplingParams
-from engine.config import DEFAULT_MODEL
-from engine.engine_request import EngineRequest, RequestMode
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.config import DEFAULT_MODEL
+from pdserve.engine.engine_request import EngineRequest, RequestMode
 
 
 def main() -> int:

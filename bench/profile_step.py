@@ -28,9 +28,9 @@ from contextlib import contextmanager
 import torch
 
 from bench.report import emit_row
-from engine import LLM, SamplingParams
-from engine.config import DEFAULT_MODEL
-from engine.engine_request import EngineRequest
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.config import DEFAULT_MODEL
+from pdserve.engine.engine_request import EngineRequest
 
 PARTS = ("gemm", "attention", "norm_rope", "model_rest", "prepare", "sample", "schedule", "output", "other")
 
@@ -63,8 +63,8 @@ def instrumented(llm: LLM):
     and by its parts (nested timers run inside the forward's own)."""
     import torch.nn as nn
     import torch.nn.functional as F
-    from engine.model import decoder as llama
-    from engine.model.packed_linear import PackedLinear
+    from pdserve.engine.model import decoder as llama
+    from pdserve.engine.model.packed_linear import PackedLinear
     engine = llm.engine
     runner, scheduler = engine.runner, engine.scheduler
     inner, outer = Timers(), Timers()
@@ -84,7 +84,7 @@ def instrumented(llm: LLM):
     instance_attrs = [(obj, name, obj.__dict__.get(name)) for obj, name, _ in wrapped]
     for obj, name, part in wrapped:
         outer.wrap(obj, name, part)
-    import engine.worker.model_runner as mr
+    import pdserve.engine.worker.model_runner as mr
     saved_sample = mr.sample
     mr.sample = _timed_fn(mr.sample, outer, "sample")
     try:
@@ -159,7 +159,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.plain_weights:
-        import engine.worker.model_runner as model_runner
+        import pdserve.engine.worker.model_runner as model_runner
         model_runner.can_prepack = lambda *_: False
     llm = LLM(args.model, max_num_seqs=256, progress=False, kv_cache_memory_bytes=2 << 30)
     rows = []

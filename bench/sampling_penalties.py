@@ -123,7 +123,7 @@ def table(rates: dict[str, dict[str, float]], summary: dict, same_tokens: dict[s
 # ---- pdserve -------------------------------------------------------------------------------
 
 def pdserve_generate(llm, prompts, params: dict) -> tuple[float, list[list[int]]]:
-    from engine import SamplingParams
+    from pdserve.engine import SamplingParams
     sampling = [SamplingParams(**params)] * len(prompts)
     start = time.perf_counter()
     results = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling)
@@ -285,7 +285,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def vllm_model_dir(model: str, hf_dir: str) -> str:
     """vLLM reads Hugging Face folders: a GGUF model (the embedded one) is saved as one once."""
     from bench.offline_throughput import save_hf_folder
-    from engine.model.source import resolve_model
+    from pdserve.engine.model.source import resolve_model
     source = resolve_model(model)
     return source.path if source.kind == "hf_dir" else save_hf_folder(source.path, hf_dir)
 
@@ -293,8 +293,8 @@ def vllm_model_dir(model: str, hf_dir: str) -> str:
 def main(argv=None) -> None:
     args = parse_args(argv)
     import torch
-    from engine import LLM
-    from engine.config import DEFAULT_MODEL
+    from pdserve.engine import LLM
+    from pdserve.engine.config import DEFAULT_MODEL
     model = args.model or DEFAULT_MODEL
     torch.set_num_threads(args.threads)
     llm = LLM(model, dtype="float32", max_num_seqs=args.num_prompts, enable_prefix_caching=False,

@@ -36,14 +36,14 @@ import numpy as np
 
 from bench.report import emit_result, emit_row
 from bench.serve_chat_placement import _sum, scrape
-from cli.bench.arrivals import ArrivalConfig
-from cli.bench.datasets import DatasetConfig, LengthDist, shared_prefix_requests
-from cli.bench.local_platform import local_platform
-from cli.launcher import PlatformConfig
-from engine.config import DEFAULT_MODEL
-from engine.dtypes import DTYPE_SIZES
-from engine.model.loader import read_arch
-from engine.model.source import resolve_model
+from pdserve.cli.bench.arrivals import ArrivalConfig
+from pdserve.cli.bench.datasets import DatasetConfig, LengthDist, shared_prefix_requests
+from pdserve.cli.bench.local_platform import local_platform
+from pdserve.cli.launcher import PlatformConfig
+from pdserve.engine.config import DEFAULT_MODEL
+from pdserve.engine.dtypes import DTYPE_SIZES
+from pdserve.engine.model.loader import read_arch
+from pdserve.engine.model.source import resolve_model
 
 TOPOLOGIES = {"colocated": (0, 2), "disagg": (2, 1)}
 
@@ -65,8 +65,8 @@ def tenant_trace(args) -> list:
 
 
 def run_placement(placement: str, args, requests) -> dict:
-    from cli.bench.main import BenchConfig, run_bench
-    from cli.bench.targets import TargetConfig
+    from pdserve.cli.bench.main import BenchConfig, run_bench
+    from pdserve.cli.bench.targets import TargetConfig
     num_prefill, num_decode = TOPOLOGIES[args.topology]
     cache_bytes = args.kv_cache_tokens * kv_bytes_per_token(args.model, args.dtype)
     cfg = PlatformConfig(model=args.model, num_prefill=num_prefill, num_decode=num_decode, cpus_per_worker=1,

@@ -44,12 +44,12 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.report import emit_row, emit_result
-from cli.bench.datasets import ChatConfig, LengthDist, chat_conversations, chat_history
-from cli.bench.local_platform import local_platform
-from cli.launcher import PlatformConfig
-from engine import SamplingParams
-from engine.config import DEFAULT_MODEL
-from services.router.client import RouterClient
+from pdserve.cli.bench.datasets import ChatConfig, LengthDist, chat_conversations, chat_history
+from pdserve.cli.bench.local_platform import local_platform
+from pdserve.cli.launcher import PlatformConfig
+from pdserve.engine import SamplingParams
+from pdserve.engine.config import DEFAULT_MODEL
+from pdserve.services.router.client import RouterClient
 
 TOPOLOGIES = {"disagg": (2, 1), "colocated": (0, 2)}
 

@@ -31,15 +31,15 @@ import sys
 import numpy as np
 
 from bench.report import emit_result, emit_row, ratios
-from engine.config import DEFAULT_MODEL
-from cli.bench.arrivals import ArrivalConfig
-from cli.bench.datasets import DatasetConfig
-from cli.bench.local_platform import local_platform
-from cli.bench.main import BenchConfig, run_bench
-from cli.bench.metrics import SLO, RequestRecord, meets_slo
-from cli.bench.targets import TargetConfig
-from cli.bench.worker_metrics import decisions_during, scrape_path_decisions
-from cli.launcher import PlatformConfig
+from pdserve.engine.config import DEFAULT_MODEL
+from pdserve.cli.bench.arrivals import ArrivalConfig
+from pdserve.cli.bench.datasets import DatasetConfig
+from pdserve.cli.bench.local_platform import local_platform
+from pdserve.cli.bench.main import BenchConfig, run_bench
+from pdserve.cli.bench.metrics import SLO, RequestRecord, meets_slo
+from pdserve.cli.bench.targets import TargetConfig
+from pdserve.cli.bench.worker_metrics import decisions_during, scrape_path_decisions
+from pdserve.cli.launcher import PlatformConfig
 
 # (prefill workers, decode workers, workers of both roles, path policy)
 MODES = {"adaptive": (1, 1, 0, "adaptive"), "threshold": (1, 1, 0, "threshold"), "colocated": (0, 2, 0, "colocated"),

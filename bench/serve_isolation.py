@@ -39,14 +39,14 @@ import threading
 import time
 
 from bench.report import emit_result, emit_row, ratios
-from engine.config import DEFAULT_MODEL
-from cli.bench.arrivals import ArrivalConfig
-from cli.bench.datasets import DatasetConfig, LengthDist
-from cli.bench.local_platform import local_platform
-from cli.bench.main import BenchConfig, run_bench
-from cli.bench.report import table
-from cli.bench.targets import TargetConfig
-from cli.launcher import PlatformConfig
+from pdserve.engine.config import DEFAULT_MODEL
+from pdserve.cli.bench.arrivals import ArrivalConfig
+from pdserve.cli.bench.datasets import DatasetConfig, LengthDist
+from pdserve.cli.bench.local_platform import local_platform
+from pdserve.cli.bench.main import BenchConfig, run_bench
+from pdserve.cli.bench.report import table
+from pdserve.cli.bench.targets import TargetConfig
+from pdserve.cli.launcher import PlatformConfig
 
 MODES = {
     "disaggregated": {"num_prefill": 1, "num_decode": 1, "worker_args": ()},

@@ -39,9 +39,9 @@ from dataclasses import replace
 
 from bench.machine import read_cpu_flags
 from bench.report import emit_result
-from cli.bench.local_platform import local_platform
-from cli.launcher import PlatformConfig
-from engine.config import DEFAULT_MODEL
+from pdserve.cli.bench.local_platform import local_platform
+from pdserve.cli.launcher import PlatformConfig
+from pdserve.engine.config import DEFAULT_MODEL
 
 
 # each pdserve platform on the same 2 cores as vLLM
@@ -181,7 +181,7 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
     if not os.path.isfile(os.path.join(args.hf_dir, "config.json")):
-        from engine.model.source import resolve_model
+        from pdserve.engine.model.source import resolve_model
         from bench.offline_throughput import save_hf_folder
         save_hf_folder(resolve_model(DEFAULT_MODEL).path, args.hf_dir)
     result = {}
@@ -196,7 +196,7 @@ def main() -> None:
         peers.append(("vllm", lambda: run_vllm_server(args.vllm_python, args.hf_dir,
                                                       os.path.join(args.out_dir, "vllm.log"), args.dtype)))
     if args.llama_server:
-        from engine.model.source import resolve_model
+        from pdserve.engine.model.source import resolve_model
         peers.append(("llama_cpp", lambda: run_llama_server(args.llama_server, resolve_model(DEFAULT_MODEL).path,
                                                             os.path.join(args.out_dir, "llama-server.log"))))
     for peer, start in peers:

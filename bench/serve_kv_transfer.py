@@ -43,14 +43,14 @@ from pathlib import Path
 
 import torch
 
-from cli.bench.mooncake_cluster import MooncakeCluster
-from engine.dtypes import dtype_name
-from engine.kv_transfer import KVLayout, KVPayload, as_tensor
-from services.worker import kv_wire
-from services.worker.kv_wire import block_from_proto, block_to_proto, payload_from_batches, payload_to_put
-from services.kvstore import heap
-from services.kvstore.client import KVStoreClient
-from services.kvstore.server import KVStoreConfig, serve
+from pdserve.cli.bench.mooncake_cluster import MooncakeCluster
+from pdserve.engine.dtypes import dtype_name
+from pdserve.engine.kv_transfer import KVLayout, KVPayload, as_tensor
+from pdserve.services.worker import kv_wire
+from pdserve.services.worker.kv_wire import block_from_proto, block_to_proto, payload_from_batches, payload_to_put
+from pdserve.services.kvstore import heap
+from pdserve.services.kvstore.client import KVStoreClient
+from pdserve.services.kvstore.server import KVStoreConfig, serve
 
 # SmolLM2-135M: 30 layers, K and V, block of 16 tokens, 3 KV heads of 64, float32
 BLOCK_SHAPE = (30, 2, 16, 3, 64)

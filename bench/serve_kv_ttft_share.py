@@ -26,13 +26,13 @@ import sys
 import urllib.request
 
 from bench.report import emit_row
-from engine.config import DEFAULT_MODEL
-from cli.bench.arrivals import ArrivalConfig
-from cli.bench.datasets import DatasetConfig, LengthDist
-from cli.bench.local_platform import local_platform
-from cli.bench.main import BenchConfig, run_bench
-from cli.bench.targets import TargetConfig
-from cli.launcher import PlatformConfig
+from pdserve.engine.config import DEFAULT_MODEL
+from pdserve.cli.bench.arrivals import ArrivalConfig
+from pdserve.cli.bench.datasets import DatasetConfig, LengthDist
+from pdserve.cli.bench.local_platform import local_platform
+from pdserve.cli.bench.main import BenchConfig, run_bench
+from pdserve.cli.bench.targets import TargetConfig
+from pdserve.cli.launcher import PlatformConfig
 
 
 def write_seconds(metrics_port: int) -> tuple[float, float]:

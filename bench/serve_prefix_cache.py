@@ -46,22 +46,22 @@ from pathlib import Path
 import torch
 
 from bench.report import emit_result, ratios
-from engine.config import DEFAULT_MODEL
-from engine.model.loader import load_model
-from engine.model.source import resolve_model
-from cli.bench.arrivals import ArrivalConfig
-from cli.bench.datasets import DatasetConfig, LengthDist
-from cli.bench.main import BenchConfig, run_bench
-from cli.bench.mooncake_cluster import MooncakeCluster
-from cli.bench.targets import TargetConfig
-from engine.config import CacheConfig, EngineConfig
-from services.worker.config import WorkerConfig
-from services.decode.server import serve as serve_decode
-from services.kvstore.server import KVStoreConfig
-from services.kvstore.server import serve as serve_kvstore
-from services.prefill.server import serve as serve_prefill
-from services.router.config import RouterConfig
-from services.router.server import serve as serve_router
+from pdserve.engine.config import DEFAULT_MODEL
+from pdserve.engine.model.loader import load_model
+from pdserve.engine.model.source import resolve_model
+from pdserve.cli.bench.arrivals import ArrivalConfig
+from pdserve.cli.bench.datasets import DatasetConfig, LengthDist
+from pdserve.cli.bench.main import BenchConfig, run_bench
+from pdserve.cli.bench.mooncake_cluster import MooncakeCluster
+from pdserve.cli.bench.targets import TargetConfig
+from pdserve.engine.config import CacheConfig, EngineConfig
+from pdserve.services.worker.config import WorkerConfig
+from pdserve.services.decode.server import serve as serve_decode
+from pdserve.services.kvstore.server import KVStoreConfig
+from pdserve.services.kvstore.server import serve as serve_kvstore
+from pdserve.services.prefill.server import serve as serve_prefill
+from pdserve.services.router.config import RouterConfig
+from pdserve.services.router.server import serve as serve_router
 
 
 @dataclass

@@ -46,17 +46,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cli.bench.arrivals import ArrivalConfig
-from cli.bench.datasets import BenchRequest, DatasetConfig
-from cli.bench.local_platform import local_platform
-from cli.bench.main import BenchConfig, run_bench
-from cli.bench.targets import GrpcTarget, TargetConfig
-from cli.launcher import PlatformConfig
-from profiler.calibrate import Calibration, NeighbourProbe, ProbeResult, calibrate
-from profiler.measure import measure
-from sim.cluster import ClusterConfig, simulate
-from sim.profile import Profile, load_profile, save_profile
-from sim.trace import TraceRequest, write_trace
+from pdserve.cli.bench.arrivals import ArrivalConfig
+from pdserve.cli.bench.datasets import BenchRequest, DatasetConfig
+from pdserve.cli.bench.local_platform import local_platform
+from pdserve.cli.bench.main import BenchConfig, run_bench
+from pdserve.cli.bench.targets import GrpcTarget, TargetConfig
+from pdserve.cli.launcher import PlatformConfig
+from pdserve.profiler.calibrate import Calibration, NeighbourProbe, ProbeResult, calibrate
+from pdserve.profiler.measure import measure
+from pdserve.sim.cluster import ClusterConfig, simulate
+from pdserve.sim.profile import Profile, load_profile, save_profile
+from pdserve.sim.trace import TraceRequest, write_trace
 
 # name: (requests, input range, output range, mean gap between arrivals in s)
 WORKLOADS = {"chat": (16, (32, 128), (16, 32), 2.0),

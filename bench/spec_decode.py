@@ -34,9 +34,9 @@ import time
 import torch
 
 from bench.report import emit_row
-from engine import LLM, SamplingParams
-from engine.chat import encode_chat_prompt
-from engine.config import DEFAULT_MODEL, EngineConfig
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.chat import encode_chat_prompt
+from pdserve.engine.config import DEFAULT_MODEL, EngineConfig
 
 PROPOSERS = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},

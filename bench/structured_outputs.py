@@ -28,11 +28,11 @@ import time
 import torch
 
 from bench.report import emit_row
-from engine import LLM, SamplingParams
-from engine.config import DEFAULT_MODEL, EngineConfig
-from engine.chat import encode_chat_prompt
-from engine.structured import StructuredOutputsParams
-from engine.structured.grammar import GrammarCompiler
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.config import DEFAULT_MODEL, EngineConfig
+from pdserve.engine.chat import encode_chat_prompt
+from pdserve.engine.structured import StructuredOutputsParams
+from pdserve.engine.structured.grammar import GrammarCompiler
 
 # bounded strings and arrays: every reply closes well within the default max_tokens
 SCHEMA = {

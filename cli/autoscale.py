@@ -28,9 +28,9 @@ from pathlib import Path
 
 import yaml
 
-from autoscale.chart_values import CHART_VALUES
-from autoscale.controller import SYNC_PERIOD_S, Autoscaler, PoolScaler, pools_from_values
-from services.router.state.file_discovery import write_pools
+from pdserve.autoscale.chart_values import CHART_VALUES
+from pdserve.autoscale.controller import SYNC_PERIOD_S, Autoscaler, PoolScaler, pools_from_values
+from pdserve.services.router.state.file_discovery import write_pools
 
 POOLS = ("prefill", "decode")
 

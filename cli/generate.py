@@ -4,11 +4,11 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from cli.structured_args import add_structured_arguments, structured_from_args
-from engine.config import DEFAULT_MODEL, EngineConfig
-from engine.dtypes import DTYPE_NAMES
-from services.router.config import DEFAULT_SLO_CLASS
-from services.worker.parallel_args import add_parallel_arguments, parallel_config_from_args
+from pdserve.cli.structured_args import add_structured_arguments, structured_from_args
+from pdserve.engine.config import DEFAULT_MODEL, EngineConfig
+from pdserve.engine.dtypes import DTYPE_NAMES
+from pdserve.services.router.config import DEFAULT_SLO_CLASS
+from pdserve.services.worker.parallel_args import add_parallel_arguments, parallel_config_from_args
 
 
 def add_arguments(p) -> None:
@@ -42,14 +42,14 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from engine import LLM, InvalidRequestError, SamplingParams
+    from pdserve.engine import LLM, InvalidRequestError, SamplingParams
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=args.stop,
                             logprobs=args.logprobs, structured_outputs=structured_from_args(args))
     if not args.prompt:
         raise InvalidRequestError("prompt", "is empty")
     if args.url:
-        from cli.remote_generate import generate_remote
+        from pdserve.cli.remote_generate import generate_remote
         return generate_remote(args, params)
     parallel = parallel_config_from_args(args)
     llm = LLM(model=args.model, revision=args.revision, chat_template=args.chat_template, dtype=args.dtype,

@@ -26,17 +26,17 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from services.common.defaults import (DEFAULT_MODEL, DRAIN_TIMEOUT_S, HOST, KVSTORE_PORT, METRICS_BASE_PORT, PREFILL_PORT,
+from pdserve.services.common.defaults import (DEFAULT_MODEL, DRAIN_TIMEOUT_S, HOST, KVSTORE_PORT, METRICS_BASE_PORT, PREFILL_PORT,
                                       ROUTER_HTTP_PORT, ROUTER_PORT)
-from services.common.address import split_host_port
-from services.common.auth import INTERNAL_TOKEN_ENV
-from services.common.grpc_server import is_serving
-from engine.config import CacheConfig
-from services.router.config import PathConfig, RouterConfig
-from services.worker.parallel_args import PIPELINE_PARALLEL_FLAGS, TENSOR_PARALLEL_FLAGS
-from cli.mooncake_procs import MooncakePlan
-from cli.supervisor import Supervisor
-from cli.autoscale import AutoscaleConfig, autoscaler_for, router_discovery_args, write_planned_discovery
+from pdserve.services.common.address import split_host_port
+from pdserve.services.common.auth import INTERNAL_TOKEN_ENV
+from pdserve.services.common.grpc_server import is_serving
+from pdserve.engine.config import CacheConfig
+from pdserve.services.router.config import PathConfig, RouterConfig
+from pdserve.services.worker.parallel_args import PIPELINE_PARALLEL_FLAGS, TENSOR_PARALLEL_FLAGS
+from pdserve.cli.mooncake_procs import MooncakePlan
+from pdserve.cli.supervisor import Supervisor
+from pdserve.cli.autoscale import AutoscaleConfig, autoscaler_for, router_discovery_args, write_planned_discovery
 
 ROUTER = "router"
 KVSTORE = "kvstore"
@@ -155,7 +155,7 @@ def shared_service_cpus(roles: list[str], cpu_sets: list[list[int]]) -> list[int
 def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     # -P: the working directory stays off sys.path, so a child runs the installed package
     # (a folder named like one of its packages where `pdserve up` was started cannot shadow it)
-    cli = [sys.executable, "-P", "-m", "cli.main"]
+    cli = [sys.executable, "-P", "-m", "pdserve.cli.main"]
     kvstore = f"{cfg.host}:{cfg.kvstore_port}"
     # TCP or UCX on a free port: workers ask the kvstore for it (gRPC metadata on Stats)
     mooncake = cfg.kvstore_backend == "mooncake"

@@ -23,17 +23,17 @@ class Command:
 
 
 COMMANDS = (
-    Command("generate", "generate text from one prompt with the offline engine", "cli.generate"),
-    Command("up", "start kvstore, prefill and decode workers and the router locally", "cli.up"),
-    Command("kvstore", "run the KV cache service", "services.kvstore.main"),
-    Command("prefill", "run a prefill worker", "services.prefill.main"),
-    Command("decode", "run a decode worker", "services.decode.main"),
-    Command("router", "run the router", "services.router.main"),
+    Command("generate", "generate text from one prompt with the offline engine", "pdserve.cli.generate"),
+    Command("up", "start kvstore, prefill and decode workers and the router locally", "pdserve.cli.up"),
+    Command("kvstore", "run the KV cache service", "pdserve.services.kvstore.main"),
+    Command("prefill", "run a prefill worker", "pdserve.services.prefill.main"),
+    Command("decode", "run a decode worker", "pdserve.services.decode.main"),
+    Command("router", "run the router", "pdserve.services.router.main"),
     Command("bench", "benchmarks", subcommands=(
-        Command("serve", "benchmark a serving endpoint (router gRPC or OpenAI HTTP)", "cli.bench.main"),)),
-    Command("profile", "measure step and KV transfer costs for the simulator", "profiler.measure"),
-    Command("sim", "simulate a cluster on a Mooncake trace", "sim.main"),
-    Command("plan", "recommend prefill:decode pool sizes from simulations", "sim.plan"),
+        Command("serve", "benchmark a serving endpoint (router gRPC or OpenAI HTTP)", "pdserve.cli.bench.main"),)),
+    Command("profile", "measure step and KV transfer costs for the simulator", "pdserve.profiler.measure"),
+    Command("sim", "simulate a cluster on a Mooncake trace", "pdserve.sim.main"),
+    Command("plan", "recommend prefill:decode pool sizes from simulations", "pdserve.sim.plan"),
 )
 
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     except CommandUnavailable as e:
         print(f"pdserve: error: {e}", file=sys.stderr)
         return 2
-    from engine.errors import InvalidRequestError, ModelLoadError
+    from pdserve.engine.errors import InvalidRequestError, ModelLoadError
     try:
         return args.func(args)
     except (InvalidRequestError, ModelLoadError, ValueError) as e:

@@ -20,7 +20,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from services.kvstore.mooncake_plane import DEFAULT_FAILOVER_S, MASTER_CLIENT_TTL_S
+from pdserve.services.kvstore.mooncake_plane import DEFAULT_FAILOVER_S, MASTER_CLIENT_TTL_S
 
 MOONCAKE_BASE_PORT = 50100
 # The kvstore's index holds this share of one node's segment: it evicts (and removes from

@@ -7,9 +7,9 @@ import sys
 
 import grpc
 
-from services.common.tls import ClientTLS
-from services.router.client import RouterClient
-from services.router.fronts.http.config import API_KEY_ENV
+from pdserve.services.common.tls import ClientTLS
+from pdserve.services.router.client import RouterClient
+from pdserve.services.router.fronts.http.config import API_KEY_ENV
 
 
 def generate_remote(args, params) -> int:
@@ -19,8 +19,8 @@ def generate_remote(args, params) -> int:
                           tls=ClientTLS(ca_file) if ca_file else None)
     prompt = args.prompt
     if args.chat:
-        from engine import load_tokenizer
-        from engine.chat import encode_chat_prompt, load_chat_template, with_chat_template
+        from pdserve.engine import load_tokenizer
+        from pdserve.engine.chat import encode_chat_prompt, load_chat_template, with_chat_template
         template = load_chat_template(args.chat_template) if args.chat_template is not None else None
         tokenizer = with_chat_template(load_tokenizer(args.model, args.revision), template)
         _, prompt = encode_chat_prompt(tokenizer, [{"role": "user", "content": args.prompt}])

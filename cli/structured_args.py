@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from engine.structured import StructuredOutputsParams
+from pdserve.engine.structured import StructuredOutputsParams
 
 
 def add_structured_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,16 +6,16 @@ import json
 import os
 import shlex
 
-from cli.autoscale import add_autoscale_arguments, autoscale_config_from_args
-from cli.launcher import PlatformConfig, run_platform
-from cli.mooncake_procs import MooncakePlan
-from engine.chat import load_chat_template
-from services.router.decide.paths import PATH_POLICIES
-from services.router.fronts.http.config import HttpConfig
-from services.router.main import add_output_parser_arguments, port_or_off
-from services.worker.config import gpu_memory_utilization_arg, kv_offloading_size_arg, speculative_config_arg
-from services.kvstore.main import parse_bytes
-from services.worker.parallel_args import positive_int
+from pdserve.cli.autoscale import add_autoscale_arguments, autoscale_config_from_args
+from pdserve.cli.launcher import PlatformConfig, run_platform
+from pdserve.cli.mooncake_procs import MooncakePlan
+from pdserve.engine.chat import load_chat_template
+from pdserve.services.router.decide.paths import PATH_POLICIES
+from pdserve.services.router.fronts.http.config import HttpConfig
+from pdserve.services.router.main import add_output_parser_arguments, port_or_off
+from pdserve.services.worker.config import gpu_memory_utilization_arg, kv_offloading_size_arg, speculative_config_arg
+from pdserve.services.kvstore.main import parse_bytes
+from pdserve.services.worker.parallel_args import positive_int
 
 
 def add_arguments(p) -> None:

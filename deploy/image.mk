@@ -49,8 +49,8 @@ $(WHEELS)/.complete: pyproject.toml constraints.txt | image-base
 	  $(if $(PIP_CERT),-v $(PIP_CERT):/etc/pdserve-pip-ca.crt:ro -e PIP_CERT=/etc/pdserve-pip-ca.crt) \
 	  $(CPU_BASE) sh -ec '\
 	    python3 -m venv /tmp/venv; pip=/tmp/venv/bin/pip; mkdir /tmp/src; cd /src; \
-	    tar -cf - pyproject.toml constraints.txt README.md deploy/helm/pdserve/values.yaml \
-	      $$(ls -d engine* kernels* services* proto* cli* sim* profiler* autoscale*) \
+	    tar -cf - pyproject.toml setup.py constraints.txt README.md deploy/helm/pdserve/values.yaml \
+	      $$(ls -d pdserve engine* kernels* services* proto* cli* sim* profiler* autoscale*) \
 	      | tar -C /tmp/src -xf -; \
 	    $$pip download --quiet --no-deps -d /wheels $(if $(FIND_LINKS),--no-index,--index-url $(TORCH_INDEX_URL)) \
 	      "torch==$$(sed -n "s/^torch==//p" constraints.txt)"; \

@@ -1,22 +1,22 @@
 """pdserve's inference engine: paged KV cache, continuous batching, prefix caching.
 
-The public names load on first use (PEP 562): `import engine.core.scheduler` or
-`engine.sampling_params` must not pull in torch and the model code, which the router and
-the kvstore never need. `from engine import LLM` still works and loads only what LLM needs.
+The public names load on first use (PEP 562): `import pdserve.engine.core.scheduler` or
+`pdserve.engine.sampling_params` must not pull in torch and the model code, which the router and
+the kvstore never need. `from pdserve.engine import LLM` still works and loads only what LLM needs.
 """
 from __future__ import annotations
 
 import importlib
 
 _SUBMODULES = {
-    "CacheConfig": "engine.config", "EngineConfig": "engine.config", "SchedulerConfig": "engine.config",
-    "EngineCore": "engine.engine_core", "EngineRequest": "engine.engine_request",
-    "InvalidRequestError": "engine.errors", "ModelLoadError": "engine.errors",
-    "LLM": "engine.llm",
-    "RequestOutput": "engine.outputs", "TokenLogprob": "engine.outputs", "Logprob": "engine.outputs",
-    "SamplingParams": "engine.sampling_params",
-    "RequestMode": "engine.request", "EngineStats": "engine.stats", "EngineInfo": "engine.info",
-    "ModelDescription": "engine.model.describe", "describe_model": "engine.model.describe",
+    "CacheConfig": "pdserve.engine.config", "EngineConfig": "pdserve.engine.config", "SchedulerConfig": "pdserve.engine.config",
+    "EngineCore": "pdserve.engine.engine_core", "EngineRequest": "pdserve.engine.engine_request",
+    "InvalidRequestError": "pdserve.engine.errors", "ModelLoadError": "pdserve.engine.errors",
+    "LLM": "pdserve.engine.llm",
+    "RequestOutput": "pdserve.engine.outputs", "TokenLogprob": "pdserve.engine.outputs", "Logprob": "pdserve.engine.outputs",
+    "SamplingParams": "pdserve.engine.sampling_params",
+    "RequestMode": "pdserve.engine.request", "EngineStats": "pdserve.engine.stats", "EngineInfo": "pdserve.engine.info",
+    "ModelDescription": "pdserve.engine.model.describe", "describe_model": "pdserve.engine.model.describe",
 }
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "TokenLogprob", "Logprob", "EngineCore", "EngineConfig",
@@ -26,14 +26,14 @@ __all__ = ["LLM", "SamplingParams", "RequestOutput", "TokenLogprob", "Logprob", 
 
 def load_tokenizer(model: str, revision: str | None = None):
     """The tokenizer (with chat template) of a model path, alias or cached org/name, without its weights."""
-    from engine.model.loader import load_tokenizer as _load
-    from engine.model.source import resolve_model
+    from pdserve.engine.model.loader import load_tokenizer as _load
+    from pdserve.engine.model.source import resolve_model
     return _load(resolve_model(model, revision))
 
 
 def __getattr__(name: str):
     if name not in _SUBMODULES:
-        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+        raise AttributeError(f"module 'pdserve.engine' has no attribute {name!r}")
     value = getattr(importlib.import_module(_SUBMODULES[name]), name)
     globals()[name] = value  # cached: the next lookup does not come back here
     return value

@@ -21,13 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from engine.kv_transfer import KVPayload
+from pdserve.engine.kv_transfer import KVPayload
 
 if TYPE_CHECKING:
     import torch
 
-    from engine.core.kv_cache_manager import KVCacheManager
-    from engine.worker.model_runner import ModelRunner
+    from pdserve.engine.core.kv_cache_manager import KVCacheManager
+    from pdserve.engine.worker.model_runner import ModelRunner
 
 
 def export_cached_blocks(kv_manager: KVCacheManager, runner: ModelRunner, block_hashes: list[bytes],

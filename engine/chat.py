@@ -24,7 +24,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from engine.errors import InvalidRequestError
+from pdserve.engine.errors import InvalidRequestError
 
 ROLES = ("system", "user", "assistant", "tool")
 # apply_chat_template's own parameters, and what it is given here: no template variable may

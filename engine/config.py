@@ -1,9 +1,9 @@
 """Frozen configuration dataclasses, one per component; the LLM API and the CLI build them."""
 from __future__ import annotations
 
-from engine.executor.config import ParallelConfig
-from engine.spec_decode.config import SpeculativeConfig
-from engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S
+from pdserve.engine.executor.config import ParallelConfig
+from pdserve.engine.spec_decode.config import SpeculativeConfig
+from pdserve.engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S
 
 from dataclasses import dataclass, field
 

@@ -13,34 +13,34 @@ from collections.abc import Callable
 
 import torch
 
-from engine.config import EngineConfig
-from engine.core.block_hash import check_cache_salt
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.kv_events import KVEvents
-from engine.core.scheduler import Scheduler
-from engine.core.tpot_room import tpot_stall_room_s
-from engine.dtypes import torch_dtype
-from engine.engine_request import EngineRequest
-from engine.errors import InvalidRequestError
-from engine.executor.start import start_executor
-from engine.model.loader import LoadedModel, parse_dtype
-from engine.model.source import resolve_model
-from engine.output_processor import OutputProcessor
-from engine.parallel_sampling import Families, child_params, child_req_id, validate_fork
-from engine.outputs import RequestOutput
-from engine.request import Request, RequestMode, RequestStatus
-from engine.sampling_params import SamplingParams, resolve_bad_words
-from engine.kv_transfer import KVPayload
-from engine.cached_kv_export import export_cached_blocks
-from engine.stats import EngineStats, HostTierStats
-from engine.structured.manager import NoStructuredOutputs, StructuredOutputManager
-from engine.engine_setup import (engine_info, log_kv_cache, make_drafting, memory_profile, model_naming,
+from pdserve.engine.config import EngineConfig
+from pdserve.engine.core.block_hash import check_cache_salt
+from pdserve.engine.core.kv_cache_manager import KVCacheManager
+from pdserve.engine.core.kv_events import KVEvents
+from pdserve.engine.core.scheduler import Scheduler
+from pdserve.engine.core.tpot_room import tpot_stall_room_s
+from pdserve.engine.dtypes import torch_dtype
+from pdserve.engine.engine_request import EngineRequest
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.executor.start import start_executor
+from pdserve.engine.model.loader import LoadedModel, parse_dtype
+from pdserve.engine.model.source import resolve_model
+from pdserve.engine.output_processor import OutputProcessor
+from pdserve.engine.parallel_sampling import Families, child_params, child_req_id, validate_fork
+from pdserve.engine.outputs import RequestOutput
+from pdserve.engine.request import Request, RequestMode, RequestStatus
+from pdserve.engine.sampling_params import SamplingParams, resolve_bad_words
+from pdserve.engine.kv_transfer import KVPayload
+from pdserve.engine.cached_kv_export import export_cached_blocks
+from pdserve.engine.stats import EngineStats, HostTierStats
+from pdserve.engine.structured.manager import NoStructuredOutputs, StructuredOutputManager
+from pdserve.engine.engine_setup import (engine_info, log_kv_cache, make_drafting, memory_profile, model_naming,
                                  pick_attention_backend, resolve_max_model_len, resolve_scheduler_config)
-from engine.step_rates import StepRates
-from engine.validation import validate_mode, validate_request, validate_token_ids, validate_transfer
-from engine.worker.host_malloc import keep_freed_memory
-from engine.worker.kv_cache import allocate_kv_caches, bytes_per_block, num_host_kv_slots, num_kv_blocks
-from engine.worker.model_runner import ModelRunner
+from pdserve.engine.step_rates import StepRates
+from pdserve.engine.validation import validate_mode, validate_request, validate_token_ids, validate_transfer
+from pdserve.engine.worker.host_malloc import keep_freed_memory
+from pdserve.engine.worker.kv_cache import allocate_kv_caches, bytes_per_block, num_host_kv_slots, num_kv_blocks
+from pdserve.engine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 

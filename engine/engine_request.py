@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.kv_transfer import KVPayload
-from engine.request import RequestMode
-from engine.sampling_params import SamplingParams
+from pdserve.engine.kv_transfer import KVPayload
+from pdserve.engine.request import RequestMode
+from pdserve.engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

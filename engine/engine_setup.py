@@ -9,23 +9,23 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.attention.backend import AttentionBackend
-from engine.attention.selector import get_attention_backend
-from engine.config import EngineConfig, ModelArchConfig, SchedulerConfig
-from engine.core.block_hash import BlockHash, model_fingerprint
-from engine.dtypes import dtype_name
-from engine.info import EngineInfo
-from engine.kv_transfer import KVLayout
-from engine.model.identity import checkpoint_identity
-from engine.model.loader import LoadedModel, load_model
-from engine.model.source import ModelSource, resolve_model
-from engine.spec_decode.drafting import Drafting, NoDrafting
-from engine.spec_decode.ngram import NgramProposer
-from engine.worker.kv_cache import bytes_per_block
+from pdserve.engine.attention.backend import AttentionBackend
+from pdserve.engine.attention.selector import get_attention_backend
+from pdserve.engine.config import EngineConfig, ModelArchConfig, SchedulerConfig
+from pdserve.engine.core.block_hash import BlockHash, model_fingerprint
+from pdserve.engine.dtypes import dtype_name
+from pdserve.engine.info import EngineInfo
+from pdserve.engine.kv_transfer import KVLayout
+from pdserve.engine.model.identity import checkpoint_identity
+from pdserve.engine.model.loader import LoadedModel, load_model
+from pdserve.engine.model.source import ModelSource, resolve_model
+from pdserve.engine.spec_decode.drafting import Drafting, NoDrafting
+from pdserve.engine.spec_decode.ngram import NgramProposer
+from pdserve.engine.worker.kv_cache import bytes_per_block
 
 if TYPE_CHECKING:
-    from engine.executor.base import Executor
-    from engine.worker.memory_profile import MemoryProfile
+    from pdserve.engine.executor.base import Executor
+    from pdserve.engine.worker.memory_profile import MemoryProfile
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def memory_profile(config: EngineConfig, executor: Executor, backend: AttentionB
                        "rank's KV cache is kv_cache_memory_fraction (%g) of its free memory",
                        config.cache.kv_cache_memory_fraction)
         return None
-    from engine.worker.memory_profile import describe, profile_memory
+    from pdserve.engine.worker.memory_profile import describe, profile_memory
     sched, arch = config.scheduler, executor.loaded.arch
     max_seq_len = sched.max_model_len or arch.max_position_embeddings  # what the model's RoPE tables hold
     num_tokens = sched.max_num_batched_tokens or max_seq_len  # resolve_scheduler_config's budget
@@ -112,7 +112,7 @@ def make_drafting(config: EngineConfig, target_path: str, loaded: LoadedModel, r
     if spec.method == "ngram":
         proposer = NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
         return Drafting.of(spec, proposer, max_model_len)
-    from engine.spec_decode.draft_model import DraftModelProposer, check_same_tokenizer
+    from pdserve.engine.spec_decode.draft_model import DraftModelProposer, check_same_tokenizer
     source = resolve_model(spec.model)
     draft = loaded if source.path == target_path and reusable else load_model(
         source, dtype, config.device, max_model_len, progress=False)

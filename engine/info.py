@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.core.block_hash import hash_full_blocks
-from engine.kv_transfer import KVLayout
-from engine.sampling_params import SamplingParams
-from engine.validation import validate_request
+from pdserve.engine.core.block_hash import hash_full_blocks
+from pdserve.engine.kv_transfer import KVLayout
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.validation import validate_request
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.core.block_hash import kv_layout_fingerprint
-from engine.dtypes import DTYPE_SIZES
+from pdserve.engine.core.block_hash import kv_layout_fingerprint
+from pdserve.engine.dtypes import DTYPE_SIZES
 
 if TYPE_CHECKING:  # the scheduler side stays free of torch
     import torch

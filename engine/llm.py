@@ -1,24 +1,24 @@
 """The offline API: `LLM(model=...).generate(prompts, params)` drives the engine loop."""
 from __future__ import annotations
 
-from engine.spec_decode.config import SpeculativeConfig
+from pdserve.engine.spec_decode.config import SpeculativeConfig
 
 import itertools
 from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
-from engine.chat import (DEFAULT_OPTIONS, TemplateOptions, encode_chat_prompt, load_chat_template,
+from pdserve.engine.chat import (DEFAULT_OPTIONS, TemplateOptions, encode_chat_prompt, load_chat_template,
                          render_chat_prompt, with_chat_template)
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.core.block_hash import check_cache_salt
-from engine.engine_core import EngineCore
-from engine.executor.config import ParallelConfig
-from engine.errors import InvalidRequestError
-from engine.model.loader import LoadedModel
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
-from engine.engine_request import EngineRequest
+from pdserve.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from pdserve.engine.core.block_hash import check_cache_salt
+from pdserve.engine.engine_core import EngineCore
+from pdserve.engine.executor.config import ParallelConfig
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.model.loader import LoadedModel
+from pdserve.engine.outputs import RequestOutput
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.engine_request import EngineRequest
 
 PromptType = str | dict
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.kv_transfer import KVPayload
-from engine.core.scheduler_output import PromptLogprobRows
-from engine.outputs import Logprob, PromptLogprobs, RequestOutput, TokenLogprob
-from engine.request import Request, RequestStatus
+from pdserve.engine.detokenizer import IncrementalDetokenizer
+from pdserve.engine.kv_transfer import KVPayload
+from pdserve.engine.core.scheduler_output import PromptLogprobRows
+from pdserve.engine.outputs import Logprob, PromptLogprobs, RequestOutput, TokenLogprob
+from pdserve.engine.request import Request, RequestStatus
 
 
 class OutputProcessor:

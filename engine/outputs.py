@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.kv_transfer import KVPayload
+from pdserve.engine.kv_transfer import KVPayload
 
 
 @dataclass

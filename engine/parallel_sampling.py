@@ -35,9 +35,9 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from engine.errors import InvalidRequestError
-from engine.request import Request, RequestMode, RequestStatus
-from engine.sampling_params import SamplingParams
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.request import Request, RequestMode, RequestStatus
+from pdserve.engine.sampling_params import SamplingParams
 
 
 def child_req_id(req_id: str, index: int) -> str:

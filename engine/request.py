@@ -4,8 +4,8 @@ from __future__ import annotations
 import enum
 import time
 
-from engine.kv_transfer import KVPayload
-from engine.sampling_params import SamplingParams
+from pdserve.engine.kv_transfer import KVPayload
+from pdserve.engine.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

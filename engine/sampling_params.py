@@ -4,8 +4,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from engine.errors import InvalidRequestError
-from engine.structured.params import StructuredOutputsParams
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.structured.params import StructuredOutputsParams
 
 _GREEDY_EPS = 1e-5
 # SamplingParams.n: completions per prompt, each its own request in the engine and on the

@@ -1,9 +1,9 @@
 """Checks on a request before it enters the engine; each failure names its field."""
 from __future__ import annotations
 
-from engine.errors import InvalidRequestError
-from engine.request import RequestMode
-from engine.sampling_params import SamplingParams
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.request import RequestMode
+from pdserve.engine.sampling_params import SamplingParams
 
 MAX_LOGPROBS = 20
 

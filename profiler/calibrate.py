@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sim.profile import Profile
+from pdserve.sim.profile import Profile
 
 
 @dataclass(frozen=True)

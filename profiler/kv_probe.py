@@ -7,17 +7,17 @@ import os
 import statistics
 import time
 
-from sim.profile import Table1D
+from pdserve.sim.profile import Table1D
 
 
 def kv_tables(block_shape, dtype, kv_blocks, repeats: int) -> tuple[Table1D, Table1D]:
     """put_blocks and get_blocks times by bytes, through a real in-process kvstore."""
     import torch
-    from engine.dtypes import dtype_name
-    from engine.kv_transfer import KVLayout, KVPayload
-    from services.kvstore.client import KVStoreClient
-    from services.kvstore.server import KVStoreConfig, serve
-    from services.worker.kv_wire import payload_from_batches, payload_to_put
+    from pdserve.engine.dtypes import dtype_name
+    from pdserve.engine.kv_transfer import KVLayout, KVPayload
+    from pdserve.services.kvstore.client import KVStoreClient
+    from pdserve.services.kvstore.server import KVStoreConfig, serve
+    from pdserve.services.worker.kv_wire import payload_from_batches, payload_to_put
     largest = max(kv_blocks) * math.prod(block_shape) * torch.empty((), dtype=dtype).element_size()
     store = serve(KVStoreConfig(port=0, capacity_bytes=4 * largest * (repeats + 2), metrics_port=None))
     client = KVStoreClient(store.address)

@@ -22,10 +22,10 @@ import socket
 import statistics
 import time
 
-from engine.engine_request import EngineRequest
-from profiler.fit import fit_decode, fit_prefill
-from profiler.kv_probe import kv_tables
-from sim.profile import Profile, SchedulerLimits, Table1D, save_profile
+from pdserve.engine.engine_request import EngineRequest
+from pdserve.profiler.fit import fit_decode, fit_prefill
+from pdserve.profiler.kv_probe import kv_tables
+from pdserve.sim.profile import Profile, SchedulerLimits, Table1D, save_profile
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -39,7 +39,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from engine.config import DEFAULT_MODEL
+    from pdserve.engine.config import DEFAULT_MODEL
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--out", required=True, help="the profile JSON to write")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (a worker's --threads)")
@@ -64,7 +64,7 @@ def run(args) -> int:
 
 def measure(model: str, threads: int, prefill_tokens, batch_sizes, contexts, kv_blocks, repeats: int) -> Profile:
     import torch
-    from engine import LLM
+    from pdserve.engine import LLM
     torch.set_num_threads(threads)
     engine = LLM(model, progress=False).engine
     sched = engine.scheduler.config
@@ -117,7 +117,7 @@ class _Prompts:
 
 def _prefill_step(engine, ids: _Prompts, num_tokens: int, limits: SchedulerLimits) -> float:
     """One step that computes `num_tokens` prompt tokens (each prompt one chunk)."""
-    from engine import SamplingParams
+    from pdserve.engine import SamplingParams
     n = -(-num_tokens // limits.long_prefill_token_threshold)
     sizes = [num_tokens // n + (1 if i < num_tokens % n else 0) for i in range(n)]
     req_ids = [ids.req_id() for _ in sizes]
@@ -133,7 +133,7 @@ def _prefill_step(engine, ids: _Prompts, num_tokens: int, limits: SchedulerLimit
 def _decode_step(engine, ids: _Prompts, batch: int, context: int, repeats: int) -> float:
     """Median time of steps where `batch` sequences of about `context` tokens decode (four
     steps a repeat: they are cheap next to the prefill that sets them up)."""
-    from engine import SamplingParams
+    from pdserve.engine import SamplingParams
     num_steps = 4 * repeats
     req_ids = [ids.req_id() for _ in range(batch)]
     for req_id in req_ids:

@@ -20,7 +20,7 @@ runs (sim/cluster.py, the router's own code), mean-field style:
 4. `--check-s`: one full discrete-event run of the whole cluster (hundreds of workers) at
    the peak for that many seconds, against the calibrated prediction.
 
-    .venv/bin/python -m sim.autoscale [--profile sim/profiles/h100_llama8b.json] [--check-s 10]
+    .venv/bin/python -m pdserve.sim.autoscale [--profile sim/profiles/h100_llama8b.json] [--check-s 10]
 """
 from __future__ import annotations
 
@@ -33,13 +33,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 import yaml
 
-from autoscale.chart_values import CHART_VALUES
-from autoscale.hpa import HPA, HPASpec, load_hpa_specs
-from services.router.decide.config import PathConfig, RoutingConfig, SaturationConfig
-from sim.cluster import ClusterConfig, simulate
-from sim.diurnal import DAY_S, DiurnalConfig, lengths, requests
-from sim.metrics import summarize
-from sim.profile import Profile, load_profile
+from pdserve.autoscale.chart_values import CHART_VALUES
+from pdserve.autoscale.hpa import HPA, HPASpec, load_hpa_specs
+from pdserve.services.router.decide.config import PathConfig, RoutingConfig, SaturationConfig
+from pdserve.sim.cluster import ClusterConfig, simulate
+from pdserve.sim.diurnal import DAY_S, DiurnalConfig, lengths, requests
+from pdserve.sim.metrics import summarize
+from pdserve.sim.profile import Profile, load_profile
 
 
 

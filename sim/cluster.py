@@ -20,13 +20,13 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from services.router.decide.config import RoutingConfig
-from services.router.decide.paths import DISAGGREGATED
-from services.router.decide.views import DECODE, PREFILL
-from sim.profile import Profile
-from sim.router import PromptTokens, SimRouter
-from sim.trace import TraceRequest
-from sim.worker import COLOCATED, DECODE_ONLY, PREFILL_ONLY, Seq, SimWorker
+from pdserve.services.router.decide.config import RoutingConfig
+from pdserve.services.router.decide.paths import DISAGGREGATED
+from pdserve.services.router.decide.views import DECODE, PREFILL
+from pdserve.sim.profile import Profile
+from pdserve.sim.router import PromptTokens, SimRouter
+from pdserve.sim.trace import TraceRequest
+from pdserve.sim.worker import COLOCATED, DECODE_ONLY, PREFILL_ONLY, Seq, SimWorker
 
 
 @dataclass(eq=False)

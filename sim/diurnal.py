@@ -7,7 +7,7 @@ lowest at `trough_at` (04:00 by default), highest twelve hours later (16:00); ar
 are Poisson at that rate. Prompt and output lengths are lognormal (median, sigma),
 clamped, each request with its own hash ids (no shared prefixes).
 
-    .venv/bin/python -m sim.diurnal --out day.jsonl --peak-rps 20 --trough-rps 2 [--hours 24]
+    .venv/bin/python -m pdserve.sim.diurnal --out day.jsonl --peak-rps 20 --trough-rps 2 [--hours 24]
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from sim.trace import TRACE_BLOCK_SIZE, TraceRequest, write_trace
+from pdserve.sim.trace import TRACE_BLOCK_SIZE, TraceRequest, write_trace
 
 DAY_S = 86400.0
 

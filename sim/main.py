@@ -7,12 +7,12 @@ import argparse
 import json
 from dataclasses import replace
 
-from services.router.decide.config import PLACEMENTS, PathConfig, RoutingConfig
-from services.router.decide.paths import PATH_POLICIES
-from sim.cluster import ClusterConfig, simulate
-from sim.metrics import format_summary, summarize
-from sim.profile import load_profile
-from sim.trace import load_trace
+from pdserve.services.router.decide.config import PLACEMENTS, PathConfig, RoutingConfig
+from pdserve.services.router.decide.paths import PATH_POLICIES
+from pdserve.sim.cluster import ClusterConfig, simulate
+from pdserve.sim.metrics import format_summary, summarize
+from pdserve.sim.profile import load_profile
+from pdserve.sim.trace import load_trace
 
 
 def add_common(p: argparse.ArgumentParser) -> None:

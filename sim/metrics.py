@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from sim.cluster import SimRequest
+from pdserve.sim.cluster import SimRequest
 
 PERCENTILES = (50, 90, 99)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from sim.cluster import ClusterConfig, simulate
-from sim.main import add_common, load_inputs, router_config
-from sim.metrics import summarize
+from pdserve.sim.cluster import ClusterConfig, simulate
+from pdserve.sim.main import add_common, load_inputs, router_config
+from pdserve.sim.metrics import summarize
 
 
 @dataclass(frozen=True)

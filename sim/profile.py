@@ -30,7 +30,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
-from engine.config import CacheConfig, SchedulerConfig
+from pdserve.engine.config import CacheConfig, SchedulerConfig
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from services.router.decide.config import RoutingConfig
-from services.router.decide.paths import PathChoice, PoolsNow, path_policy
-from services.router.decide.placement import placement_policies
-from services.router.decide.saturation import SaturationPolicy
-from services.router.decide.slots import choose_slot
-from services.router.decide.views import DECODE, PREFILL, NoPrefixes, WorkerView
-from sim.trace import TRACE_BLOCK_SIZE
+from pdserve.services.router.decide.config import RoutingConfig
+from pdserve.services.router.decide.paths import PathChoice, PoolsNow, path_policy
+from pdserve.services.router.decide.placement import placement_policies
+from pdserve.services.router.decide.saturation import SaturationPolicy
+from pdserve.services.router.decide.slots import choose_slot
+from pdserve.services.router.decide.views import DECODE, PREFILL, NoPrefixes, WorkerView
+from pdserve.sim.trace import TRACE_BLOCK_SIZE
 
 class PromptTokens(Sequence):
     """A prompt's token ids, made up on demand from its trace hash ids (the same ids give

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from engine.step_rates import StepRates
-from sim.profile import Profile
-from sim.trace import TRACE_BLOCK_SIZE
+from pdserve.engine.step_rates import StepRates
+from pdserve.sim.profile import Profile
+from pdserve.sim.trace import TRACE_BLOCK_SIZE
 
 COLOCATED, PREFILL_ONLY, DECODE_ONLY = "colocated", "prefill_only", "decode_only"
 

@@ -22,8 +22,8 @@ def tiny(tiny_llama_dir):
     """The tiny Llama loaded once per session: in-process workers only read its weights."""
     import torch
 
-    from engine.model.loader import load_model
-    from engine.model.source import resolve_model
+    from pdserve.engine.model.loader import load_model
+    from pdserve.engine.model.source import resolve_model
     return load_model(resolve_model(tiny_llama_dir), torch.float32, "cpu", progress=False)
 
 
@@ -32,8 +32,8 @@ def smollm2_loaded(smollm2_path):
     """SmolLM2's weights loaded once per session (engines over it only read them)."""
     import torch
 
-    from engine.model.loader import load_model
-    from engine.model.source import resolve_model
+    from pdserve.engine.model.loader import load_model
+    from pdserve.engine.model.source import resolve_model
     return load_model(resolve_model("smollm2"), torch.float32, "cpu", progress=False)
 
 

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# the rooms the wheel installs under the one import name `pdserve` (setup.py); bench/ runs from
+# the checkout under its own name
+INSTALLED = ("kernels", "engine", "services", "autoscale", "sim", "profiler", "cli")
 ROOMS = ("kernels", "engine", "services", "autoscale", "sim", "profiler", "cli", "bench")
 # a room may import the rooms listed for it (and itself); everything else is an arrow up
 ALLOWED = {
@@ -34,7 +37,14 @@ class Import:
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    return ".".join(("pdserve", *parts) if parts[0] in INSTALLED else parts)
+
+
+def room_of(module: str) -> str:
+    """`pdserve.engine.llm` -> `engine`; `bench.report` -> `bench`."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "pdserve" else parts[0]
 
 
 def project_modules() -> dict[str, Path]:
@@ -176,18 +186,34 @@ def test_no_import_circle():
 
 def test_rooms_import_only_downwards():
     upward = sorted({f"{imp.source} -> {imp.target}" for imp in all_imports()
-                     if (src := imp.source.split(".")[0]) != (dst := imp.target.split(".")[0])
+                     if (src := room_of(imp.source)) != (dst := room_of(imp.target))
                      and dst not in ALLOWED[src]})
     assert upward == []
 
 
 def _reached_by_sim(room: str) -> list[str]:
     return sorted({imp.target for imp in all_imports()
-                   if imp.source.split(".")[0] == "sim" and imp.target.split(".")[0] == room})
+                   if room_of(imp.source) == "sim" and room_of(imp.target) == room})
 
 
 def test_the_simulator_takes_only_the_routers_decisions_and_two_pure_engine_modules():
     services = _reached_by_sim("services")
-    assert services and all(t.startswith("services.router.decide") for t in services), services
+    assert services and all(t.startswith("pdserve.services.router.decide") for t in services), services
     # the engine's defaults and its step-cost estimate, both pure: the simulator models the same
-    assert _reached_by_sim("engine") == ["engine.config", "engine.step_rates"]
+    assert _reached_by_sim("engine") == ["pdserve.engine.config", "pdserve.engine.step_rates"]
+
+
+def test_every_import_of_an_installed_room_goes_through_pdserve():
+    # `import engine` from the checkout's root would load a second copy of the module beside
+    # pdserve.engine (and, installed, find no module or another distribution's `kernels`)
+    bare = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0].startswith(".") or rel.parts[0] in ("build", "dist"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module
+                     else [])
+            bare += [f"{rel}: {n}" for n in names if n.split(".")[0] in INSTALLED]
+    assert bare == []

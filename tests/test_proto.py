@@ -20,7 +20,7 @@ def test_generated_code_is_fresh(tmp_path):
 
 
 def test_every_message_roundtrips():
-    from services.pb import decode_pb2, kvstore_pb2, router_pb2
+    from pdserve.services.pb import decode_pb2, kvstore_pb2, router_pb2
     req = router_pb2.GenerateRequest(req_id="r", text="hi", slo_class="batch")
     req.sampling.max_tokens = 4
     assert router_pb2.GenerateRequest.FromString(req.SerializeToString()) == req
@@ -36,7 +36,7 @@ def test_every_message_roundtrips():
 def test_contracts_point_one_way():
     """A callee's contract imports only common.proto, never its caller's: the workers' and
     the kvstore's files know nothing of the router's."""
-    from services.pb import decode_pb2, kvstore_pb2, prefill_pb2
+    from pdserve.services.pb import decode_pb2, kvstore_pb2, prefill_pb2
     for module in (decode_pb2, prefill_pb2, kvstore_pb2):
         deps = {d.name for d in module.DESCRIPTOR.dependencies}
         assert deps <= {"pdserve/v1/common.proto"}, f"{module.DESCRIPTOR.name} imports {deps}"
@@ -46,7 +46,7 @@ def test_contracts_point_one_way():
 
 def test_one_name_per_thing_on_the_wire():
     """`req_id` and `num_*` counts, as the engine names them (STYLE.md)."""
-    from services.pb import common_pb2, decode_pb2, kvstore_pb2, prefill_pb2, router_pb2
+    from pdserve.services.pb import common_pb2, decode_pb2, kvstore_pb2, prefill_pb2, router_pb2
     fields = {f.name for module in (common_pb2, decode_pb2, kvstore_pb2, prefill_pb2, router_pb2)
               for message in module.DESCRIPTOR.message_types_by_name.values() for f in message.fields}
     assert "req_id" in fields and "request_id" not in fields

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cli.bench.metrics import RequestRecord
-from cli.bench.plots import _plt
+from pdserve.cli.bench.metrics import RequestRecord
+from pdserve.cli.bench.plots import _plt
 
 
 @dataclass(frozen=True)

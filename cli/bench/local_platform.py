@@ -14,7 +14,7 @@ import socket
 import threading
 from dataclasses import replace
 
-from cli.launcher import ROUTER, Platform, PlatformConfig, plan
+from pdserve.cli.launcher import ROUTER, Platform, PlatformConfig, plan
 
 
 def _ephemeral_start(default: int = 32768) -> int:
@@ -112,9 +112,9 @@ class RunningPlatform:
     def warm_up(self) -> None:
         """A few short prompts and one just over the direct-path threshold, so measured
         runs pay no first-call costs on either path."""
-        from cli.bench.datasets import DatasetConfig, LengthDist
-        from cli.bench.main import BenchConfig, run_bench
-        from cli.bench.targets import TargetConfig
+        from pdserve.cli.bench.datasets import DatasetConfig, LengthDist
+        from pdserve.cli.bench.main import BenchConfig, run_bench
+        from pdserve.cli.bench.targets import TargetConfig
         for n, length in ((4, 32), (1, self.cfg.short_prompt_tokens + 16)):
             result = run_bench(BenchConfig(target=TargetConfig("grpc", self.router_address, timeout_s=600),
                                            dataset=DatasetConfig("random", num_requests=n, input_len=LengthDist(length),

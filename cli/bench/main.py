@@ -12,13 +12,13 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 
-from cli.bench.arrivals import PROCESSES, ArrivalConfig, schedule
-from cli.bench.datasets import DATASETS, DISTRIBUTIONS, DatasetConfig, LengthDist, load_requests
-from cli.bench.metrics import SLO, RequestRecord, record_from, summarize
-from cli.bench.report import table, write_json
-from cli.bench.targets import BACKENDS, DEFAULT_URLS, Outcome, TargetConfig, make_target
-from cli.bench.worker_metrics import metrics_url, scrape_spec, spec_summary
-from services.router.fronts.http.config import API_KEY_ENV
+from pdserve.cli.bench.arrivals import PROCESSES, ArrivalConfig, schedule
+from pdserve.cli.bench.datasets import DATASETS, DISTRIBUTIONS, DatasetConfig, LengthDist, load_requests
+from pdserve.cli.bench.metrics import SLO, RequestRecord, record_from, summarize
+from pdserve.cli.bench.report import table, write_json
+from pdserve.cli.bench.targets import BACKENDS, DEFAULT_URLS, Outcome, TargetConfig, make_target
+from pdserve.cli.bench.worker_metrics import metrics_url, scrape_spec, spec_summary
+from pdserve.services.router.fronts.http.config import API_KEY_ENV
 
 MAX_IN_FLIGHT = 1024  # threads: the cap on requests in flight without --max-concurrency
 SPEC_SETTLE_S = 0.25  # before reading the workers' counters after a run (_spec_after)
@@ -138,7 +138,7 @@ def run_bench(cfg: BenchConfig, quiet: bool = False, requests: list | None = Non
             "label": cfg.label, "config": asdict(cfg), "target": info, "summary": summary,
             "requests": [r.to_json() for r in records]})
         if cfg.plots:
-            from cli.bench.plots import latency_cdfs, timeline
+            from pdserve.cli.bench.plots import latency_cdfs, timeline
             result.files["cdf_png"] = latency_cdfs(records, base + "_cdf.png", cfg.label)
             result.files["timeline_png"] = timeline(records, base + "_timeline.png", cfg.label)
         if out is not None:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from cli.bench.targets import Outcome
+from pdserve.cli.bench.targets import Outcome
 
 PERCENTILES = (50, 90, 99)
 

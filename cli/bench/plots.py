@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cli.bench.metrics import RequestRecord
+from pdserve.cli.bench.metrics import RequestRecord
 
 
 def _plt():

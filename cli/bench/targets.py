@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from cli.bench.datasets import BenchRequest
-from services.common.defaults import HOST, ROUTER_ADDRESS, ROUTER_HTTP_PORT
+from pdserve.cli.bench.datasets import BenchRequest
+from pdserve.services.common.defaults import HOST, ROUTER_ADDRESS, ROUTER_HTTP_PORT
 
 BACKENDS = ("grpc", "openai")
 # each backend's default: the router `pdserve up` starts
@@ -53,7 +53,7 @@ class GrpcTarget:
     """The router's Generate stream; prompts as token ids (text for text datasets)."""
 
     def __init__(self, cfg: TargetConfig):
-        from services.router.client import RouterClient
+        from pdserve.services.router.client import RouterClient
         self.cfg = cfg
         # "unused" is the OpenAI client's placeholder: a router without a key takes no header
         self.client = RouterClient(cfg.url, api_key=None if cfg.api_key == "unused" else cfg.api_key)
@@ -66,7 +66,7 @@ class GrpcTarget:
     def send(self, req: BenchRequest) -> Outcome:
         import grpc
 
-        from engine import SamplingParams
+        from pdserve.engine import SamplingParams
         params = SamplingParams(max_tokens=req.output_len, temperature=self.cfg.temperature,
                                 ignore_eos=self.cfg.ignore_eos)
         prompt = req.prompt if isinstance(req.prompt, str) else list(req.prompt)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.backend import AttentionMetadata
-from engine.attention.torch_backend import TorchAttentionBackend
-from kernels.cpu import paged_decode_attention
-from kernels.cpu.build import load_library
+from pdserve.engine.attention.backend import AttentionMetadata
+from pdserve.engine.attention.torch_backend import TorchAttentionBackend
+from pdserve.kernels.cpu import paged_decode_attention
+from pdserve.kernels.cpu.build import load_library
 
 
 class CpuAttentionBackend(TorchAttentionBackend):

@@ -6,17 +6,17 @@ needs Triton).
 """
 from __future__ import annotations
 
-from engine.attention.backend import AttentionBackend
+from pdserve.engine.attention.backend import AttentionBackend
 
 
 def get_attention_backend(name: str) -> AttentionBackend:
     if name == "cpu":
-        from engine.attention.cpu_backend import CpuAttentionBackend
+        from pdserve.engine.attention.cpu_backend import CpuAttentionBackend
         return CpuAttentionBackend()
     if name == "torch":
-        from engine.attention.torch_backend import TorchAttentionBackend
+        from pdserve.engine.attention.torch_backend import TorchAttentionBackend
         return TorchAttentionBackend()
     if name == "triton":
-        from engine.attention.triton_backend import TritonAttentionBackend
+        from pdserve.engine.attention.triton_backend import TritonAttentionBackend
         return TritonAttentionBackend()
     raise ValueError(f"attention_backend: unknown backend {name!r} (choose 'cpu', 'torch' or 'triton')")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.backend import AttentionBackend, AttentionMetadata
-from kernels.cache_ops import reshape_and_cache_ref
-from kernels.paged_attention import paged_decode_attention_ref, paged_prefill_attention_ref
+from pdserve.engine.attention.backend import AttentionBackend, AttentionMetadata
+from pdserve.kernels.cache_ops import reshape_and_cache_ref
+from pdserve.kernels.paged_attention import paged_decode_attention_ref, paged_prefill_attention_ref
 
 # A group's longest context is at most twice its shortest, or this many tokens more:
 # padding stays below half of what is gathered, and the number of groups stays small.

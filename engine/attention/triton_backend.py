@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.backend import AttentionBackend, AttentionMetadata
-from kernels.cache_ops import reshape_and_cache
-from kernels.paged_attention import paged_decode_attention, paged_prefill_attention
+from pdserve.engine.attention.backend import AttentionBackend, AttentionMetadata
+from pdserve.kernels.cache_ops import reshape_and_cache
+from pdserve.kernels.paged_attention import paged_decode_attention, paged_prefill_attention
 
 
 class TritonAttentionBackend(AttentionBackend):

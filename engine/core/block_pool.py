@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from engine.core.block_hash import BlockHash
-from engine.core.host_tier import HostTier, NoHostTier
-from engine.core.kv_events import KVEventLog, KVEvents, KVTier
+from pdserve.engine.core.block_hash import BlockHash
+from pdserve.engine.core.host_tier import HostTier, NoHostTier
+from pdserve.engine.core.kv_events import KVEventLog, KVEvents, KVTier
 
 
 class KVCacheBlock:

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.core.block_hash import BlockHash, hash_full_blocks
-from engine.core.block_pool import BlockPool, KVCacheBlock
-from engine.core.host_tier import HostTier, NoHostTier, Offload, Onload
-from engine.core.kv_events import KVEventLog
-from engine.request import Request, RequestMode
+from pdserve.engine.core.block_hash import BlockHash, hash_full_blocks
+from pdserve.engine.core.block_pool import BlockPool, KVCacheBlock
+from pdserve.engine.core.host_tier import HostTier, NoHostTier, Offload, Onload
+from pdserve.engine.core.kv_events import KVEventLog
+from pdserve.engine.request import Request, RequestMode
 
 # In a request's table in place of a block freed outside the window; block id 0 in the
 # tensors the kernels get, never read (every kernel starts at the window).

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from engine.core.block_hash import BlockHash
+from pdserve.engine.core.block_hash import BlockHash
 
 
 class KVEventKind(Enum):

@@ -55,10 +55,10 @@ import bisect
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
-from engine.config import SCHEDULING_POLICIES  # noqa: F401  (the choices, beside the policies they name)
-from engine.request import Request
-from engine.stats import QueuedPrefill
-from engine.step_rates import StepRates
+from pdserve.engine.config import SCHEDULING_POLICIES  # noqa: F401  (the choices, beside the policies they name)
+from pdserve.engine.request import Request
+from pdserve.engine.stats import QueuedPrefill
+from pdserve.engine.step_rates import StepRates
 
 
 def num_prefill_needed(request: Request) -> int:

@@ -35,17 +35,17 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from engine.config import SchedulerConfig
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.kv_transfer import KVLoad
-from engine.core.scheduler_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
+from pdserve.engine.config import SchedulerConfig
+from pdserve.engine.core.kv_cache_manager import KVCacheManager
+from pdserve.engine.kv_transfer import KVLoad
+from pdserve.engine.core.scheduler_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                           SchedulerOutput)
-from engine.core.prefill_order import is_decode, prefill_order, summarize_queue
-from engine.core.step_bound import StepBound
-from engine.parallel_sampling import waits_for_sibling
-from engine.request import Request, RequestStatus
-from engine.stats import QueuedPrefill
-from engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
+from pdserve.engine.core.prefill_order import is_decode, prefill_order, summarize_queue
+from pdserve.engine.core.step_bound import StepBound
+from pdserve.engine.parallel_sampling import waits_for_sibling
+from pdserve.engine.request import Request, RequestStatus
+from pdserve.engine.stats import QueuedPrefill
+from pdserve.engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
 
 
 @dataclass

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.kv_transfer import KVLoad
-from engine.sampling_params import SamplingParams
-from engine.structured.bitmask import GrammarBitmask
+from pdserve.engine.kv_transfer import KVLoad
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.structured.bitmask import GrammarBitmask
 
 
 @dataclass

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from engine.request import Request
+from pdserve.engine.request import Request
 
 
 def stream_room_s(request: Request, now: float, step_s: float, max_model_len: int) -> float | None:

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from engine.attention.backend import AttentionBackend
-    from engine.config import ModelArchConfig
-    from engine.model.loader import LoadedModel
-    from engine.worker.step_batch import StepInputs
+    from pdserve.engine.attention.backend import AttentionBackend
+    from pdserve.engine.config import ModelArchConfig
+    from pdserve.engine.model.loader import LoadedModel
+    from pdserve.engine.worker.step_batch import StepInputs
 
 
 class Executor(ABC):

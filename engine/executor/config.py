@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.errors import InvalidRequestError
+from pdserve.engine.errors import InvalidRequestError
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from engine.executor.rank_group import RankGroup
+from pdserve.engine.executor.rank_group import RankGroup
 
 
 # how long the ranks may take to start and meet (process start, imports), collectives aside

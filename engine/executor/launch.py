@@ -7,10 +7,10 @@ import json
 import os
 from dataclasses import dataclass
 
-from engine.config import ModelArchConfig
-from engine.executor.config import ParallelConfig
-from engine.executor.groups import RankPlace
-from engine.model.shard import ModelShard
+from pdserve.engine.config import ModelArchConfig
+from pdserve.engine.executor.config import ParallelConfig
+from pdserve.engine.executor.groups import RankPlace
+from pdserve.engine.model.shard import ModelShard
 
 
 @dataclass(frozen=True)

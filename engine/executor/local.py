@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.backend import AttentionBackend
-from engine.executor.base import Executor
-from engine.model.loader import LoadedModel
-from engine.worker.host_kv_cache import HostKVCache, NoHostKVCache, host_kv_cache
-from engine.worker.kv_cache import export_blocks, import_blocks
-from engine.worker.step_batch import StepInputs
+from pdserve.engine.attention.backend import AttentionBackend
+from pdserve.engine.executor.base import Executor
+from pdserve.engine.model.loader import LoadedModel
+from pdserve.engine.worker.host_kv_cache import HostKVCache, NoHostKVCache, host_kv_cache
+from pdserve.engine.worker.kv_cache import export_blocks, import_blocks
+from pdserve.engine.worker.step_batch import StepInputs
 
 
 class LocalExecutor(Executor):

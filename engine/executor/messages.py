@@ -24,8 +24,8 @@ from typing import BinaryIO
 
 import torch
 
-from engine.attention.backend import AttentionMetadata
-from engine.worker.step_batch import StepInputs
+from pdserve.engine.attention.backend import AttentionMetadata
+from pdserve.engine.worker.step_batch import StepInputs
 
 INIT, STEP, KV_IMPORT, KV_EXPORT, SHUTDOWN, HOST_COPY = 1, 2, 3, 4, 5, 6
 HEADER = struct.Struct("<qqq")  # op, a, b

@@ -28,19 +28,19 @@ from contextlib import contextmanager
 
 import torch
 
-from engine.attention.backend import AttentionBackend
-from engine.config import EngineConfig, ModelArchConfig
-from engine.errors import EngineDeadError, InvalidRequestError, ModelLoadError
-from engine.executor import messages as M
-from engine.executor.groups import ParallelGroups, RankPlace
-from engine.executor.launch import RankLaunch, rank_kv_arch, rank_shard, threads_per_rank
-from engine.executor.base import Executor
-from engine.executor.messages import StepInputs
-from engine.executor.stage import StageWorker
-from engine.kv_transfer import as_tensor
-from engine.model.loader import LoadedModel, load_model, read_arch
-from engine.model.shard import check_tensor_parallel
-from engine.model.source import ModelSource
+from pdserve.engine.attention.backend import AttentionBackend
+from pdserve.engine.config import EngineConfig, ModelArchConfig
+from pdserve.engine.errors import EngineDeadError, InvalidRequestError, ModelLoadError
+from pdserve.engine.executor import messages as M
+from pdserve.engine.executor.groups import ParallelGroups, RankPlace
+from pdserve.engine.executor.launch import RankLaunch, rank_kv_arch, rank_shard, threads_per_rank
+from pdserve.engine.executor.base import Executor
+from pdserve.engine.executor.messages import StepInputs
+from pdserve.engine.executor.stage import StageWorker
+from pdserve.engine.kv_transfer import as_tensor
+from pdserve.engine.model.loader import LoadedModel, load_model, read_arch
+from pdserve.engine.model.shard import check_tensor_parallel
+from pdserve.engine.model.source import ModelSource
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class MultiProcExecutor(Executor):
         self._lock = threading.Lock()
         for rank in range(1, self.world_size):
             self._procs[rank] = subprocess.Popen(
-                [sys.executable, "-m", "engine.executor.rank_main", dataclasses.replace(launch, rank=rank).to_json()],
+                [sys.executable, "-m", "pdserve.engine.executor.rank_main", dataclasses.replace(launch, rank=rank).to_json()],
                 stdin=subprocess.PIPE)
         atexit.register(self.shutdown)
         self._watcher = threading.Thread(target=self._watch, name="rank-watcher", daemon=True)

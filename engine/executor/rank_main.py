@@ -1,7 +1,7 @@
 """A rank process of a t x p engine (not rank 0, which is the driver): loads its part of
 the model, then runs what the driver sends until SHUTDOWN or the driver's end of file.
 
-    python -m engine.executor.rank_main '<RankLaunch JSON>'
+    python -m pdserve.engine.executor.rank_main '<RankLaunch JSON>'
 """
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import sys
 
 import torch
 
-from engine.attention.selector import get_attention_backend
-from engine.executor import messages as M
-from engine.executor.groups import ParallelGroups
-from engine.executor.launch import RankLaunch, rank_kv_arch, rank_shard
-from engine.executor.stage import StageWorker
-from engine.model.loader import load_model, parse_dtype
-from engine.model.packed_linear import can_prepack
-from engine.model.source import resolve_model
-from engine.worker.host_malloc import keep_freed_memory
-from engine.worker.kv_cache import allocate_kv_caches
+from pdserve.engine.attention.selector import get_attention_backend
+from pdserve.engine.executor import messages as M
+from pdserve.engine.executor.groups import ParallelGroups
+from pdserve.engine.executor.launch import RankLaunch, rank_kv_arch, rank_shard
+from pdserve.engine.executor.stage import StageWorker
+from pdserve.engine.model.loader import load_model, parse_dtype
+from pdserve.engine.model.packed_linear import can_prepack
+from pdserve.engine.model.source import resolve_model
+from pdserve.engine.worker.host_malloc import keep_freed_memory
+from pdserve.engine.worker.kv_cache import allocate_kv_caches
 
 logger = logging.getLogger("pdserve.rank")
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.backend import AttentionBackend
-from engine.executor.groups import ParallelGroups
-from engine.executor.messages import StepInputs
-from engine.kv_transfer import as_tensor
-from engine.model.decoder import DecoderForCausalLM
-from engine.model.shard import ModelShard
-from engine.worker.host_kv_cache import host_kv_cache
-from engine.worker.kv_cache import export_blocks, import_blocks
+from pdserve.engine.attention.backend import AttentionBackend
+from pdserve.engine.executor.groups import ParallelGroups
+from pdserve.engine.executor.messages import StepInputs
+from pdserve.engine.kv_transfer import as_tensor
+from pdserve.engine.model.decoder import DecoderForCausalLM
+from pdserve.engine.model.shard import ModelShard
+from pdserve.engine.worker.host_kv_cache import host_kv_cache
+from pdserve.engine.worker.kv_cache import export_blocks, import_blocks
 
 
 class StageWorker:

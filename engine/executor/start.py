@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.config import EngineConfig
-from engine.executor.base import Executor
+from pdserve.engine.config import EngineConfig
+from pdserve.engine.executor.base import Executor
 
 if TYPE_CHECKING:
     import torch
 
-    from engine.model.loader import LoadedModel
-    from engine.model.source import ModelSource
+    from pdserve.engine.model.loader import LoadedModel
+    from pdserve.engine.model.source import ModelSource
 
 
 def start_executor(config: EngineConfig, source: ModelSource, dtype: torch.dtype, loaded: LoadedModel | None,
@@ -18,8 +18,8 @@ def start_executor(config: EngineConfig, source: ModelSource, dtype: torch.dtype
     """t x p > 1: the rank processes, and rank 0's part of the model here; else the whole
     model here (`loaded`, or loaded now)."""
     if config.parallel.world_size == 1:
-        from engine.executor.local import LocalExecutor
-        from engine.model.loader import load_model
+        from pdserve.engine.executor.local import LocalExecutor
+        from pdserve.engine.model.loader import load_model
         return LocalExecutor(loaded or load_model(source, dtype, config.device, config.scheduler.max_model_len,
                                                   progress))
     if loaded is not None:
@@ -28,5 +28,5 @@ def start_executor(config: EngineConfig, source: ModelSource, dtype: torch.dtype
     if config.cuda_graph_batch_sizes:
         raise ValueError("cuda_graph_batch_sizes: CUDA graphs are captured for a single-rank engine only; "
                          "leave it empty with tensor_parallel_size or pipeline_parallel_size > 1")
-    from engine.executor.multiproc import MultiProcExecutor  # torch.distributed only when needed
+    from pdserve.engine.executor.multiproc import MultiProcExecutor  # torch.distributed only when needed
     return MultiProcExecutor(config, source, dtype, progress)

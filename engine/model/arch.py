@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from engine.config import ModelArchConfig
-from engine.errors import ModelLoadError
+from pdserve.engine.config import ModelArchConfig
+from pdserve.engine.errors import ModelLoadError
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",

@@ -28,14 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention.backend import AttentionBackend, AttentionMetadata
-from engine.config import ModelArchConfig
-from engine.model.arch import embedding_scale
-from engine.model.moe import MixtureOfExperts
-from engine.model.packed_linear import PackedLinear, prepack_linears
-from engine.model.rope import RotaryEmbedding
-from engine.model.shard import ModelShard
-from kernels import cpu as cpu_ops
+from pdserve.engine.attention.backend import AttentionBackend, AttentionMetadata
+from pdserve.engine.config import ModelArchConfig
+from pdserve.engine.model.arch import embedding_scale
+from pdserve.engine.model.moe import MixtureOfExperts
+from pdserve.engine.model.packed_linear import PackedLinear, prepack_linears
+from pdserve.engine.model.rope import RotaryEmbedding
+from pdserve.engine.model.shard import ModelShard
+from pdserve.kernels import cpu as cpu_ops
 
 logger = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ class DecoderForCausalLM(nn.Module):
         self._use_fused_cpu_ops()
 
     def _use_fused_cpu_ops(self) -> None:
-        from kernels.cpu.build import CpuKernelBuildError, load_library
+        from pdserve.kernels.cpu.build import CpuKernelBuildError, load_library
         try:
             load_library()
         except CpuKernelBuildError as e:  # the torch ops compute the same; only slower

@@ -5,10 +5,10 @@ import json
 import os
 from dataclasses import dataclass
 
-from engine.errors import ModelLoadError
-from engine.model.arch import arch_from_gguf_metadata, arch_from_hf_config
-from engine.model.source import resolve_model
-from engine.model.weights import gguf_metadata, open_gguf
+from pdserve.engine.errors import ModelLoadError
+from pdserve.engine.model.arch import arch_from_gguf_metadata, arch_from_hf_config
+from pdserve.engine.model.source import resolve_model
+from pdserve.engine.model.weights import gguf_metadata, open_gguf
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from engine.model.source import ModelSource
+from pdserve.engine.model.source import ModelSource
 
 # what decides a Hugging Face folder's outputs: config and generation config, tokenizer
 # files and chat template, weights; a README or an image beside them does not

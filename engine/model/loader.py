@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import ModelArchConfig
-from engine.dtypes import DTYPE_NAMES, torch_dtype
-from engine.errors import ModelLoadError
-from engine.model import weights as W
-from engine.model.arch import GGUF_ARCHITECTURES, arch_from_gguf_metadata, arch_from_hf_config
-from engine.model.decoder import DecoderForCausalLM, TensorParallel
-from engine.model.shard import ModelShard
-from engine.model.source import ModelSource
+from pdserve.engine.config import ModelArchConfig
+from pdserve.engine.dtypes import DTYPE_NAMES, torch_dtype
+from pdserve.engine.errors import ModelLoadError
+from pdserve.engine.model import weights as W
+from pdserve.engine.model.arch import GGUF_ARCHITECTURES, arch_from_gguf_metadata, arch_from_hf_config
+from pdserve.engine.model.decoder import DecoderForCausalLM, TensorParallel
+from pdserve.engine.model.shard import ModelShard
+from pdserve.engine.model.source import ModelSource
 
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)$")
 

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ModelArchConfig
-from engine.model.shard import ModelShard
+from pdserve.engine.config import ModelArchConfig
+from pdserve.engine.model.shard import ModelShard
 
 
 class MixtureOfExperts(nn.Module):

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu import SKINNY_MAX_ROWS
+from pdserve.kernels.cpu import SKINNY_MAX_ROWS
 
 _PACK_HINT_ROWS = 8  # oneDNN picks its packed layout for this row count; it serves 1-2,048 well
 

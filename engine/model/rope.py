@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.errors import ModelLoadError
-from kernels import cpu as cpu_ops
+from pdserve.engine.errors import ModelLoadError
+from pdserve.kernels import cpu as cpu_ops
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import ModelArchConfig
-from engine.errors import InvalidRequestError
+from pdserve.engine.config import ModelArchConfig
+from pdserve.engine.errors import InvalidRequestError
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from engine.errors import ModelLoadError
+from pdserve.engine.errors import ModelLoadError
 
 
 @dataclass(frozen=True)

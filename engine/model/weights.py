@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from engine.errors import ModelLoadError
+from pdserve.engine.errors import ModelLoadError
 
 _GGUF_TO_HF = {
     "token_embd.weight": "model.embed_tokens.weight",

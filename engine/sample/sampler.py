@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from pdserve.engine.sampling_params import SamplingParams
 
 _MASK32 = 0xFFFFFFFF
 _MIX32 = 0x45D9F3B  # < 2^31: a 32-bit value times it stays within int64

@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.attention.backend import AttentionMetadata
-from engine.attention.selector import get_attention_backend
-from engine.config import CacheConfig
-from engine.errors import InvalidRequestError
-from engine.model.loader import LoadedModel, load_model, parse_dtype
-from engine.model.packed_linear import can_prepack
-from engine.model.source import resolve_model
-from engine.spec_decode.proposer import DraftRequest, Proposer
-from engine.worker.kv_cache import allocate_kv_caches, num_kv_blocks
+from pdserve.engine.attention.backend import AttentionMetadata
+from pdserve.engine.attention.selector import get_attention_backend
+from pdserve.engine.config import CacheConfig
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.model.loader import LoadedModel, load_model, parse_dtype
+from pdserve.engine.model.packed_linear import can_prepack
+from pdserve.engine.model.source import resolve_model
+from pdserve.engine.spec_decode.proposer import DraftRequest, Proposer
+from pdserve.engine.worker.kv_cache import allocate_kv_caches, num_kv_blocks
 
 logger = logging.getLogger(__name__)
 

@@ -2,11 +2,11 @@
 EngineStats.spec, and the pause of a request whose drafts keep failing)."""
 from __future__ import annotations
 
-from engine.request import Request, RequestMode
-from engine.spec_decode.config import SpeculativeConfig
-from engine.spec_decode.proposer import DraftRequest, NoProposer, Proposer
-from engine.stats import SpecDecodeStats
-from engine.structured.manager import StructuredOutputManager
+from pdserve.engine.request import Request, RequestMode
+from pdserve.engine.spec_decode.config import SpeculativeConfig
+from pdserve.engine.spec_decode.proposer import DraftRequest, NoProposer, Proposer
+from pdserve.engine.stats import SpecDecodeStats
+from pdserve.engine.structured.manager import StructuredOutputManager
 
 
 class Drafting:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.errors import InvalidRequestError
-from engine.spec_decode.proposer import DraftRequest, Proposer
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.spec_decode.proposer import DraftRequest, Proposer
 
 
 class NgramProposer(Proposer):

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sample.sampler import sample
-from engine.sampling_params import SamplingParams
+from pdserve.engine.sample.sampler import sample
+from pdserve.engine.sampling_params import SamplingParams
 
 Logprob = tuple[float, dict[int, float]]  # (emitted token's logprob, {token_id: logprob} of the top N)
 

@@ -18,8 +18,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
 
-from engine.errors import InvalidRequestError
-from engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S, StructuredOutputsParams
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S, StructuredOutputsParams
 
 # Bounds on what a long-running server keeps per distinct spec: futures (each holding its
 # compiled grammar) and xgrammar's own cache.

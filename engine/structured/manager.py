@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.core.scheduler_output import SchedulerOutput
-from engine.errors import InvalidRequestError
-from engine.request import Request, RequestStatus
-from engine.structured.bitmask import GrammarBitmask
-from engine.structured.grammar import GrammarCompiler, GrammarState, allocate_bitmask
-from engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S
+from pdserve.engine.core.scheduler_output import SchedulerOutput
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.request import Request, RequestStatus
+from pdserve.engine.structured.bitmask import GrammarBitmask
+from pdserve.engine.structured.grammar import GrammarCompiler, GrammarState, allocate_bitmask
+from pdserve.engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 

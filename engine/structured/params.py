@@ -6,7 +6,7 @@ from __future__ import annotations
 import json as jsonlib
 from dataclasses import dataclass
 
-from engine.errors import InvalidRequestError
+from pdserve.engine.errors import InvalidRequestError
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
 # Bounds on a spec's size: compiling is superlinear in it, and a spec travels with every

@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.attention.backend import AttentionMetadata
+from pdserve.engine.attention.backend import AttentionMetadata
 
 if TYPE_CHECKING:
-    from engine.worker.step_batch import StepBatch
+    from pdserve.engine.worker.step_batch import StepBatch
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.worker.kv_cache import stacked_kv_caches
+from pdserve.engine.worker.kv_cache import stacked_kv_caches
 
 
 class HostKVCache:

@@ -5,12 +5,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.config import CacheConfig, ModelArchConfig
-from engine.kv_transfer import BlockChunks
-from engine.worker.host_memory import available_host_memory
+from pdserve.engine.config import CacheConfig, ModelArchConfig
+from pdserve.engine.kv_transfer import BlockChunks
+from pdserve.engine.worker.host_memory import available_host_memory
 
 if TYPE_CHECKING:
-    from engine.worker.memory_profile import MemoryProfile
+    from pdserve.engine.worker.memory_profile import MemoryProfile
 
 
 def bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype) -> int:

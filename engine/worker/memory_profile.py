@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention.backend import AttentionBackend, AttentionMetadata
-from engine.config import ModelArchConfig
-from engine.sample.logits_processors import RowHistory, process_logits
-from engine.sample.sampler import sample
-from engine.sampling_params import SamplingParams
-from engine.worker.kv_cache import allocate_kv_caches
-from engine.worker.step_batch import StepInputs
+from pdserve.engine.attention.backend import AttentionBackend, AttentionMetadata
+from pdserve.engine.config import ModelArchConfig
+from pdserve.engine.sample.logits_processors import RowHistory, process_logits
+from pdserve.engine.sample.sampler import sample
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.worker.kv_cache import allocate_kv_caches
+from pdserve.engine.worker.step_batch import StepInputs
 
 GiB = 1 << 30
 # the sampler's costliest path: a sort of every row for top-p, after every logits processor

@@ -8,20 +8,20 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from engine.attention.backend import AttentionBackend, AttentionMetadata
-from engine.core.scheduler_output import ModelRunnerOutput, PromptLogprobRows, SchedulerOutput
-from engine.model.decoder import DecoderForCausalLM
-from engine.model.packed_linear import can_prepack
-from engine.sample.logits_processors import RowHistory, process_logits
-from engine.sample.sampler import sample
-from engine.spec_decode.rejection import verify
-from engine.sampling_params import SamplingParams
-from engine.worker.cuda_graphs import CudaGraph, DecodeGraphs, Graph, NoDecodeGraphs, sizes_to_capture
-from engine.structured.grammar import apply_grammar_bitmask
-from engine.worker.step_batch import PromptRows, StepBatch
+from pdserve.engine.attention.backend import AttentionBackend, AttentionMetadata
+from pdserve.engine.core.scheduler_output import ModelRunnerOutput, PromptLogprobRows, SchedulerOutput
+from pdserve.engine.model.decoder import DecoderForCausalLM
+from pdserve.engine.model.packed_linear import can_prepack
+from pdserve.engine.sample.logits_processors import RowHistory, process_logits
+from pdserve.engine.sample.sampler import sample
+from pdserve.engine.spec_decode.rejection import verify
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.worker.cuda_graphs import CudaGraph, DecodeGraphs, Graph, NoDecodeGraphs, sizes_to_capture
+from pdserve.engine.structured.grammar import apply_grammar_bitmask
+from pdserve.engine.worker.step_batch import PromptRows, StepBatch
 
 if TYPE_CHECKING:
-    from engine.worker.step_batch import StepInputs
+    from pdserve.engine.worker.step_batch import StepInputs
 
 
 class Forwarder(Protocol):

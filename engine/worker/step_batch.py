@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.attention.backend import AttentionMetadata
+from pdserve.engine.attention.backend import AttentionMetadata
 
 
 @dataclass

@@ -62,6 +62,6 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def _load() -> None:
-    # imported here, not at the top: `python -m kernels.cpu.build` must not find it imported
-    from kernels.cpu.build import load_library
+    # imported here, not at the top: `python -m pdserve.kernels.cpu.build` must not find it imported
+    from pdserve.kernels.cpu.build import load_library
     load_library()  # cached: builds or loads once per process

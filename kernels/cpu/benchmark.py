@@ -3,7 +3,7 @@ per layer, each layer with its own cache as in the engine (so nothing stays in t
 between calls), against the same kernel built from another git revision (--against, default
 main) and optionally the torch reference (--ref).
 
-    python -m kernels.cpu.benchmark [--against main] [--threads 2] [--repeats 7] [--ref]
+    python -m pdserve.kernels.cpu.benchmark [--against main] [--threads 2] [--repeats 7] [--ref]
 
 Contexts: a fixed 270 tokens (the old benchmark), and the serving workload's mix (prompts of
 32-512 tokens plus up to 256 generated), and one long sequence (the split across threads).
@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from torch.utils import cpp_extension
 
-from kernels.cpu import build, paged_decode_attention
-from kernels.paged_attention import paged_decode_attention_ref
+from pdserve.kernels.cpu import build, paged_decode_attention
+from pdserve.kernels.paged_attention import paged_decode_attention_ref
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_LAYERS = 9, 3, 64, 16, 30
 # (name, batch, context lengths or None for the workload's mix)

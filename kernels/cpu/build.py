@@ -5,7 +5,7 @@ torch.utils.cpp_extension.load compiles with ninja into torch's extension cache
 the sources and flags are unchanged, so loading an already built library takes well
 under a second. The library's name carries a digest of its sources and flags: two checkouts
 or versions of pdserve sharing one cache each keep their own build, and neither loads the
-other's (an older build lacks newer ops). `make setup` runs `python -m kernels.cpu.build` to build it ahead of use.
+other's (an older build lacks newer ops). `make setup` runs `python -m pdserve.kernels.cpu.build` to build it ahead of use.
 
 Every load, even of a library already built, passes through torch's build lock: a file
 `lock` in the build directory, made on entry and removed on exit. A process killed in

@@ -6,7 +6,7 @@ never compiled, and AVX2 machines run code the tests here have not seen. This bu
 library for the given -march, into a cache directory of its own, loads it in this process in
 place of the native build, and runs pytest on the given tests against it:
 
-    .venv/bin/python -m kernels.cpu.march_check --march x86-64-v3 \
+    .venv/bin/python -m pdserve.kernels.cpu.march_check --march x86-64-v3 \
         tests/kernels/test_cpu_skinny_linear.py tests/engine/test_correctness_tiny.py
 
 x86-64-v3 is AVX2 + FMA without AVX-512. The exit status is pytest's (2 when the build fails).
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TORCH_EXTENSIONS_DIR"] = args.extensions_dir or os.path.join(
         tempfile.gettempdir(), f"pdserve-kernels-march-{args.march}")
 
-    from kernels.cpu import build
+    from pdserve.kernels.cpu import build
     # the flag is swapped here, not made a setting of build.py: only this check needs another
     # target (pods build on their own node), and load_library() is one build per process anyway
     build.CFLAGS[build.CFLAGS.index("-march=native")] = f"-march={args.march}"

@@ -18,10 +18,10 @@ sequences serve the prefill pool's estimates and the decode pool's alike.
 """
 from __future__ import annotations
 
-from services.decode.server import decode_service
-from services.prefill.server import prefill_service
-from services.worker.config import WorkerConfig
-from services.worker.runtime import RunningWorker, serve_worker
+from pdserve.services.decode.server import decode_service
+from pdserve.services.prefill.server import prefill_service
+from pdserve.services.worker.config import WorkerConfig
+from pdserve.services.worker.runtime import RunningWorker, serve_worker
 
 ROLE = "both"
 

@@ -1,10 +1,10 @@
 """Between protobuf messages and the engine's dataclasses."""
 from __future__ import annotations
 
-from engine.outputs import PromptLogprobs, TokenLogprob
-from engine.sampling_params import SamplingParams
-from engine.structured import StructuredOutputsParams
-from services.pb import common_pb2
+from pdserve.engine.outputs import PromptLogprobs, TokenLogprob
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.structured import StructuredOutputsParams
+from pdserve.services.pb import common_pb2
 
 _OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "repetition_penalty",
              "presence_penalty", "frequency_penalty", "min_tokens", "prompt_logprobs", "skip_special_tokens")

@@ -2,7 +2,7 @@
 services' config dataclasses take their defaults from here (the chart sets its own in values.yaml)."""
 from __future__ import annotations
 
-from engine.config import DEFAULT_MODEL
+from pdserve.engine.config import DEFAULT_MODEL
 
 ROUTER_PORT = 50051         # gRPC Router
 ROUTER_HTTP_PORT = 8000     # the OpenAI-compatible API

@@ -12,8 +12,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services.common.auth import BearerAuthInterceptor, BearerTokenSender
-from services.common.security import ClientSecurity, ServerSecurity, warn_if_open
+from pdserve.services.common.auth import BearerAuthInterceptor, BearerTokenSender
+from pdserve.services.common.security import ClientSecurity, ServerSecurity, warn_if_open
 
 # The largest message an internal port takes or sends. The largest legitimate ones carry
 # KV bytes: a GetBlocks KVBlockBatch of about batch_codec.BATCH_BYTES (16 MiB) plus the

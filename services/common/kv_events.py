@@ -20,8 +20,8 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 
-from services.common.grpc_server import ServiceSpec
-from services.pb import kv_events_pb2, kv_events_pb2_grpc
+from pdserve.services.common.grpc_server import ServiceSpec
+from pdserve.services.pb import kv_events_pb2, kv_events_pb2_grpc
 
 STORED = kv_events_pb2.KVEvent.STORED
 REMOVED = kv_events_pb2.KVEvent.REMOVED

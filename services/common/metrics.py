@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from services.common.metrics_http import serve_metrics
+from pdserve.services.common.metrics_http import serve_metrics
 
 # Latency buckets from 5 ms to 2 min: CPU runs are slow, GPU runs fast; both must resolve.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

@@ -16,8 +16,8 @@ import argparse
 import logging
 from dataclasses import dataclass, field
 
-from services.common.auth import INTERNAL_TOKEN_ENV, internal_token, parse_tokens
-from services.common.tls import ClientTLS, ServerTLS
+from pdserve.services.common.auth import INTERNAL_TOKEN_ENV, internal_token, parse_tokens
+from pdserve.services.common.tls import ClientTLS, ServerTLS
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.pb import common_pb2
-from services.worker.kv_integrity import KVSTORE_ADDRESS
+from pdserve.services.pb import common_pb2
+from pdserve.services.worker.kv_integrity import KVSTORE_ADDRESS
 
 # How long a read waits for the prefill's write of the blocks to end. A write takes well
 # under a second; one that takes longer is stuck, and recomputing beats waiting on.

@@ -18,22 +18,22 @@ import logging
 
 import grpc
 
-from engine import InvalidRequestError, RequestOutput
-from engine.engine_request import EngineRequest
-from engine.errors import EngineDeadError
-from engine.kv_transfer import KVPayload
-from engine.request import RequestMode
-from services.common.convert import logprob_to_proto, prompt_logprobs_to_proto
-from services.decode.read_plan import ReadPlan, ReadRefusal, plan_read
-from services.pb import common_pb2, decode_pb2_grpc
-from services.kvstore.client import KVStoreClient
-from services.worker.config import WorkerConfig
-from services.worker.engine_loop import EngineLoop
-from services.worker.finished_kv import FinishedRequest, finished_kv_writer
-from services.worker.kv_wire import payload_from_batches
-from services.worker.metrics import WorkerMetrics
-from services.worker.runtime import RunningWorker, WorkerService, serve_worker
-from services.worker.servicer import AdmittedRequest, WorkerServicer, abort_unless_non_negative, now
+from pdserve.engine import InvalidRequestError, RequestOutput
+from pdserve.engine.engine_request import EngineRequest
+from pdserve.engine.errors import EngineDeadError
+from pdserve.engine.kv_transfer import KVPayload
+from pdserve.engine.request import RequestMode
+from pdserve.services.common.convert import logprob_to_proto, prompt_logprobs_to_proto
+from pdserve.services.decode.read_plan import ReadPlan, ReadRefusal, plan_read
+from pdserve.services.pb import common_pb2, decode_pb2_grpc
+from pdserve.services.kvstore.client import KVStoreClient
+from pdserve.services.worker.config import WorkerConfig
+from pdserve.services.worker.engine_loop import EngineLoop
+from pdserve.services.worker.finished_kv import FinishedRequest, finished_kv_writer
+from pdserve.services.worker.kv_wire import payload_from_batches
+from pdserve.services.worker.metrics import WorkerMetrics
+from pdserve.services.worker.runtime import RunningWorker, WorkerService, serve_worker
+from pdserve.services.worker.servicer import AdmittedRequest, WorkerServicer, abort_unless_non_negative, now
 
 logger = logging.getLogger(__name__)
 

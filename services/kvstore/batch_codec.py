@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from google.protobuf.message import Message
 
-from services.kvstore.errors import InvalidArgument
+from pdserve.services.kvstore.errors import InvalidArgument
 
 DATA_FIELD = 15  # `data` in PutBlocksRequest and KVBlockBatch
 # Block bytes per KVBlockBatch of a GetBlocks answer. Large enough that per-message costs

@@ -29,7 +29,7 @@ import zlib
 from collections import OrderedDict
 from typing import BinaryIO
 
-from services.kvstore.store import HASH_PREFIX, StoredBlock
+from pdserve.services.kvstore.store import HASH_PREFIX, StoredBlock
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import queue
 import threading
 from collections.abc import Callable
 
-from services.kvstore.disk_files import BlockFiles
-from services.kvstore.store import HASH_PREFIX, DiskStats, StoredBlock
+from pdserve.services.kvstore.disk_files import BlockFiles
+from pdserve.services.kvstore.store import HASH_PREFIX, DiskStats, StoredBlock
 
 logger = logging.getLogger(__name__)
 

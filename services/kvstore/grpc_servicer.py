@@ -16,14 +16,14 @@ from collections.abc import Callable
 
 import grpc
 
-from services.kvstore import batch_codec
-from services.kvstore.errors import InvalidArgument, KVStoreError
-from services.kvstore.handlers import KVStoreHandlers
-from services.kvstore.mooncake_plane import MOONCAKE_METADATA, MooncakeSettings
-from services.kvstore.tcp_frames import TCP_PORT_METADATA
-from services.kvstore.ucx_frames import UCX_PORT_METADATA
-from services.pb import kvstore_pb2 as pb
-from services.pb import kvstore_pb2_grpc
+from pdserve.services.kvstore import batch_codec
+from pdserve.services.kvstore.errors import InvalidArgument, KVStoreError
+from pdserve.services.kvstore.handlers import KVStoreHandlers
+from pdserve.services.kvstore.mooncake_plane import MOONCAKE_METADATA, MooncakeSettings
+from pdserve.services.kvstore.tcp_frames import TCP_PORT_METADATA
+from pdserve.services.kvstore.ucx_frames import UCX_PORT_METADATA
+from pdserve.services.pb import kvstore_pb2 as pb
+from pdserve.services.pb import kvstore_pb2_grpc
 
 SERVICE_NAME = "pdserve.v1.KVStore"
 

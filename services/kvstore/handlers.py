@@ -9,13 +9,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from services.kvstore.batch_codec import BATCH_BYTES, Decoded, OutBatch
-from services.kvstore.errors import InvalidArgument, KVStoreFullError, LeaseNotFound
-from services.kvstore.kv_metrics import KVStoreMetrics
-from services.kvstore.store import BlockStore, StoredBlock
-from services.kvstore.validate import (indexed_blocks, key_for_hash, key_for_tail, missing, stored_block,
+from pdserve.services.kvstore.batch_codec import BATCH_BYTES, Decoded, OutBatch
+from pdserve.services.kvstore.errors import InvalidArgument, KVStoreFullError, LeaseNotFound
+from pdserve.services.kvstore.kv_metrics import KVStoreMetrics
+from pdserve.services.kvstore.store import BlockStore, StoredBlock
+from pdserve.services.kvstore.validate import (indexed_blocks, key_for_hash, key_for_tail, missing, stored_block,
                                        stored_blocks, to_wire)
-from services.pb import kvstore_pb2
+from pdserve.services.pb import kvstore_pb2
 
 logger = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ empty (a router then counts on no kvstore hits, as before it had an index).
 """
 from __future__ import annotations
 
-from services.common.kv_events import REMOVED, STORED, KVEventPublisher
-from services.kvstore.kv_metrics import KVStoreMetrics
-from services.kvstore.store import HASH_PREFIX
+from pdserve.services.common.kv_events import REMOVED, STORED, KVEventPublisher
+from pdserve.services.kvstore.kv_metrics import KVStoreMetrics
+from pdserve.services.kvstore.store import HASH_PREFIX
 
 
 class PublishingMetrics(KVStoreMetrics):

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from services.common.metrics import Metrics
-from services.kvstore.errors import KVStoreError
-from services.kvstore.store import StoreEvents, StoreStats
+from pdserve.services.common.metrics import Metrics
+from pdserve.services.kvstore.errors import KVStoreError
+from pdserve.services.kvstore.store import StoreEvents, StoreStats
 
 logger = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ import argparse
 import re
 import sys
 
-from services.common.defaults import KVSTORE_PORT
-from services.common.process import configure_logging, wait_for_shutdown
-from services.common.security import add_internal_token_argument, add_server_tls_arguments, internal_server_security
-from services.common.sizes import parse_bytes
-from services.kvstore import heap, mooncake_plane
-from services.kvstore.errors import KVStoreError
-from services.kvstore.server import KVStoreConfig, check_backend, serve
+from pdserve.services.common.defaults import KVSTORE_PORT
+from pdserve.services.common.process import configure_logging, wait_for_shutdown
+from pdserve.services.common.security import add_internal_token_argument, add_server_tls_arguments, internal_server_security
+from pdserve.services.common.sizes import parse_bytes
+from pdserve.services.kvstore import heap, mooncake_plane
+from pdserve.services.kvstore.errors import KVStoreError
+from pdserve.services.kvstore.server import KVStoreConfig, check_backend, serve
 
 def _port(text: str) -> int:
     if not text.isdigit() or int(text) > 65535:

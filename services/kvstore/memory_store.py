@@ -26,9 +26,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from services.kvstore.disk_tier import NO_DISK, BackingTier
-from services.kvstore.errors import LeaseNotFound
-from services.kvstore.store import (NO_LEASE, NULL_EVENTS, WRITE_DONE, WRITE_FAILED, WRITE_PENDING, BlockStore,
+from pdserve.services.kvstore.disk_tier import NO_DISK, BackingTier
+from pdserve.services.kvstore.errors import LeaseNotFound
+from pdserve.services.kvstore.store import (NO_LEASE, NULL_EVENTS, WRITE_DONE, WRITE_FAILED, WRITE_PENDING, BlockStore,
                                     StoredBlock, StoreEvents, StoreStats, is_tail, last_wins)
 
 # How often a wait_write re-checks lease expiry: expiry runs on the store's clock, which

@@ -13,7 +13,7 @@ import weakref
 import grpc
 import numpy as np
 
-from services.kvstore.errors import KVStoreError
+from pdserve.services.kvstore.errors import KVStoreError
 
 logger = logging.getLogger(__name__)
 

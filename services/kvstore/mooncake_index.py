@@ -19,10 +19,10 @@ import threading
 from collections.abc import Callable
 import time
 
-from services.kvstore.memory_store import MemoryBlockStore
-from services.kvstore.mooncake_plane import MooncakeSettings, object_key
-from services.kvstore.store import NULL_EVENTS, StoreEvents
-from services.pb import kvstore_pb2
+from pdserve.services.kvstore.memory_store import MemoryBlockStore
+from pdserve.services.kvstore.mooncake_plane import MooncakeSettings, object_key
+from pdserve.services.kvstore.store import NULL_EVENTS, StoreEvents
+from pdserve.services.pb import kvstore_pb2
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ import socket
 import threading
 from collections.abc import Callable
 
-from services.common.address import split_host_port
-from services.kvstore.mooncake_plane import MooncakeSettings, MooncakeUnavailable, replicate_config
+from pdserve.services.common.address import split_host_port
+from pdserve.services.kvstore.mooncake_plane import MooncakeSettings, MooncakeUnavailable, replicate_config
 
 logger = logging.getLogger(__name__)
 

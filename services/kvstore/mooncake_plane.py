@@ -24,7 +24,7 @@ import json
 import socket
 from dataclasses import asdict, dataclass
 
-from services.common.address import split_host_port
+from pdserve.services.common.address import split_host_port
 
 PROTOCOLS = ("tcp", "rdma")
 MASTER_CLIENT_TTL_S = 3  # `pdserve up`'s and the chart's mooncake_master --client_ttl

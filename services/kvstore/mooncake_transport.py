@@ -46,16 +46,16 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 
-from services.kvstore.batch_codec import Decoded, OutBatch
-from services.kvstore.errors import KVStoreError
-from services.kvstore import mooncake_plane
-from services.kvstore.mooncake_buffers import ReadBuffers, ShmBuffers, plane_call as _plane_call
-from services.kvstore.mooncake_local import RPC_FAIL, LocalNode
-from services.kvstore.mooncake_plane import (READ_BUFFER_BYTES, TRANSFER_FAIL, MooncakeSettings,
+from pdserve.services.kvstore.batch_codec import Decoded, OutBatch
+from pdserve.services.kvstore.errors import KVStoreError
+from pdserve.services.kvstore import mooncake_plane
+from pdserve.services.kvstore.mooncake_buffers import ReadBuffers, ShmBuffers, plane_call as _plane_call
+from pdserve.services.kvstore.mooncake_local import RPC_FAIL, LocalNode
+from pdserve.services.kvstore.mooncake_plane import (READ_BUFFER_BYTES, TRANSFER_FAIL, MooncakeSettings,
                                              MooncakeUnavailable, object_key, replicate_config)
-from services.kvstore.transport import BlockTransport, GrpcTransport
-from services.kvstore.validate import block_nbytes, key_for_hash, key_for_tail
-from services.pb import kvstore_pb2
+from pdserve.services.kvstore.transport import BlockTransport, GrpcTransport
+from pdserve.services.kvstore.validate import block_nbytes, key_for_hash, key_for_tail
+from pdserve.services.pb import kvstore_pb2
 
 logger = logging.getLogger(__name__)
 

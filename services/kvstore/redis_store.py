@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import redis
 
-from services.kvstore import redis_scripts
-from services.kvstore.errors import BackendUnavailable, LeaseNotFound
-from services.kvstore.store import (NO_LEASE, NULL_EVENTS, WRITE_PENDING, BlockStore, StoredBlock, StoreEvents,
+from pdserve.services.kvstore import redis_scripts
+from pdserve.services.kvstore.errors import BackendUnavailable, LeaseNotFound
+from pdserve.services.kvstore.store import (NO_LEASE, NULL_EVENTS, WRITE_PENDING, BlockStore, StoredBlock, StoreEvents,
                                     StoreStats, last_wins)
 
 DEFAULT_PREFIX = "pdserve:kv:"

@@ -8,19 +8,19 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.common.grpc_server import RunningServer, ServiceSpec, start_server
-from services.common.kv_events import KVEventPublisher, kv_events_service
-from services.common.security import ServerSecurity, warn_if_open
-from services.kvstore.grpc_servicer import SERVICE_NAME, KVStoreServicer, add_to_server
-from services.kvstore.handlers import KVStoreHandlers, LeasePolicy
-from services.kvstore.kv_events import PublishingMetrics
-from services.kvstore.kv_metrics import KVStoreMetrics
-from services.kvstore import mooncake_plane
-from services.kvstore.disk_tier import DiskTier
-from services.kvstore.memory_store import MemoryBlockStore
-from services.kvstore.mooncake_plane import MooncakeSettings
-from services.kvstore.store import BlockStore, StoreEvents
-from services.kvstore.tcp_server import TcpKVStoreServer
+from pdserve.services.common.grpc_server import RunningServer, ServiceSpec, start_server
+from pdserve.services.common.kv_events import KVEventPublisher, kv_events_service
+from pdserve.services.common.security import ServerSecurity, warn_if_open
+from pdserve.services.kvstore.grpc_servicer import SERVICE_NAME, KVStoreServicer, add_to_server
+from pdserve.services.kvstore.handlers import KVStoreHandlers, LeasePolicy
+from pdserve.services.kvstore.kv_events import PublishingMetrics
+from pdserve.services.kvstore.kv_metrics import KVStoreMetrics
+from pdserve.services.kvstore import mooncake_plane
+from pdserve.services.kvstore.disk_tier import DiskTier
+from pdserve.services.kvstore.memory_store import MemoryBlockStore
+from pdserve.services.kvstore.mooncake_plane import MooncakeSettings
+from pdserve.services.kvstore.store import BlockStore, StoreEvents
+from pdserve.services.kvstore.tcp_server import TcpKVStoreServer
 
 logger = logging.getLogger(__name__)
 
@@ -83,10 +83,10 @@ def make_store(config: KVStoreConfig, events: StoreEvents, clock: Callable[[], f
         disk = DiskTier(config.disk_dir, config.disk_capacity_bytes) if config.disk_dir else None
         return MemoryBlockStore(config.capacity_bytes, events, **clock_arg, disk=disk)
     if config.backend == "mooncake":
-        from services.kvstore.mooncake_index import MooncakeIndexStore  # loads nothing of Mooncake
+        from pdserve.services.kvstore.mooncake_index import MooncakeIndexStore  # loads nothing of Mooncake
         plane = mooncake_plane.connect(config.mooncake)
         return MooncakeIndexStore(config.capacity_bytes, config.mooncake, plane, events, **clock_arg)
-    from services.kvstore.redis_store import RedisBlockStore  # only Redis deployments connect to one
+    from pdserve.services.kvstore.redis_store import RedisBlockStore  # only Redis deployments connect to one
     return RedisBlockStore(config.backend, config.capacity_bytes, events, **clock_arg)
 
 
@@ -150,7 +150,7 @@ def serve(config: KVStoreConfig, clock: Callable[[], float] | None = None) -> Ru
     ucx = tcp = grpc_server = None
     try:
         if config.ucx_port is not None:
-            from services.kvstore.ucx_server import UcxKVStoreServer  # only a UCX-enabled server loads UCX
+            from pdserve.services.kvstore.ucx_server import UcxKVStoreServer  # only a UCX-enabled server loads UCX
             ucx = UcxKVStoreServer(handlers, config.ucx_port, config.security.tokens)
             warn_if_open(config.security, f"UCX port {ucx.port}")
         if config.tcp_port is not None:

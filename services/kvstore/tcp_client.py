@@ -23,15 +23,15 @@ from collections.abc import Callable
 
 import grpc
 
-from services.common.tls import ClientTLS
-from services.kvstore import tcp_frames as frames
-from services.kvstore.batch_codec import Decoded, OutBatch
-from services.kvstore.errors import InvalidArgument, KVStoreError
-from services.kvstore.reused_buffers import ReusedBuffers
-from services.kvstore.tcp_frames import BadFrame
-from services.kvstore.transport import BlockTransport
-from services.kvstore.validate import block_nbytes
-from services.pb import kvstore_pb2 as pb
+from pdserve.services.common.tls import ClientTLS
+from pdserve.services.kvstore import tcp_frames as frames
+from pdserve.services.kvstore.batch_codec import Decoded, OutBatch
+from pdserve.services.kvstore.errors import InvalidArgument, KVStoreError
+from pdserve.services.kvstore.reused_buffers import ReusedBuffers
+from pdserve.services.kvstore.tcp_frames import BadFrame
+from pdserve.services.kvstore.transport import BlockTransport
+from pdserve.services.kvstore.validate import block_nbytes
+from pdserve.services.pb import kvstore_pb2 as pb
 
 CONNECT_TIMEOUT_S = 5.0
 POOL_SIZE = 4  # idle connections kept; more may be open while requests are in flight

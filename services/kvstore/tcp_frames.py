@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from services.kvstore.errors import InvalidArgument, KVStoreError, from_status
+from pdserve.services.kvstore.errors import InvalidArgument, KVStoreError, from_status
 
 TCP_PORT_METADATA = "pdserve-kvstore-tcp-port"
 

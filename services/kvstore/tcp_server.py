@@ -22,16 +22,16 @@ import threading
 
 import grpc
 
-from services.common.auth import bearer_problem
-from services.common.security import INTERNAL_TOKEN
-from services.common.tls import ServerTLS
-from services.kvstore import tcp_frames as frames
-from services.kvstore.batch_codec import Decoded
-from services.kvstore.errors import InvalidArgument, KVStoreError, KVStoreFullError
-from services.kvstore.handlers import KVStoreHandlers
-from services.kvstore.tcp_frames import BadFrame, Header
-from services.kvstore.validate import block_nbytes
-from services.pb import kvstore_pb2 as pb
+from pdserve.services.common.auth import bearer_problem
+from pdserve.services.common.security import INTERNAL_TOKEN
+from pdserve.services.common.tls import ServerTLS
+from pdserve.services.kvstore import tcp_frames as frames
+from pdserve.services.kvstore.batch_codec import Decoded
+from pdserve.services.kvstore.errors import InvalidArgument, KVStoreError, KVStoreFullError
+from pdserve.services.kvstore.handlers import KVStoreHandlers
+from pdserve.services.kvstore.tcp_frames import BadFrame, Header
+from pdserve.services.kvstore.validate import block_nbytes
+from pdserve.services.pb import kvstore_pb2 as pb
 
 logger = logging.getLogger(__name__)
 

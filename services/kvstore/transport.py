@@ -7,10 +7,10 @@ import abc
 
 import grpc
 
-from services.kvstore import batch_codec
-from services.kvstore.batch_codec import Decoded, OutBatch
-from services.kvstore.errors import from_status
-from services.pb import kvstore_pb2, kvstore_pb2_grpc
+from pdserve.services.kvstore import batch_codec
+from pdserve.services.kvstore.batch_codec import Decoded, OutBatch
+from pdserve.services.kvstore.errors import from_status
+from pdserve.services.pb import kvstore_pb2, kvstore_pb2_grpc
 
 _METHOD = "/pdserve.v1.KVStore/"
 

@@ -12,13 +12,13 @@ import threading
 
 import grpc
 
-from services.kvstore import ucx_frames as frames
-from services.kvstore import ucx_runtime
-from services.kvstore.batch_codec import BATCH_BYTES, Decoded, OutBatch
-from services.kvstore.errors import KVStoreError
-from services.kvstore.transport import BlockTransport
-from services.kvstore.ucx_runtime import ucxx  # imported there, after the environment it reads
-from services.pb import kvstore_pb2
+from pdserve.services.kvstore import ucx_frames as frames
+from pdserve.services.kvstore import ucx_runtime
+from pdserve.services.kvstore.batch_codec import BATCH_BYTES, Decoded, OutBatch
+from pdserve.services.kvstore.errors import KVStoreError
+from pdserve.services.kvstore.transport import BlockTransport
+from pdserve.services.kvstore.ucx_runtime import ucxx  # imported there, after the environment it reads
+from pdserve.services.pb import kvstore_pb2
 
 CONNECT_TIMEOUT_S = 5.0
 

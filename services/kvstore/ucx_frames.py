@@ -31,7 +31,7 @@ import struct
 
 import grpc
 
-from services.kvstore.errors import InvalidArgument, KVStoreError, from_status
+from pdserve.services.kvstore.errors import InvalidArgument, KVStoreError, from_status
 
 UCX_PORT_METADATA = "pdserve-kvstore-ucx-port"
 

@@ -12,15 +12,15 @@ import logging
 
 import grpc
 
-from services.common.auth import bearer_problem
-from services.common.security import INTERNAL_TOKEN
-from services.kvstore import ucx_frames as frames
-from services.kvstore import ucx_runtime
-from services.kvstore.batch_codec import Decoded
-from services.kvstore.errors import InvalidArgument, KVStoreError
-from services.kvstore.handlers import KVStoreHandlers
-from services.kvstore.ucx_runtime import ucxx  # imported there, after the environment it reads
-from services.pb import kvstore_pb2
+from pdserve.services.common.auth import bearer_problem
+from pdserve.services.common.security import INTERNAL_TOKEN
+from pdserve.services.kvstore import ucx_frames as frames
+from pdserve.services.kvstore import ucx_runtime
+from pdserve.services.kvstore.batch_codec import Decoded
+from pdserve.services.kvstore.errors import InvalidArgument, KVStoreError
+from pdserve.services.kvstore.handlers import KVStoreHandlers
+from pdserve.services.kvstore.ucx_runtime import ucxx  # imported there, after the environment it reads
+from pdserve.services.pb import kvstore_pb2
 
 logger = logging.getLogger(__name__)
 

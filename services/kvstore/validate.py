@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import math
 
-from engine.core.block_hash import BLOCK_HASH_BYTES, kv_layout_fingerprint
-from engine.dtypes import DTYPE_SIZES
-from services.kvstore.errors import InvalidArgument
-from services.kvstore.store import StoredBlock, hash_key, tail_key
-from services.pb import kvstore_pb2
+from pdserve.engine.core.block_hash import BLOCK_HASH_BYTES, kv_layout_fingerprint
+from pdserve.engine.dtypes import DTYPE_SIZES
+from pdserve.services.kvstore.errors import InvalidArgument
+from pdserve.services.kvstore.store import StoredBlock, hash_key, tail_key
+from pdserve.services.pb import kvstore_pb2
 
 MAX_TAIL_KEY_BYTES = 512
 MAX_MODEL_ID_BYTES = 512

@@ -30,20 +30,20 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from engine.engine_request import EngineRequest
-from engine.errors import EngineDeadError
-from engine import RequestOutput
-from engine.kv_transfer import KVPayload
-from engine.request import RequestMode, RequestStatus
-from services.common.convert import logprob_to_proto, prompt_logprobs_to_proto
-from services.kvstore.client import KVStoreClient
-from services.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
-from services.worker.config import WorkerConfig
-from services.worker.engine_loop import EngineLoop
-from services.worker.kv_wire import payload_from_batches, payload_to_put
-from services.worker.metrics import WorkerMetrics
-from services.worker.runtime import RunningWorker, WorkerService, serve_worker
-from services.worker.servicer import AdmittedRequest, WorkerServicer, abort_unless_non_negative, now
+from pdserve.engine.engine_request import EngineRequest
+from pdserve.engine.errors import EngineDeadError
+from pdserve.engine import RequestOutput
+from pdserve.engine.kv_transfer import KVPayload
+from pdserve.engine.request import RequestMode, RequestStatus
+from pdserve.services.common.convert import logprob_to_proto, prompt_logprobs_to_proto
+from pdserve.services.kvstore.client import KVStoreClient
+from pdserve.services.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
+from pdserve.services.worker.config import WorkerConfig
+from pdserve.services.worker.engine_loop import EngineLoop
+from pdserve.services.worker.kv_wire import payload_from_batches, payload_to_put
+from pdserve.services.worker.metrics import WorkerMetrics
+from pdserve.services.worker.runtime import RunningWorker, WorkerService, serve_worker
+from pdserve.services.worker.servicer import AdmittedRequest, WorkerServicer, abort_unless_non_negative, now
 
 logger = logging.getLogger(__name__)
 _HANDOFF = RequestStatus.FINISHED_HANDOFF.value

@@ -4,12 +4,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from engine import SamplingParams
-from services.common.convert import sampling_to_proto
-from services.common.grpc_server import channel
-from services.common.security import ClientSecurity
-from services.common.tls import ClientTLS
-from services.pb import common_pb2, router_pb2, router_pb2_grpc
+from pdserve.engine import SamplingParams
+from pdserve.services.common.convert import sampling_to_proto
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.common.security import ClientSecurity
+from pdserve.services.common.tls import ClientTLS
+from pdserve.services.pb import common_pb2, router_pb2, router_pb2_grpc
 
 
 class Generation(NamedTuple):

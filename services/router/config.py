@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S
-from services.common.defaults import DEFAULT_MODEL, HOST, ROUTER_PORT
-from services.common.security import API_KEY, ClientSecurity, ServerSecurity
-from services.router.decide.config import (DEFAULT_SLO_CLASS, PATH_POLICIES, PLACEMENTS, PathConfig,  # noqa: F401
+from pdserve.engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S
+from pdserve.services.common.defaults import DEFAULT_MODEL, HOST, ROUTER_PORT
+from pdserve.services.common.security import API_KEY, ClientSecurity, ServerSecurity
+from pdserve.services.router.decide.config import (DEFAULT_SLO_CLASS, PATH_POLICIES, PLACEMENTS, PathConfig,  # noqa: F401
                                            RoutingConfig, SaturationConfig, SLOClass, default_slo_classes)
 
 # The public gRPC port's message bound, unless --max-request-bytes says otherwise: a larger

@@ -4,17 +4,17 @@ from __future__ import annotations
 import argparse
 import logging
 
-from services.common.address import parse_addresses
-from services.common.defaults import DRAIN_TIMEOUT_S, KVSTORE_ADDRESS
-from services.common.process import configure_logging, wait_for_shutdown
-from services.common.security import internal_client_security, server_tls_from_args
-from services.router import security
-from services.router.config import (DEFAULT_SLO_CLASS, PLACEMENTS, PathConfig, RouterConfig, SaturationConfig,
+from pdserve.services.common.address import parse_addresses
+from pdserve.services.common.defaults import DRAIN_TIMEOUT_S, KVSTORE_ADDRESS
+from pdserve.services.common.process import configure_logging, wait_for_shutdown
+from pdserve.services.common.security import internal_client_security, server_tls_from_args
+from pdserve.services.router import security
+from pdserve.services.router.config import (DEFAULT_SLO_CLASS, PLACEMENTS, PathConfig, RouterConfig, SaturationConfig,
                                     default_slo_classes, load_slo_classes)
-from services.router.decide.paths import PATH_POLICIES
-from services.router.fronts.http.config import HttpConfig
-from services.router.fronts.http.parsing import REASONING_PARSERS, TOOL_PARSERS
-from services.router.state.k8s_discovery import add_discovery_arguments, discovery_from_args
+from pdserve.services.router.decide.paths import PATH_POLICIES
+from pdserve.services.router.fronts.http.config import HttpConfig
+from pdserve.services.router.fronts.http.parsing import REASONING_PARSERS, TOOL_PARSERS
+from pdserve.services.router.state.k8s_discovery import add_discovery_arguments, discovery_from_args
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def run(args) -> int:
     discovery = discovery_from_args(args)  # None: the static --prefill/--decode lists
     if discovery is not None and not discovery.start(wait_s=10.0):
         logger.warning("no EndpointSlice list yet; the pools fill in when the API server answers")
-    from services.router.server import serve  # after the arguments are known good: loads the tokenizer
+    from pdserve.services.router.server import serve  # after the arguments are known good: loads the tokenizer
     running = serve(cfg, discovery=discovery, http=http)
     metrics = f", metrics on :{running.metrics_port}" if running.metrics_port is not None else ""
     print(f"router serving on {cfg.host}:{running.server.port}{metrics}", flush=True)

@@ -2,11 +2,11 @@
 HPA can scale the prefill pool on disaggregated TTFT and the decode pool on ITL."""
 from __future__ import annotations
 
-from services.common.metrics import Metrics
-from services.router.config import SLOClass
-from services.router.state.discovery import POOLS
-from services.router.state.kv_index import KVIndex
-from services.router.state.workers import WorkerRegistry
+from pdserve.services.common.metrics import Metrics
+from pdserve.services.router.config import SLOClass
+from pdserve.services.router.state.discovery import POOLS
+from pdserve.services.router.state.kv_index import KVIndex
+from pdserve.services.router.state.workers import WorkerRegistry
 
 STORE_TIER = "store"  # router_kv_index_blocks' tier for the kvstore's blocks
 NO_CLASS = "none"  # requests refused before their class was known (no unbounded label values)

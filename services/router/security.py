@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import os
 
-from services.common.auth import parse_tokens
-from services.common.security import (API_KEY, ServerSecurity, add_internal_client_arguments,
+from pdserve.services.common.auth import parse_tokens
+from pdserve.services.common.security import (API_KEY, ServerSecurity, add_internal_client_arguments,
                                       add_internal_token_argument, add_server_tls_arguments, server_tls_from_args)
-from services.router.config import BYTES_PER_TOKEN, REQUEST_SLACK_BYTES
-from services.router.fronts.http.config import API_KEY_ENV
+from pdserve.services.router.config import BYTES_PER_TOKEN, REQUEST_SLACK_BYTES
+from pdserve.services.router.fronts.http.config import API_KEY_ENV
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

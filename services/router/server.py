@@ -15,34 +15,34 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from engine.chat import load_chat_template, with_chat_template
-from services.common.defaults import HOST
-from services.common.grpc_server import RunningServer, ServiceSpec, start_server
-from services.router.config import RouterConfig, max_request_bytes
-from services.router.core.admission import AdmissionGate
-from services.router.core.calls import WorkerCalls
-from services.router.core.drain import Drain, DrainingReadiness
-from services.router.core.flow import GenerateFlow
-from services.router.core.front import Front
-from services.router.core.model_info import ModelInfo, describe_model, tokenizer_for
-from services.router.core.pools import Pool
-from services.router.core.request import RequestValidator
-from services.router.decide.paths import path_policy
-from services.router.decide.placement import placement_policies
-from services.router.decide.policy import WorkerPolicy
-from services.router.decide.saturation import SaturationPolicy
-from services.router.fronts.grpc_servicer import RouterServicer
-from services.router.fronts.http.backend import Backend
-from services.router.fronts.http.config import HttpConfig
-from services.router.fronts.http.server import HttpServer
-from services.router.fronts.wire import add_router_to_server
-from services.router.metrics import RouterMetrics
-from services.router.state.discovery import DECODE, PREFILL, Discovery, StaticDiscovery
-from services.router.state.kv_index import KVIndex
-from services.router.state.kv_subscriber import KVSources
-from services.router.state.poller import LoadPoller
-from services.router.state.readiness import Readiness
-from services.router.state.workers import WorkerRegistry
+from pdserve.engine.chat import load_chat_template, with_chat_template
+from pdserve.services.common.defaults import HOST
+from pdserve.services.common.grpc_server import RunningServer, ServiceSpec, start_server
+from pdserve.services.router.config import RouterConfig, max_request_bytes
+from pdserve.services.router.core.admission import AdmissionGate
+from pdserve.services.router.core.calls import WorkerCalls
+from pdserve.services.router.core.drain import Drain, DrainingReadiness
+from pdserve.services.router.core.flow import GenerateFlow
+from pdserve.services.router.core.front import Front
+from pdserve.services.router.core.model_info import ModelInfo, describe_model, tokenizer_for
+from pdserve.services.router.core.pools import Pool
+from pdserve.services.router.core.request import RequestValidator
+from pdserve.services.router.decide.paths import path_policy
+from pdserve.services.router.decide.placement import placement_policies
+from pdserve.services.router.decide.policy import WorkerPolicy
+from pdserve.services.router.decide.saturation import SaturationPolicy
+from pdserve.services.router.fronts.grpc_servicer import RouterServicer
+from pdserve.services.router.fronts.http.backend import Backend
+from pdserve.services.router.fronts.http.config import HttpConfig
+from pdserve.services.router.fronts.http.server import HttpServer
+from pdserve.services.router.fronts.wire import add_router_to_server
+from pdserve.services.router.metrics import RouterMetrics
+from pdserve.services.router.state.discovery import DECODE, PREFILL, Discovery, StaticDiscovery
+from pdserve.services.router.state.kv_index import KVIndex
+from pdserve.services.router.state.kv_subscriber import KVSources
+from pdserve.services.router.state.poller import LoadPoller
+from pdserve.services.router.state.readiness import Readiness
+from pdserve.services.router.state.workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
 

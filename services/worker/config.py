@@ -8,17 +8,17 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from engine.config import SCHEDULING_POLICIES, EngineConfig, SchedulerConfig
-from engine.dtypes import DTYPE_NAMES
-from engine.errors import InvalidRequestError
-from engine.spec_decode.config import SpeculativeConfig
-from services.common import defaults
-from services.common.address import split_host_port
-from services.common.security import (ClientSecurity, ServerSecurity, add_internal_client_arguments,
+from pdserve.engine.config import SCHEDULING_POLICIES, EngineConfig, SchedulerConfig
+from pdserve.engine.dtypes import DTYPE_NAMES
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.spec_decode.config import SpeculativeConfig
+from pdserve.services.common import defaults
+from pdserve.services.common.address import split_host_port
+from pdserve.services.common.security import (ClientSecurity, ServerSecurity, add_internal_client_arguments,
                                       add_internal_token_argument, add_server_tls_arguments,
                                       internal_client_security, internal_server_security)
-from services.common.sizes import parse_bytes
-from services.worker.parallel_args import add_parallel_arguments, parallel_config_from_args
+from pdserve.services.common.sizes import parse_bytes
+from pdserve.services.worker.parallel_args import add_parallel_arguments, parallel_config_from_args
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from engine import EngineCore, RequestOutput
-from engine.core.kv_events import KVEvents
-from engine.engine_request import EngineRequest
-from engine.errors import EngineDeadError
-from engine.info import EngineInfo
-from engine.stats import EngineStats
+from pdserve.engine import EngineCore, RequestOutput
+from pdserve.engine.core.kv_events import KVEvents
+from pdserve.engine.engine_request import EngineRequest
+from pdserve.engine.errors import EngineDeadError
+from pdserve.engine.info import EngineInfo
+from pdserve.engine.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 

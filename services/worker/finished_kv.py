@@ -37,12 +37,12 @@ from dataclasses import dataclass
 
 import grpc
 
-from engine.kv_transfer import KVPayload
-from services.kvstore.client import KVStoreClient
-from services.worker.config import WorkerConfig
-from services.worker.engine_loop import EngineLoop
-from services.worker.kv_wire import payload_to_put
-from services.worker.metrics import WorkerMetrics
+from pdserve.engine.kv_transfer import KVPayload
+from pdserve.services.kvstore.client import KVStoreClient
+from pdserve.services.worker.config import WorkerConfig
+from pdserve.services.worker.engine_loop import EngineLoop
+from pdserve.services.worker.kv_wire import payload_to_put
+from pdserve.services.worker.metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
 

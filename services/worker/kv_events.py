@@ -5,9 +5,9 @@ the model reads) or HOST (host memory, blocks the device evicted), which a route
 apart (a host hit costs a copy back)."""
 from __future__ import annotations
 
-from engine.core.kv_events import KVEventKind, KVEvents, KVTier
-from engine.info import EngineInfo
-from services.common.kv_events import DEVICE, HOST, REMOVED, STORED, KVEventPublisher
+from pdserve.engine.core.kv_events import KVEventKind, KVEvents, KVTier
+from pdserve.engine.info import EngineInfo
+from pdserve.services.common.kv_events import DEVICE, HOST, REMOVED, STORED, KVEventPublisher
 
 _KINDS = {KVEventKind.STORED: STORED, KVEventKind.REMOVED: REMOVED}
 _TIERS = {KVTier.DEVICE: DEVICE, KVTier.HOST: HOST}

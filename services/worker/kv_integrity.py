@@ -27,8 +27,8 @@ import struct
 
 import xxhash
 
-from engine.kv_transfer import KVLayout
-from services.pb import kvstore_pb2
+from pdserve.engine.kv_transfer import KVLayout
+from pdserve.services.pb import kvstore_pb2
 
 _DOMAIN = b"pdserve-kv-block-v2-xxh3"  # v1: zlib.crc32
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.dtypes import DTYPE_NAMES, DTYPE_SIZES, dtype_name, torch_dtype
-from engine.kv_transfer import BlockChunks, KVLayout, KVPayload
-from services.kvstore.batch_codec import Decoded
-from services.pb import kvstore_pb2
-from services.worker.kv_integrity import refusal, seal, stamp
+from pdserve.engine.dtypes import DTYPE_NAMES, DTYPE_SIZES, dtype_name, torch_dtype
+from pdserve.engine.kv_transfer import BlockChunks, KVLayout, KVPayload
+from pdserve.services.kvstore.batch_codec import Decoded
+from pdserve.services.pb import kvstore_pb2
+from pdserve.services.worker.kv_integrity import refusal, seal, stamp
 
 
 def block_header(block_shape, dtype: torch.dtype, num_tokens: int, block_hash: bytes = b"",

@@ -2,9 +2,9 @@
 (vllm_metrics.py), fed by the same observations."""
 from __future__ import annotations
 
-from engine.stats import EngineStats
-from services.common.metrics import Metrics
-from services.worker.vllm_metrics import VllmMetrics
+from pdserve.engine.stats import EngineStats
+from pdserve.services.common.metrics import Metrics
+from pdserve.services.worker.vllm_metrics import VllmMetrics
 
 
 class WorkerMetrics:

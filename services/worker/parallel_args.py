@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from engine.errors import InvalidRequestError
-from engine.executor.config import ParallelConfig
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.executor.config import ParallelConfig
 
 _PARALLEL = ParallelConfig()
 # the flags `pdserve up` reads back from a worker's command line (cli/launcher.py: cores per rank)

@@ -9,17 +9,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine import EngineCore
-from services.common.grpc_server import RunningServer, ServiceSpec, start_server
-from services.common.kv_events import kv_events_service
-from services.common.process import configure_logging, set_cpu_threads, wait_for_shutdown
-from services.kvstore.client import KVStoreClient
-from services.kvstore.reused_buffers import ReusedBuffers
-from services.worker.config import WorkerConfig, add_worker_arguments, worker_config_from_args
-from services.worker.engine_loop import EngineLoop
-from services.worker.kv_events import WorkerKVEvents
-from services.worker.metrics import WorkerMetrics
-from services.worker.servicer import WorkerServicer
+from pdserve.engine import EngineCore
+from pdserve.services.common.grpc_server import RunningServer, ServiceSpec, start_server
+from pdserve.services.common.kv_events import kv_events_service
+from pdserve.services.common.process import configure_logging, set_cpu_threads, wait_for_shutdown
+from pdserve.services.kvstore.client import KVStoreClient
+from pdserve.services.kvstore.reused_buffers import ReusedBuffers
+from pdserve.services.worker.config import WorkerConfig, add_worker_arguments, worker_config_from_args
+from pdserve.services.worker.engine_loop import EngineLoop
+from pdserve.services.worker.kv_events import WorkerKVEvents
+from pdserve.services.worker.metrics import WorkerMetrics
+from pdserve.services.worker.servicer import WorkerServicer
 
 # A worker's kvstore channel. A kvstore that restarts must be read from again within a
 # second, not after gRPC's default reconnect backoff (1 s growing 1.6x per failed try to

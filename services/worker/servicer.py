@@ -11,17 +11,17 @@ from dataclasses import dataclass
 
 import grpc
 
-from engine import InvalidRequestError, RequestOutput, SamplingParams
-from engine.core.block_hash import check_cache_salt
-from engine.request import RequestStatus
-from engine.stats import EngineStats
-from services.common.convert import sampling_from_proto
-from services.kvstore.client import KVStoreClient
-from services.pb import common_pb2
-from services.worker.config import WorkerConfig
-from services.worker.engine_loop import EngineLoop
-from services.worker.in_flight import InFlight
-from services.worker.metrics import WorkerMetrics
+from pdserve.engine import InvalidRequestError, RequestOutput, SamplingParams
+from pdserve.engine.core.block_hash import check_cache_salt
+from pdserve.engine.request import RequestStatus
+from pdserve.engine.stats import EngineStats
+from pdserve.services.common.convert import sampling_from_proto
+from pdserve.services.kvstore.client import KVStoreClient
+from pdserve.services.pb import common_pb2
+from pdserve.services.worker.config import WorkerConfig
+from pdserve.services.worker.engine_loop import EngineLoop
+from pdserve.services.worker.in_flight import InFlight
+from pdserve.services.worker.metrics import WorkerMetrics
 
 
 def now() -> float:

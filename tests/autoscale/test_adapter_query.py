@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoscale.adapter_query import label_matchers, parse_rules, render
+from pdserve.autoscale.adapter_query import label_matchers, parse_rules, render
 from tests.deploy.chart import FULLNAME, render as render_chart
 
 RULE = """

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autoscale.hpa import HPA, HPASpec, ScalingPolicy, ScalingRules, load_hpa_specs
+from pdserve.autoscale.hpa import HPA, HPASpec, ScalingPolicy, ScalingRules, load_hpa_specs
 
 VALUES = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "pdserve" / "values.yaml"
 FREE = ScalingRules(0.0, "Max", (ScalingPolicy("Pods", 100, 15.0),))  # no window, no practical limit

@@ -9,10 +9,10 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from autoscale.controller import Autoscaler, PoolScaler, format_decision, pools_from_values
-from autoscale.pod_metrics import (MetricSpec, PodMetricSource, histogram_quantile, metric_specs,
+from pdserve.autoscale.controller import Autoscaler, PoolScaler, format_decision, pools_from_values
+from pdserve.autoscale.pod_metrics import (MetricSpec, PodMetricSource, histogram_quantile, metric_specs,
                                             parse_duration)
-from services.worker.metrics import WorkerMetrics
+from pdserve.services.worker.metrics import WorkerMetrics
 
 VALUES = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "pdserve" / "values.yaml"
 SPEC = MetricSpec("pdserve_worker_ttft_seconds", 0.9, 10.0)

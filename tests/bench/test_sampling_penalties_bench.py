@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench import sampling_penalties as bench
-from engine.sampling_params import SamplingParams
+from pdserve.engine.sampling_params import SamplingParams
 
 VOCAB = 49152
 EOS = frozenset({2})

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.autoscale import load_values, merge_values
-from cli.bench.datasets import BenchRequest
-from cli.bench.targets import GrpcTarget, TargetConfig
+from pdserve.cli.autoscale import load_values, merge_values
+from pdserve.cli.bench.datasets import BenchRequest
+from pdserve.cli.bench.targets import GrpcTarget, TargetConfig
 from tests.cli.up_platform import Platform, running_up, up_ports
 
 VALUES = Path(__file__).with_name("autoscale_values.yaml")

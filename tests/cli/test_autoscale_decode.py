@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import SamplingParams
-from services.router.client import RouterClient
+from pdserve.engine import SamplingParams
+from pdserve.services.router.client import RouterClient
 from tests.cli.test_autoscale import decisions
 from tests.cli.up_platform import running_up, up_ports
 

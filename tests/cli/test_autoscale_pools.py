@@ -9,9 +9,9 @@ import socket
 import sys
 import time
 
-from cli.autoscale import LocalPools
-from cli.launcher import Platform, ProcessSpec
-from cli.supervisor import Supervisor
+from pdserve.cli.autoscale import LocalPools
+from pdserve.cli.launcher import Platform, ProcessSpec
+from pdserve.cli.supervisor import Supervisor
 
 # exits 0 a little after SIGTERM, as a worker does once its drain is done; listens on its
 # --port once it handles SIGTERM

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from cli.main import build_parser, main
-from cli.structured_args import structured_from_args
-from engine.structured import StructuredOutputsParams
+from pdserve.cli.main import build_parser, main
+from pdserve.cli.structured_args import structured_from_args
+from pdserve.engine.structured import StructuredOutputsParams
 from tests.services.router.fakes import start_fake_cluster
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
@@ -58,7 +58,7 @@ def test_a_bad_spec_is_an_error_naming_it(tmp_path, capsys, flags, says):
 
 
 def test_the_spec_travels_through_the_router(tiny_llama_dir, capsys):
-    from engine import load_tokenizer
+    from pdserve.engine import load_tokenizer
     cluster = start_fake_cluster(tiny_llama_dir, load_tokenizer(tiny_llama_dir), num_prefill=1, num_decode=1)
     try:
         assert main(["generate", "--prompt", "Hi", "--url", cluster.router.address, "--max-tokens", "2",

@@ -4,12 +4,14 @@ from __future__ import annotations
 import ast
 import json
 import subprocess
+import sys
 import urllib.request
 import zipfile
+from pathlib import Path
 
 import pytest
 
-from cli.main import COMMANDS
+from pdserve.cli.main import COMMANDS
 from tests.cli.installed import REPO, Installed, build_wheel, install, repository_files, wheel_files
 from tests.cli.up_platform import running_up, up_ports
 
@@ -27,14 +29,18 @@ def installed(tmp_path_factory) -> Installed:
 
 
 def imported_packages() -> set[str]:
-    """Top-level packages of this repository that the tests or the CLI's commands import."""
-    names = {c.module.split(".")[0] for c in _commands(COMMANDS)}
+    """The repository's folders installed as pdserve's subpackages that the tests or the CLI's
+    commands import (`pdserve.engine.llm` -> `engine`)."""
+    names = {c.module.split(".")[1] for c in _commands(COMMANDS)}
     for path in (REPO / "tests").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
-                names.update(alias.name.split(".")[0] for alias in node.names)
+                dotted = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names.add(node.module.split(".")[0])
+                dotted = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            names.update(d.split(".")[1] for d in dotted if d.startswith("pdserve."))
     return {n for n in names if (REPO / n / "__init__.py").is_file()} - NOT_INSTALLED
 
 
@@ -46,16 +52,26 @@ def _commands(commands):
 def test_the_wheel_holds_every_runtime_file_of_the_repository(installed):
     packages = imported_packages()
     assert {"engine", "kernels", "services", "cli", "sim"} <= packages
-    expected = set(repository_files(*sorted(packages)))
-    assert {"kernels/cpu/paged_attention.cpp", "sim/profiles/h100_llama8b.json",
-            "autoscale/chart_values.yaml"} <= expected
+    expected = {f"pdserve/{name}" for name in repository_files("pdserve", *sorted(packages))
+                if not name.startswith("pdserve/")} | {"pdserve/__init__.py"}
+    assert {"pdserve/kernels/cpu/paged_attention.cpp", "pdserve/sim/profiles/h100_llama8b.json",
+            "pdserve/autoscale/chart_values.yaml"} <= expected
     missing = sorted(expected - wheel_files(installed.wheel))
     assert missing == [], f"files the product needs that the wheel lacks: {missing}"
 
 
+def test_the_wheel_installs_one_top_level_package_pdserve(installed):
+    # every peer installs one name (vllm, sglang, dynamo); generic ones (engine, kernels, cli)
+    # collide with other distributions' packages in site-packages
+    assert {name.split("/")[0] for name in wheel_files(installed.wheel)} == {"pdserve"}
+    with zipfile.ZipFile(installed.wheel) as z:
+        top_level = [n for n in z.namelist() if n.endswith(".dist-info/top_level.txt")]
+        assert all(z.read(n).decode().split() == ["pdserve"] for n in top_level)
+
+
 def test_the_wheel_carries_the_charts_values_themselves_not_a_link(installed):
     with zipfile.ZipFile(installed.wheel) as z:
-        carried = z.read("autoscale/chart_values.yaml")
+        carried = z.read("pdserve/autoscale/chart_values.yaml")
     assert carried == (REPO / "deploy" / "helm" / "pdserve" / "values.yaml").read_bytes()
 
 
@@ -63,7 +79,7 @@ def test_pdserve_help_works_from_any_directory_and_loads_no_torch(installed):
     out = installed.run("--help")
     assert out.returncode == 0, out.stderr
     assert all(c.name in out.stdout for c in COMMANDS)
-    probe = ("import sys\nfrom cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+    probe = ("import sys\nfrom pdserve.cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
              "print(sorted(m for m in ('torch', 'grpc', 'fastapi', 'transformers') if m in sys.modules), "
              "file=sys.stderr)")
     loaded = subprocess.run([installed.python, "-c", probe], cwd=installed.workdir, env=installed.env(),
@@ -86,10 +102,10 @@ def test_a_command_whose_module_cannot_import_fails_alone_naming_it(installed):
     probe = ("import importlib.abc, sys\n"
              "class Missing(importlib.abc.MetaPathFinder):\n"
              "    def find_spec(self, name, path=None, target=None):\n"
-             "        if name == 'sim':\n"
+             "        if name == 'pdserve.sim':\n"
              "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
              "sys.meta_path.insert(0, Missing())\n"
-             "from cli.main import main\n"
+             "from pdserve.cli.main import main\n"
              "print(main(['profile', '--help']))\n"
              "try:\n    main(['up', '--help'])\nexcept SystemExit as e:\n    print('up', e.code)\n")
     out = subprocess.run([installed.python, "-c", probe], cwd=installed.workdir, env=installed.env(),
@@ -97,8 +113,8 @@ def test_a_command_whose_module_cannot_import_fails_alone_naming_it(installed):
     lines = out.stdout.splitlines()
     assert (lines[0], lines[1].startswith("usage: pdserve up "), lines[-1]) == ("2", True, "up 0"), out.stdout
     (error,) = out.stderr.strip().splitlines()
-    assert error == ("pdserve: error: 'pdserve profile' is unavailable: module 'sim' could not be imported "
-                     "while loading profiler.measure (No module named 'sim')")
+    assert error == ("pdserve: error: 'pdserve profile' is unavailable: module 'pdserve.sim' could not be "
+                     "imported while loading pdserve.profiler.measure (No module named 'pdserve.sim')")
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +146,35 @@ def test_generate_installed_with_the_default_cpu_backend_matches_transformers(ge
     assert len(generated["prompt_token_ids"]) == 38
     (expected,) = hf_greedy(load_hf_model(tiny_qwen3), [generated["prompt_token_ids"]], MAX_TOKENS, eos)
     assert generated["token_ids"] == expected and len(expected) == MAX_TOKENS
+
+
+# Hugging Face's `kernels` and its one dependency the test environment lacks (`make setup`)
+HF_KERNELS_WHEELS = Path(sys.prefix) / "hf-kernels-wheels"
+
+
+def test_pdserve_works_beside_hugging_faces_kernels_package(installed, generated, tiny_qwen3, tmp_path):
+    """Both in one site-packages, as `pip install pdserve kernels` leaves them: transformers takes
+    up Hugging Face's `kernels`, pdserve's own are pdserve.kernels, and generate answers as before."""
+    wheels = sorted(HF_KERNELS_WHEELS.glob("*.whl"))
+    assert any(w.name.startswith("kernels-") for w in wheels), f"no kernels wheel in {HF_KERNELS_WHEELS}: make setup"
+    beside = install(installed.wheel, tmp_path / "venv", tmp_path / "work")
+    subprocess.run([beside.python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", *map(str, wheels)],
+                   check=True, timeout=300)
+    probe = ("import kernels, pdserve.kernels.cpu\n"
+             "from transformers.utils.import_utils import is_kernels_available\n"
+             "print(kernels.__file__, hasattr(kernels, 'get_kernel'), is_kernels_available(), pdserve.kernels.cpu.__file__)")
+    out = subprocess.run([beside.python, "-c", probe], cwd=beside.workdir, env=beside.env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    theirs, has_get_kernel, available, ours = out.stdout.split()
+    site = str(beside.prefix)
+    assert theirs.startswith(site) and "/site-packages/kernels/" in theirs
+    assert (has_get_kernel, available) == ("True", "True")
+    assert ours.startswith(site) and ours.endswith("/site-packages/pdserve/kernels/cpu/__init__.py")
+    run = beside.run("generate", "--model", tiny_qwen3, "--prompt", PROMPT, "--max-tokens", str(MAX_TOKENS),
+                     "--json", timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["token_ids"] == generated["token_ids"]
 
 
 def _completion(port: int, model: str) -> dict:

@@ -1,7 +1,7 @@
 """`pdserve up`: the process plan."""
 from __future__ import annotations
 
-from cli.launcher import PlatformConfig, plan, split_cpus
+from pdserve.cli.launcher import PlatformConfig, plan, split_cpus
 
 
 def test_cores_are_split_among_workers():

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from cli.launcher import PlatformConfig, plan
-from cli.main import build_parser
-from cli.mooncake_procs import MooncakePlan
+from pdserve.cli.launcher import PlatformConfig, plan
+from pdserve.cli.main import build_parser
+from pdserve.cli.mooncake_procs import MooncakePlan
 
 
 def _flag(argv: list[str], name: str) -> str | None:

@@ -25,7 +25,7 @@ def chat_completion(port: int) -> dict:
 
 
 def offline_chat() -> str:
-    from engine import LLM, SamplingParams
+    from pdserve.engine import LLM, SamplingParams
     llm = LLM(model="smollm2", dtype="float32")
     return llm.chat(MESSAGES, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))[0].text
 

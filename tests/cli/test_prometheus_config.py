@@ -10,8 +10,8 @@ import subprocess
 import pytest
 import yaml
 
-from autoscale.adapter_query import parse_rules
-from cli.launcher import PlatformConfig, plan
+from pdserve.autoscale.adapter_query import parse_rules
+from pdserve.cli.launcher import PlatformConfig, plan
 from tests.deploy.chart import FULLNAME, render
 from tests.prometheus import LOCAL_NAMESPACE, scrape_config, targets, write_scrape_config
 

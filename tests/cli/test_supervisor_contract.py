@@ -3,8 +3,8 @@ imports the launcher that starts it (the launcher's Platform keeps the contract)
 import subprocess
 import sys
 
-from cli.launcher import Platform
-from cli.supervisor import Supervised
+from pdserve.cli.launcher import Platform
+from pdserve.cli.supervisor import Supervised
 
 
 def test_the_launchers_platform_keeps_the_supervised_contract():
@@ -15,6 +15,6 @@ def test_the_launchers_platform_keeps_the_supervised_contract():
 
 
 def test_the_supervisor_does_not_import_the_launcher():
-    probe = "import sys, cli.supervisor; print('cli.launcher' in sys.modules)"
+    probe = "import sys, pdserve.cli.supervisor; print('pdserve.cli.launcher' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"

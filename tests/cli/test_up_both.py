@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import LLM, SamplingParams
-from services.router.client import RouterClient
+from pdserve.engine import LLM, SamplingParams
+from pdserve.services.router.client import RouterClient
 from tests.cli.up_platform import Platform, running_up, scrape, up_ports
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-import cli.main
-import cli.up
-from cli.launcher import PlatformConfig, plan
+import pdserve.cli.main
+import pdserve.cli.up
+from pdserve.cli.launcher import PlatformConfig, plan
 
 
 def _planned(monkeypatch, *argv: str) -> PlatformConfig:
     seen = []
-    monkeypatch.setattr(cli.up, "run_platform", lambda cfg: seen.append(cfg) or 0)
-    assert cli.main.main(["up", *argv]) == 0
+    monkeypatch.setattr(pdserve.cli.up, "run_platform", lambda cfg: seen.append(cfg) or 0)
+    assert pdserve.cli.main.main(["up", *argv]) == 0
     return seen[0]
 
 
@@ -28,7 +28,7 @@ def test_both_alone_starts_only_workers_of_both_roles_in_both_pools(monkeypatch)
     assert list(specs) == ["kvstore", "both-0", "both-1", "router"]
     for name, cpus in (("both-0", [0]), ("both-1", [1])):
         argv = specs[name].argv
-        assert argv[argv.index("cli.main") + 1:argv.index("cli.main") + 4] == ["decode", "--role", "both"]
+        assert argv[argv.index("pdserve.cli.main") + 1:argv.index("pdserve.cli.main") + 4] == ["decode", "--role", "both"]
         assert specs[name].cpus == cpus
     router = specs["router"].argv
     assert _flag(router, "--prefill") == _flag(router, "--decode") == "127.0.0.1:7200,127.0.0.1:7201"
@@ -60,9 +60,9 @@ def test_both_beside_pure_workers(monkeypatch):
     (["--prefill", "-2"], "--prefill: must be >= 0, got -2"),
 ])
 def test_a_combination_that_makes_no_sense_is_refused_naming_the_flag(monkeypatch, capsys, argv, message):
-    monkeypatch.setattr(cli.up, "run_platform", lambda cfg: pytest.fail("started with a bad combination"))
+    monkeypatch.setattr(pdserve.cli.up, "run_platform", lambda cfg: pytest.fail("started with a bad combination"))
     try:
-        code = cli.main.main(["up", *argv])
+        code = pdserve.cli.main.main(["up", *argv])
     except SystemExit as e:  # argparse's own refusals
         code = e.code
     assert code == 2

@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from engine import SamplingParams
-from services.router.client import RouterClient
+from pdserve.engine import SamplingParams
+from pdserve.services.router.client import RouterClient
 from tests.cli.up_platform import Platform, running_up, up_ports
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -51,7 +51,7 @@ def reference(platform) -> list[list[int]]:
 
 def test_the_speculating_platform_gives_the_offline_tokens_without_speculation(platform, reference, tiny,
                                                                               tiny_llama_dir):
-    from engine import LLM
+    from pdserve.engine import LLM
     offline = LLM(tiny_llama_dir, loaded_model=tiny, progress=False, kv_cache_memory_bytes=64 << 20)
     assert [o.token_ids for o in offline.generate(PROMPTS, GREEDY)] == reference
     metrics = next(re.search(r"metrics (http://\S+/metrics)", line).group(1) for line in platform.lines
@@ -174,7 +174,7 @@ def _wait_http_status(url: str, status: int, timeout_s: float = 10) -> None:
 
 def test_supervisor_gives_a_process_that_keeps_crashing_up():
     """The restart policy without processes: backoff doubling to its cap, then giving up."""
-    from cli.supervisor import RestartPolicy, Supervisor
+    from pdserve.cli.supervisor import RestartPolicy, Supervisor
 
     class Proc:
         def __init__(self):

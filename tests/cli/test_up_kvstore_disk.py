@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from cli.launcher import PlatformConfig, plan
-from cli.main import build_parser
-from cli.up import run
+from pdserve.cli.launcher import PlatformConfig, plan
+from pdserve.cli.main import build_parser
+from pdserve.cli.up import run
 
 
 def _flag(argv: list[str], name: str) -> str | None:
@@ -34,13 +34,13 @@ def test_the_up_command_takes_the_flags():
      "--kvstore-disk-dir: a disk tier is for --kvstore-backend memory only"),
 ])
 def test_disk_flags_that_do_not_go_together_stop_up_before_any_process(argv, message, monkeypatch):
-    monkeypatch.setattr("cli.up.run_platform", lambda cfg: pytest.fail("a platform was started"))
+    monkeypatch.setattr("pdserve.cli.up.run_platform", lambda cfg: pytest.fail("a platform was started"))
     with pytest.raises(ValueError, match=message):
         run(build_parser().parse_args(["up", *argv]))
 
 
 def test_a_relative_folder_reaches_the_kvstore_absolute(monkeypatch):
     started = []
-    monkeypatch.setattr("cli.up.run_platform", lambda cfg: started.append(cfg) or 0)
+    monkeypatch.setattr("pdserve.cli.up.run_platform", lambda cfg: started.append(cfg) or 0)
     run(build_parser().parse_args(["up", "--kvstore-disk-dir", "kv", "--kvstore-disk-capacity-bytes", "1GiB"]))
     assert started[0].kvstore_disk_dir == os.path.abspath("kv")

@@ -8,21 +8,21 @@ import os
 
 import pytest
 
-import cli.main
-import cli.up
-from cli.launcher import PlatformConfig, plan
-from services.router.main import config_from_args
-from services.worker.config import worker_config_from_args
+import pdserve.cli.main
+import pdserve.cli.up
+from pdserve.cli.launcher import PlatformConfig, plan
+from pdserve.services.router.main import config_from_args
+from pdserve.services.worker.config import worker_config_from_args
 
 TEMPLATE = "<<T>>{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}:{% endif %}"
-PARSER = cli.main.build_parser()
+PARSER = pdserve.cli.main.build_parser()
 
 
 def _planned(monkeypatch, *argv: str) -> dict[str, list[str]]:
     seen: list[PlatformConfig] = []
-    monkeypatch.setattr(cli.up, "run_platform", lambda cfg: seen.append(cfg) or 0)
-    assert cli.main.main(["up", *argv]) == 0
-    return {s.name: s.argv[s.argv.index("cli.main") + 1:] for s in plan(seen[0], [0, 1, 2])}
+    monkeypatch.setattr(pdserve.cli.up, "run_platform", lambda cfg: seen.append(cfg) or 0)
+    assert pdserve.cli.main.main(["up", *argv]) == 0
+    return {s.name: s.argv[s.argv.index("pdserve.cli.main") + 1:] for s in plan(seen[0], [0, 1, 2])}
 
 
 @pytest.fixture
@@ -66,9 +66,9 @@ def test_worker_args_still_have_the_last_word(monkeypatch):
 
 @pytest.mark.parametrize("value", ["0", "1.5", "-1", "nan", "most"])
 def test_a_bad_utilization_stops_up_before_anything_starts(monkeypatch, capsys, value):
-    monkeypatch.setattr(cli.up, "run_platform", lambda cfg: pytest.fail("started"))
+    monkeypatch.setattr(pdserve.cli.up, "run_platform", lambda cfg: pytest.fail("started"))
     with pytest.raises(SystemExit) as e:
-        cli.main.main(["up", "--gpu-memory-utilization", value])
+        pdserve.cli.main.main(["up", "--gpu-memory-utilization", value])
     assert e.value.code == 2 and "gpu_memory_utilization: must be in (0, 1]" in capsys.readouterr().err
 
 
@@ -85,20 +85,20 @@ def test_the_workers_refuse_a_bad_utilization(capsys, role):
 ])
 def test_a_bad_template_stops_up_before_anything_starts(monkeypatch, capsys, tmp_path, template, problem):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli.up, "run_platform", lambda cfg: pytest.fail("started"))
-    assert cli.main.main(["up", "--chat-template", template]) == 2
+    monkeypatch.setattr(pdserve.cli.up, "run_platform", lambda cfg: pytest.fail("started"))
+    assert pdserve.cli.main.main(["up", "--chat-template", template]) == 2
     assert problem in capsys.readouterr().err
 
 
 def test_generate_chat_uses_the_template(tiny_llama_dir, tmp_path, template_file, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert cli.main.main(["generate", "--model", tiny_llama_dir, "--chat", "--chat-template", template_file,
+    assert pdserve.cli.main.main(["generate", "--model", tiny_llama_dir, "--chat", "--chat-template", template_file,
                           "--prompt", "hi", "--max-tokens", "2", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["prompt"] == "<<T>>hi:"
 
 
 def test_generate_refuses_a_bad_template(tiny_llama_dir, capsys):
-    assert cli.main.main(["generate", "--model", tiny_llama_dir, "--chat", "--chat-template",
+    assert pdserve.cli.main.main(["generate", "--model", tiny_llama_dir, "--chat", "--chat-template",
                           os.devnull + "-missing", "--prompt", "hi"]) == 2
     assert "chat_template: cannot read the file" in capsys.readouterr().err

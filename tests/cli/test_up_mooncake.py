@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cli.bench.local_platform import free_port_range
-from engine import SamplingParams
-from services.router.client import RouterClient
+from pdserve.cli.bench.local_platform import free_port_range
+from pdserve.engine import SamplingParams
+from pdserve.services.router.client import RouterClient
 from tests.cli.up_platform import Platform, running_up, scrape, up_ports
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
@@ -38,7 +38,7 @@ def platform(tiny_llama_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(tiny, tiny_llama_dir) -> list[list[int]]:
-    from engine import LLM
+    from pdserve.engine import LLM
     offline = LLM(tiny_llama_dir, loaded_model=tiny, progress=False, kv_cache_memory_bytes=64 << 20)
     return [o.token_ids for o in offline.generate(PROMPTS, GREEDY)]
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from cli.bench.local_platform import free_port_range
-from engine import LLM, SamplingParams
-from services.router.client import RouterClient
+from pdserve.cli.bench.local_platform import free_port_range
+from pdserve.engine import LLM, SamplingParams
+from pdserve.services.router.client import RouterClient
 from tests.cli.up_platform import Platform, running_up, scrape, up_ports
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)

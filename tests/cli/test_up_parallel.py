@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from engine import LLM, SamplingParams
-from services.router.client import RouterClient
+from pdserve.engine import LLM, SamplingParams
+from pdserve.services.router.client import RouterClient
 from tests.cli.up_platform import Platform, running_up, up_ports
 from tests.models import build_tiny_llama
 

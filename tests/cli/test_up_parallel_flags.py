@@ -7,16 +7,16 @@ import argparse
 
 import pytest
 
-import cli.main
-import cli.up
-from cli.launcher import PlatformConfig, plan, split_cpus, worker_ranks
-from services.worker.config import add_worker_arguments, worker_config_from_args
+import pdserve.cli.main
+import pdserve.cli.up
+from pdserve.cli.launcher import PlatformConfig, plan, split_cpus, worker_ranks
+from pdserve.services.worker.config import add_worker_arguments, worker_config_from_args
 
 
 def _planned(monkeypatch, *argv: str) -> PlatformConfig:
     seen = []
-    monkeypatch.setattr(cli.up, "run_platform", lambda cfg: seen.append(cfg) or 0)
-    assert cli.main.main(["up", *argv]) == 0
+    monkeypatch.setattr(pdserve.cli.up, "run_platform", lambda cfg: seen.append(cfg) or 0)
+    assert pdserve.cli.main.main(["up", *argv]) == 0
     return seen[0]
 
 
@@ -24,7 +24,7 @@ def _sizes(argv: list[str]) -> tuple[int, int]:
     """(t, p) as the worker itself parses its command line."""
     parser = argparse.ArgumentParser()
     add_worker_arguments(parser, default_port=0)
-    parallel = worker_config_from_args(parser.parse_args(argv[argv.index("cli.main") + 2:])).engine.parallel  # after `-m cli.main role`
+    parallel = worker_config_from_args(parser.parse_args(argv[argv.index("pdserve.cli.main") + 2:])).engine.parallel  # after `-m pdserve.cli.main role`
     return parallel.tensor_parallel_size, parallel.pipeline_parallel_size
 
 
@@ -59,9 +59,9 @@ def test_defaults_add_nothing_and_leave_worker_args_standing(monkeypatch):
 @pytest.mark.parametrize("flag", ["--prefill-tensor-parallel-size", "--prefill-pipeline-parallel-size",
                                   "--decode-tensor-parallel-size", "--decode-pipeline-parallel-size"])
 def test_a_bad_size_stops_up_naming_the_flag(monkeypatch, capsys, flag):
-    monkeypatch.setattr(cli.up, "run_platform", lambda cfg: pytest.fail("started"))
+    monkeypatch.setattr(pdserve.cli.up, "run_platform", lambda cfg: pytest.fail("started"))
     with pytest.raises(SystemExit) as e:
-        cli.main.main(["up", flag, "0"])
+        pdserve.cli.main.main(["up", flag, "0"])
     assert e.value.code == 2
     assert f"argument {flag}: must be an integer >= 1, got '0'" in capsys.readouterr().err
 

@@ -11,7 +11,7 @@ import time
 import openai
 import pytest
 
-from engine import LLM, SamplingParams
+from pdserve.engine import LLM, SamplingParams
 from tests.cli.up_platform import running_up, up_ports
 from tests.services.test_parallel_sampling import assert_siblings_read_one_handle
 

@@ -7,19 +7,19 @@ import json
 
 import pytest
 
-import cli.main
-import cli.up
-from cli.launcher import PlatformConfig, plan
-from engine.spec_decode.config import SpeculativeConfig
-from services.worker.config import add_worker_arguments, worker_config_from_args
+import pdserve.cli.main
+import pdserve.cli.up
+from pdserve.cli.launcher import PlatformConfig, plan
+from pdserve.engine.spec_decode.config import SpeculativeConfig
+from pdserve.services.worker.config import add_worker_arguments, worker_config_from_args
 
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}'
 
 
 def _planned(monkeypatch, *argv: str) -> PlatformConfig:
     seen = []
-    monkeypatch.setattr(cli.up, "run_platform", lambda cfg: seen.append(cfg) or 0)
-    assert cli.main.main(["up", *argv]) == 0
+    monkeypatch.setattr(pdserve.cli.up, "run_platform", lambda cfg: seen.append(cfg) or 0)
+    assert pdserve.cli.main.main(["up", *argv]) == 0
     return seen[0]
 
 
@@ -36,7 +36,7 @@ def test_decode_workers_get_it_prefill_workers_do_not(monkeypatch):
         assert "--no-chunked-prefill" in specs[name]
         parser = argparse.ArgumentParser()
         add_worker_arguments(parser, default_port=0)
-        parsed = worker_config_from_args(parser.parse_args(specs[name][specs[name].index("cli.main") + 2:]))
+        parsed = worker_config_from_args(parser.parse_args(specs[name][specs[name].index("pdserve.cli.main") + 2:]))
         assert parsed.engine.speculative_config == SpeculativeConfig("ngram", 4, prompt_lookup_max=3)
 
 
@@ -54,8 +54,8 @@ def test_without_it_no_worker_gets_the_flag(monkeypatch):
 
 
 def test_a_bad_config_stops_up_before_anything_starts(monkeypatch, capsys):
-    monkeypatch.setattr(cli.up, "run_platform", lambda cfg: pytest.fail("started"))
+    monkeypatch.setattr(pdserve.cli.up, "run_platform", lambda cfg: pytest.fail("started"))
     with pytest.raises(SystemExit) as e:
-        cli.main.main(["up", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 99}'])
+        pdserve.cli.main.main(["up", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 99}'])
     assert e.value.code == 2
     assert "argument --speculative-config: speculative_config.num_speculative_tokens" in capsys.readouterr().err

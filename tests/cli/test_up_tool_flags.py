@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import pytest
 
-import cli.main
-import cli.up
-from cli.launcher import PlatformConfig, plan
-from services.router.main import http_config_from_args
+import pdserve.cli.main
+import pdserve.cli.up
+from pdserve.cli.launcher import PlatformConfig, plan
+from pdserve.services.router.main import http_config_from_args
 
-PARSER = cli.main.build_parser()
+PARSER = pdserve.cli.main.build_parser()
 
 
 def _router_config(monkeypatch, *argv: str):
     seen: list[PlatformConfig] = []
-    monkeypatch.setattr(cli.up, "run_platform", lambda cfg: seen.append(cfg) or 0)
-    assert cli.main.main(["up", *argv]) == 0
+    monkeypatch.setattr(pdserve.cli.up, "run_platform", lambda cfg: seen.append(cfg) or 0)
+    assert pdserve.cli.main.main(["up", *argv]) == 0
     [router] = [s for s in plan(seen[0], [0, 1, 2]) if s.name == "router"]
-    return http_config_from_args(PARSER.parse_args(router.argv[router.argv.index("cli.main") + 1:]))
+    return http_config_from_args(PARSER.parse_args(router.argv[router.argv.index("pdserve.cli.main") + 1:]))
 
 
 def test_the_flags_reach_the_router(monkeypatch):
@@ -39,8 +39,8 @@ def test_a_parser_without_auto_tool_choice_is_passed_alone(monkeypatch):
 
 
 def test_auto_tool_choice_without_a_parser_stops_up_before_anything_starts(monkeypatch, capsys):
-    monkeypatch.setattr(cli.up, "run_platform", lambda cfg: pytest.fail("started"))
-    assert cli.main.main(["up", "--enable-auto-tool-choice"]) == 2
+    monkeypatch.setattr(pdserve.cli.up, "run_platform", lambda cfg: pytest.fail("started"))
+    assert pdserve.cli.main.main(["up", "--enable-auto-tool-choice"]) == 2
     assert "enable_auto_tool_choice: needs a tool_call_parser" in capsys.readouterr().err
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from engine import LLM, SamplingParams
-from engine.chat import load_chat_template, with_chat_template
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.chat import load_chat_template, with_chat_template
 from tests.cli.up_platform import running_up, up_ports
 from tests.models import build_tiny_llama
 

@@ -13,7 +13,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-from cli.bench.local_platform import free_port_range
+from pdserve.cli.bench.local_platform import free_port_range
 
 
 class Platform:
@@ -91,7 +91,7 @@ def up_ports(num_workers: int, http: bool = False) -> dict[str, int]:
 
 @contextmanager
 def running_up(model_dir: str, ports: dict[str, int], extra_args: list[str], log_dir: Path,
-               startup_timeout_s: float = 240, pdserve: tuple[str, ...] = (sys.executable, "-m", "cli.main"),
+               startup_timeout_s: float = 240, pdserve: tuple[str, ...] = (sys.executable, "-m", "pdserve.cli.main"),
                cwd: Path | None = None, env: dict[str, str] | None = None):
     """`pdserve up` on `ports` until the block ends; then SIGINT (a terminal's Ctrl-C), its
     log saved under `log_dir`, and no process of its session left behind. `pdserve`, `cwd`

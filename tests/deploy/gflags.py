@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from cli.mooncake_procs import mooncake_binary
+from pdserve.cli.mooncake_procs import mooncake_binary
 
 MOONCAKE_PROGRAMS = ("mooncake_master", "mooncake_client")
 _BOOLS = {"true", "false", "t", "f", "yes", "no", "y", "n", "1", "0"}

@@ -9,11 +9,11 @@ import re
 import pytest
 import yaml
 
-from services.worker.metrics import WorkerMetrics
-from services.kvstore.kv_metrics import KVStoreMetrics
-from services.kvstore.store import StoreStats
-from services.router.config import default_slo_classes
-from services.router.metrics import RouterMetrics
+from pdserve.services.worker.metrics import WorkerMetrics
+from pdserve.services.kvstore.kv_metrics import KVStoreMetrics
+from pdserve.services.kvstore.store import StoreStats
+from pdserve.services.router.config import default_slo_classes
+from pdserve.services.router.metrics import RouterMetrics
 from tests.deploy.chart import COMPONENTS, FULLNAME, VALUES, render, values
 
 # What each pool scales on: the worker histogram behind its HPA metric.

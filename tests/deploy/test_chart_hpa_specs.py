@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autoscale.hpa import (DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, HPASpec, ScalingPolicy, ScalingRules,
+from pdserve.autoscale.hpa import (DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, HPASpec, ScalingPolicy, ScalingRules,
                                     load_hpa_specs)
 from tests.deploy.chart import FULLNAME, VALUES, Manifests, _merge, render, render_text, values
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from cli.main import build_parser
+from pdserve.cli.main import build_parser
 from tests.deploy.chart import FULLNAME, Manifests, container, render, render_error, render_text
 
 CLI = build_parser()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cli.main import build_parser
+from pdserve.cli.main import build_parser
 from tests.deploy.chart import FULLNAME, container, expand_env, render, render_error
 
 SCHEMA = "values don't meet the specifications of the schema"

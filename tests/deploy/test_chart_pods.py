@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from cli.main import build_parser
-from services.router.config import load_slo_classes
+from pdserve.cli.main import build_parser
+from pdserve.services.router.config import load_slo_classes
 from tests.deploy import gflags
 from tests.deploy.chart import (COMPONENTS, FULLNAME, VALUES, container, expand_env, port_number, render,
                                 values)

@@ -4,9 +4,9 @@ where the flags point, and probes move to the plaintext health port of a TLS ser
 command lines go through the real `pdserve` parser and security builders."""
 from __future__ import annotations
 
-from cli.main import build_parser
-from services.common.security import internal_client_security, internal_server_security
-from services.router.security import public_security_from_args
+from pdserve.cli.main import build_parser
+from pdserve.services.common.security import internal_client_security, internal_server_security
+from pdserve.services.router.security import public_security_from_args
 from tests.deploy.chart import COMPONENTS, FULLNAME, container, render, render_error
 
 CLI = build_parser()

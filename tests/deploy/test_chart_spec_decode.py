@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from engine.spec_decode.config import SpeculativeConfig
-from services.worker.config import add_worker_arguments, worker_config_from_args
+from pdserve.engine.spec_decode.config import SpeculativeConfig
+from pdserve.services.worker.config import add_worker_arguments, worker_config_from_args
 from tests.deploy.chart import FULLNAME, container, render, render_error
 
 FLAG = "--speculative-config="

@@ -38,10 +38,11 @@ def test_no_layer_of_the_image_is_large_enough_to_blow_up_the_build_s_disk_peak(
 def test_a_container_imports_the_installed_package_and_the_sources_are_gone(built):
     """As the chart runs it: read-only root, /tmp writable, uid 10001. `python -m` puts the
     working directory first on sys.path, so sources left there would shadow the package."""
-    probe = ("import os, engine, services, torch; "
+    probe = ("import os, torch, pdserve.engine as engine, pdserve.services as services; "
              "print(engine.__file__, services.__path__[0], os.getcwd(), os.path.exists('/src'), torch.version.cuda)")
     out = podman("run", "--rm", "--read-only", "--tmpfs", "/tmp", "--user", "10001:10001", *ULIMITS,
                  "--entrypoint", "python", built, "-c", probe).stdout.split()
     engine_file, services_dir, cwd, sources_left, cuda = out
     assert engine_file.startswith("/opt/pdserve/lib/") and services_dir.startswith("/opt/pdserve/lib/")
+    assert engine_file.endswith("/site-packages/pdserve/engine/__init__.py")
     assert (cwd, sources_left, cuda) == ("/", "False", "None")

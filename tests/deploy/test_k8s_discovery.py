@@ -9,10 +9,10 @@ import time
 import pytest
 from kubernetes import client
 
-from services.router.state.discovery import DECODE, PREFILL
-from services.router.state.k8s_discovery import (KubernetesDiscovery, add_discovery_arguments, current_namespace,
+from pdserve.services.router.state.discovery import DECODE, PREFILL
+from pdserve.services.router.state.k8s_discovery import (KubernetesDiscovery, add_discovery_arguments, current_namespace,
                                                  discovery_from_args, kubernetes_discovery, ready_addresses)
-from services.router.state.workers import WorkerRegistry
+from pdserve.services.router.state.workers import WorkerRegistry
 from tests.deploy.fake_apiserver import FakeApiServer, endpoint_slice
 
 PREFILL_SVC, DECODE_SVC = "rel-pdserve-prefill", "rel-pdserve-decode"

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from engine import SamplingParams, load_tokenizer
-from services.common.grpc_server import RunningServer, ServiceSpec, start_server
-from services.pb import decode_pb2_grpc, kvstore_pb2_grpc, prefill_pb2_grpc
-from services.router.client import RouterClient
-from services.router.config import PathConfig, RouterConfig
-from services.router.server import serve
-from services.router.state.discovery import DECODE, PREFILL
-from services.router.state.k8s_discovery import KubernetesDiscovery
+from pdserve.engine import SamplingParams, load_tokenizer
+from pdserve.services.common.grpc_server import RunningServer, ServiceSpec, start_server
+from pdserve.services.pb import decode_pb2_grpc, kvstore_pb2_grpc, prefill_pb2_grpc
+from pdserve.services.router.client import RouterClient
+from pdserve.services.router.config import PathConfig, RouterConfig
+from pdserve.services.router.server import serve
+from pdserve.services.router.state.discovery import DECODE, PREFILL
+from pdserve.services.router.state.k8s_discovery import KubernetesDiscovery
 from tests.deploy.fake_apiserver import FakeApiServer, endpoint_slice
 from tests.services.router.fakes import FakeDecode, FakeKVStore, FakePrefill, expected_tokens, wait_until
 

@@ -55,7 +55,7 @@ def pod_spec(manifests: list[dict], component: str) -> dict:
 
 @pytest.fixture(scope="module")
 def offline():
-    from engine import LLM, SamplingParams
+    from pdserve.engine import LLM, SamplingParams
     llm = LLM(model="smollm2", **ENGINE)
     chat = llm.chat(MESSAGES, SamplingParams(temperature=0, max_tokens=16))[0].text
     story = llm.generate(STREAM_PROMPT, SamplingParams(temperature=0, max_tokens=STREAM_TOKENS, ignore_eos=True))[0]

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import random
 
-from engine import LLM, SamplingParams
-from engine.engine_core import EngineCore
-from engine.engine_request import EngineRequest
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.engine_core import EngineCore
+from pdserve.engine.engine_request import EngineRequest
 
 
 def varied_prompts(vocab_size: int, lengths: list[int], seed: int = 0) -> list[list[int]]:

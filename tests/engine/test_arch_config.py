@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import ModelLoadError
-from engine.model.arch import arch_from_hf_config
+from pdserve.engine.errors import ModelLoadError
+from pdserve.engine.model.arch import arch_from_hf_config
 
 BASE = dict(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
             num_attention_heads=4, num_key_value_heads=2)
@@ -100,7 +100,7 @@ def test_unsupported_features_are_refused_naming_the_field(match, fields):
 
 
 def test_unknown_rope_type_is_refused_when_the_model_is_built(tmp_path):
-    from engine.model.rope import RotaryEmbedding
+    from pdserve.engine.model.rope import RotaryEmbedding
     arch = _read(architectures=["LlamaForCausalLM"], rope_scaling={"rope_type": "mrope", "factor": 2.0})
     with pytest.raises(ModelLoadError, match="rope_scaling"):
         RotaryEmbedding(16, arch.rope_theta, arch.rope_scaling, 64)

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from bench.tiny_checkpoints import ARCHITECTURES, WINDOW, build_tiny_checkpoint
-from engine import LLM, SamplingParams
-from engine.engine_request import EngineRequest
-from engine.model.loader import load_model
-from engine.model.source import resolve_model
-from engine.request import RequestMode
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.engine_request import EngineRequest
+from pdserve.engine.model.loader import load_model
+from pdserve.engine.model.source import resolve_model
+from pdserve.engine.request import RequestMode
 from tests.engine.correctness import run_to_completion, varied_prompts
 from tests.engine.hf_reference import load_hf_model
 from tests.models import smollm2_tokenizer

@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from engine import LLM, InvalidRequestError, ModelLoadError, SamplingParams
-from engine.model.loader import load_model
-from engine.model.source import resolve_model
-from engine.engine_request import EngineRequest
+from pdserve.engine import LLM, InvalidRequestError, ModelLoadError, SamplingParams
+from pdserve.engine.model.loader import load_model
+from pdserve.engine.model.source import resolve_model
+from pdserve.engine.engine_request import EngineRequest
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_unknown_model_and_corrupt_files(tmp_path, tiny_llama_dir):
 
 
 def test_cli_errors_exit_nonzero_without_traceback(tmp_path):
-    cmd = [sys.executable, "-m", "cli.main", "generate", "--prompt", "hi"]
+    cmd = [sys.executable, "-m", "pdserve.cli.main", "generate", "--prompt", "hi"]
     for extra, needle in [(["--model", str(tmp_path / "nope")], "nope"), (["--temperature", "-1"], "temperature"),
                           (["--max-tokens", "0"], "max_tokens")]:
         proc = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=120)
@@ -112,7 +112,7 @@ def test_cli_errors_exit_nonzero_without_traceback(tmp_path):
 
 
 def test_cli_generate_prints_text_and_json(tiny_llama_dir):
-    cmd = [sys.executable, "-m", "cli.main", "generate", "--model", tiny_llama_dir, "--prompt", "hello",
+    cmd = [sys.executable, "-m", "pdserve.cli.main", "generate", "--model", tiny_llama_dir, "--prompt", "hello",
            "--max-tokens", "5"]
     text = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
     import json

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.engine_request import EngineRequest
-from engine.request import RequestMode
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.engine_request import EngineRequest
+from pdserve.engine.request import RequestMode
 
 PROMPT = list(range(200, 237))  # 37 tokens
 MAX_TOKENS = 11                 # 48 tokens in all: the third block holds the last token, which has no KV

@@ -1,11 +1,11 @@
-"""engine.chat: the one place a conversation becomes a prompt (LLM.chat, `pdserve generate
+"""pdserve.engine.chat: the one place a conversation becomes a prompt (LLM.chat, `pdserve generate
 --chat` and the router's /v1/chat/completions all call it). Fake tokenizers: no model."""
 from __future__ import annotations
 
 import pytest
 
-from engine.chat import encode_chat_prompt, render_chat_prompt
-from engine.errors import InvalidRequestError
+from pdserve.engine.chat import encode_chat_prompt, render_chat_prompt
+from pdserve.engine.errors import InvalidRequestError
 
 HI = [{"role": "user", "content": "Hi"}]
 
@@ -121,7 +121,7 @@ def reading_tokenizer():
 
 
 def test_each_template_option_reaches_the_template(reading_tokenizer):
-    from engine.chat import TemplateOptions
+    from pdserve.engine.chat import TemplateOptions
     render = lambda conversation, **o: render_chat_prompt(reading_tokenizer, conversation, None, TemplateOptions(**o))
     assert render(HI) == "<user>Hi</user><assistant>"
     assert render(HI, add_generation_prompt=False) == "<user>Hi</user>"
@@ -138,14 +138,14 @@ def test_each_template_option_reaches_the_template(reading_tokenizer):
     (dict(variables={"add_generation_prompt": False}), "chat_template_kwargs.add_generation_prompt"),
 ])
 def test_contradicting_or_reserved_options_are_refused_naming_them(options, field):
-    from engine.chat import TemplateOptions
+    from pdserve.engine.chat import TemplateOptions
     with pytest.raises(InvalidRequestError) as e:
         TemplateOptions(**options)
     assert e.value.field == field
 
 
 def test_control_token_text_in_documents_or_variables_is_refused_naming_them(reading_tokenizer):
-    from engine.chat import TemplateOptions
+    from pdserve.engine.chat import TemplateOptions
     reading_tokenizer.add_special_tokens({"additional_special_tokens": ["<ctl>"]})
     for options, field in ((TemplateOptions(documents=[{"title": "<ctl>", "text": "x"}]), "documents"),
                            (TemplateOptions(variables={"note": "a <ctl> b"}), "chat_template_kwargs.note")):

@@ -1,4 +1,4 @@
-"""engine.chat with tools: tool definitions and earlier tool calls reach the chat template as
+"""pdserve.engine.chat with tools: tool definitions and earlier tool calls reach the chat template as
 transformers' templates take them, token for token what apply_chat_template(tools=...) makes,
 and none of them can smuggle a control token into the prompt."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.chat import encode_chat_prompt, load_chat_template, render_chat_prompt, with_chat_template
-from engine.errors import InvalidRequestError
+from pdserve.engine.chat import encode_chat_prompt, load_chat_template, render_chat_prompt, with_chat_template
+from pdserve.engine.errors import InvalidRequestError
 from tests.models import smollm2_tokenizer
 
 HERMES = Path(__file__).parents[2] / "examples" / "tool_chat_template_hermes.jinja"

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import CacheConfig, EngineConfig, SchedulerConfig
-from engine.engine_core import EngineCore
+from pdserve.engine import CacheConfig, EngineConfig, SchedulerConfig
+from pdserve.engine.engine_core import EngineCore
 from tests.engine.correctness import MODES, run_added_mid_run, run_llm
 from tests.engine.hf_reference import hf_greedy, load_hf_model
 
@@ -53,7 +53,7 @@ def test_preemption_and_mid_run_adds(smollm2):
 
 
 def test_text_and_chat_api(smollm2):
-    from engine import LLM, SamplingParams
+    from pdserve.engine import LLM, SamplingParams
     loaded, _, _ = smollm2
     llm = LLM("smollm2", loaded_model=loaded, progress=False)
     out = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=4))[0]

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import EngineConfig, SchedulerConfig, CacheConfig
-from engine.engine_core import EngineCore
-from engine.model.loader import load_model
-from engine.model.source import resolve_model
+from pdserve.engine import EngineConfig, SchedulerConfig, CacheConfig
+from pdserve.engine.engine_core import EngineCore
+from pdserve.engine.model.loader import load_model
+from pdserve.engine.model.source import resolve_model
 from tests.engine.correctness import MODES, run_added_mid_run, run_llm, varied_prompts
 from tests.engine.hf_reference import hf_greedy, load_hf_model
 
@@ -41,7 +41,7 @@ def test_prefix_cache_hits_are_token_exact(tiny, tiny_llama_dir):
     _, llm = run_llm(loaded, tiny_llama_dir, prompts, MAX_TOKENS)
     before = llm.engine.kv_manager.num_hit_tokens
     again = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                         __import__("engine").SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+                         __import__("pdserve.engine").engine.SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
     assert [o.token_ids for o in again] == expected
     assert llm.engine.kv_manager.num_hit_tokens - before >= sum(len(p) // 16 - 1 for p in prompts if len(p) > 16)
     assert any(o.num_cached_tokens > 0 for o in again)

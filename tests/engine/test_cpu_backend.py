@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import LLM, EngineConfig, SamplingParams
-from engine.attention.backend import AttentionMetadata
-from engine.attention.selector import get_attention_backend
-from engine.engine_core import EngineCore
+from pdserve.engine import LLM, EngineConfig, SamplingParams
+from pdserve.engine.attention.backend import AttentionMetadata
+from pdserve.engine.attention.selector import get_attention_backend
+from pdserve.engine.engine_core import EngineCore
 
 
 def mixed_step() -> tuple:
@@ -66,8 +66,8 @@ def test_cpu_backend_refuses_a_gpu_device(tiny_llama_dir):
 
 
 def test_cpu_engine_runs_norms_and_rope_on_the_cpp_ops(tiny_llama_dir):
-    from engine.model.decoder import RMSNorm
-    from engine.model.rope import RotaryEmbedding
+    from pdserve.engine.model.decoder import RMSNorm
+    from pdserve.engine.model.rope import RotaryEmbedding
     llm = LLM(model=tiny_llama_dir, kv_cache_memory_bytes=1 << 20, progress=False)
     fusable = [m for m in llm.engine.runner.model.modules() if isinstance(m, (RMSNorm, RotaryEmbedding))]
     assert fusable and all(m.fused for m in fusable)

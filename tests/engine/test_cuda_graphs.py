@@ -9,18 +9,18 @@ import random
 import pytest
 import torch
 
-from engine import EngineConfig, SamplingParams, SchedulerConfig
-from engine.attention.backend import AttentionMetadata
-from engine.attention.selector import get_attention_backend
-from engine.core.scheduler_output import NewRequestData, SchedulerOutput
-from engine.engine_core import EngineCore
-from engine.model.loader import load_model
-from engine.model.source import resolve_model
-from engine.worker.cuda_graphs import DecodeGraphs, EagerGraph, sizes_to_capture
-from engine.worker.kv_cache import allocate_kv_caches
-from engine.executor.local import LocalExecutor
-from engine.worker.model_runner import ModelRunner
-from engine.engine_request import EngineRequest
+from pdserve.engine import EngineConfig, SamplingParams, SchedulerConfig
+from pdserve.engine.attention.backend import AttentionMetadata
+from pdserve.engine.attention.selector import get_attention_backend
+from pdserve.engine.core.scheduler_output import NewRequestData, SchedulerOutput
+from pdserve.engine.engine_core import EngineCore
+from pdserve.engine.model.loader import load_model
+from pdserve.engine.model.source import resolve_model
+from pdserve.engine.worker.cuda_graphs import DecodeGraphs, EagerGraph, sizes_to_capture
+from pdserve.engine.worker.kv_cache import allocate_kv_caches
+from pdserve.engine.executor.local import LocalExecutor
+from pdserve.engine.worker.model_runner import ModelRunner
+from pdserve.engine.engine_request import EngineRequest
 
 SIZES = (1, 2, 4, 8)
 BLOCK_SIZE = 16
@@ -57,7 +57,7 @@ def test_config_accepts_graphs_on_cuda_with_triton():
 
 
 def test_llm_takes_a_list_and_refuses_graphs_on_cpu_before_loading_anything():
-    from engine import LLM
+    from pdserve.engine import LLM
     with pytest.raises(ValueError, match="cuda_graph_batch_sizes: CUDA graphs need device 'cuda'"):
         LLM("no-such-model", cuda_graph_batch_sizes=[1, 2, 4])
 

@@ -1,7 +1,7 @@
 """Incremental detokenization equals a full decode, across multi-byte and merged tokens."""
 from __future__ import annotations
 
-from engine.detokenizer import IncrementalDetokenizer
+from pdserve.engine.detokenizer import IncrementalDetokenizer
 from tests.models import smollm2_tokenizer
 
 TEXTS = ["héllo wörld — naïve café", "日本語のテキストと絵文字 🎉🚀 mixed", "  spaces\tand\nnewlines  ", "don't stop"]

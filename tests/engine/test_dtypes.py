@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.dtypes import DTYPE_NAMES, DTYPE_SIZES, dtype_name, torch_dtype
-from engine.model.loader import parse_dtype
+from pdserve.engine.config import EngineConfig
+from pdserve.engine.dtypes import DTYPE_NAMES, DTYPE_SIZES, dtype_name, torch_dtype
+from pdserve.engine.model.loader import parse_dtype
 
 
 @pytest.mark.parametrize("name", DTYPE_NAMES)

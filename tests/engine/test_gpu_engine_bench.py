@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.worker.cuda_graphs import EagerGraph
+from pdserve.engine.worker.cuda_graphs import EagerGraph
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu_engine.py"
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import ModelArchConfig
-from engine.executor.messages import pack_pairs, unpack_pairs
-from engine.worker.host_kv_cache import HostKVCache, NoHostKVCache, host_kv_cache
-from engine.worker.kv_cache import allocate_kv_caches, stacked_kv_caches
+from pdserve.engine.config import ModelArchConfig
+from pdserve.engine.executor.messages import pack_pairs, unpack_pairs
+from pdserve.engine.worker.host_kv_cache import HostKVCache, NoHostKVCache, host_kv_cache
+from pdserve.engine.worker.kv_cache import allocate_kv_caches, stacked_kv_caches
 
 ARCH = ModelArchConfig("LlamaForCausalLM", 10, 8, 16, num_layers=3, num_heads=2, num_kv_heads=2, head_dim=4,
                        rms_norm_eps=1e-5, rope_theta=1e4, max_position_embeddings=64, tie_word_embeddings=True)

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from engine.worker.host_malloc import keep_freed_memory
+from pdserve.engine.worker.host_malloc import keep_freed_memory
 
 CHILD = """
 import json, resource, sys, torch
-from engine.worker.host_malloc import keep_freed_memory
+from pdserve.engine.worker.host_malloc import keep_freed_memory
 tuned = keep_freed_memory() if sys.argv[1] == "tuned" else None
 def step(i):  # a step's temporaries: sizes that vary with the batch (8-24 MiB), alive together
     n = (2 + i % 5) << 20

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.worker.host_memory import available_host_memory, cgroup_memory
+from pdserve.engine.worker.host_memory import available_host_memory, cgroup_memory
 
 GiB = 1 << 30
 

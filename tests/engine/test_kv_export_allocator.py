@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.request import RequestMode
-from engine.worker.kv_cache import export_blocks
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.request import RequestMode
+from pdserve.engine.worker.kv_cache import export_blocks
 from tests.engine.correctness import run_to_completion
 
 PROMPT = list(range(300, 341))  # 41 tokens: two full blocks and a partial one

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kv_transfer import BlockChunks, as_tensor
-from engine.worker.kv_cache import export_blocks, import_blocks
+from pdserve.engine.kv_transfer import BlockChunks, as_tensor
+from pdserve.engine.worker.kv_cache import export_blocks, import_blocks
 
 
 def reference_export(caches: list[torch.Tensor], block_ids: list[int]) -> torch.Tensor:

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from bench.tiny_checkpoints import build_tiny_checkpoint
-from engine import LLM, SamplingParams
-from engine.executor.config import ParallelConfig
-from engine.executor.launch import rank_kv_arch
-from engine.model.loader import load_model
-from engine.model.source import resolve_model
-from engine.request import RequestMode
-from engine.worker.kv_cache import bytes_per_block
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.executor.config import ParallelConfig
+from pdserve.engine.executor.launch import rank_kv_arch
+from pdserve.engine.model.loader import load_model
+from pdserve.engine.model.source import resolve_model
+from pdserve.engine.request import RequestMode
+from pdserve.engine.worker.kv_cache import bytes_per_block
 from tests.engine.correctness import run_to_completion
 from tests.engine.hf_reference import hf_greedy, load_hf_model
 from tests.models import smollm2_tokenizer

@@ -6,12 +6,12 @@ import dataclasses
 import pytest
 import torch
 
-from engine import InvalidRequestError, LLM, SamplingParams
-from engine.kv_transfer import BlockChunks, KVPayload
-from engine.request import RequestMode
-from engine.model.loader import load_model
-from engine.model.source import resolve_model
-from engine.engine_request import EngineRequest
+from pdserve.engine import InvalidRequestError, LLM, SamplingParams
+from pdserve.engine.kv_transfer import BlockChunks, KVPayload
+from pdserve.engine.request import RequestMode
+from pdserve.engine.model.loader import load_model
+from pdserve.engine.model.source import resolve_model
+from pdserve.engine.engine_request import EngineRequest
 
 PROMPTS = [list(range(200, 237)), list(range(900, 948)), [7, 8, 9], list(range(200, 230)) + [5] * 20]
 MAX_TOKENS = 10

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.attention.backend import AttentionMetadata
-from engine.executor.base import Executor
-from engine.executor.local import LocalExecutor
-from engine.worker.step_batch import StepInputs
+from pdserve.engine.attention.backend import AttentionMetadata
+from pdserve.engine.executor.base import Executor
+from pdserve.engine.executor.local import LocalExecutor
+from pdserve.engine.worker.step_batch import StepInputs
 
 
 class RecordingModel:

@@ -9,14 +9,14 @@ import math
 import pytest
 import torch
 
-from engine import LLM
-from engine.attention.selector import get_attention_backend
-from engine.config import CacheConfig, EngineConfig
-from engine.engine_setup import log_kv_cache, memory_profile
-from engine.worker import kv_cache
-from engine.worker import memory_profile as mp
-from engine.worker.kv_cache import allocate_kv_caches, bytes_per_block, num_kv_blocks
-from engine.worker.memory_profile import MemoryProfile, kv_budget_bytes, profile_batch, run_profile_step
+from pdserve.engine import LLM
+from pdserve.engine.attention.selector import get_attention_backend
+from pdserve.engine.config import CacheConfig, EngineConfig
+from pdserve.engine.engine_setup import log_kv_cache, memory_profile
+from pdserve.engine.worker import kv_cache
+from pdserve.engine.worker import memory_profile as mp
+from pdserve.engine.worker.kv_cache import allocate_kv_caches, bytes_per_block, num_kv_blocks
+from pdserve.engine.worker.memory_profile import MemoryProfile, kv_budget_bytes, profile_batch, run_profile_step
 
 GiB = 1 << 30
 CUDA = torch.device("cuda")  # a device object only: nothing here touches a GPU
@@ -145,7 +145,7 @@ def test_the_cuda_measurement_sequence(tiny, monkeypatch):
 
 # ---- the start-up line --------------------------------------------------------------------
 def test_the_kv_cache_line_as_vllm_logs_it(caplog):
-    with caplog.at_level(logging.INFO, logger="engine.engine_setup"):
+    with caplog.at_level(logging.INFO, logger="pdserve.engine.engine_setup"):
         log_kv_cache(1234, 16, 2 << 20, 2048, 1)
     assert caplog.messages == ["KV cache: 1234 blocks of 16 tokens = 19744 tokens (2.41 GiB); "
                                "maximum concurrency for 2048 tokens per request: 9.64x"]
@@ -153,7 +153,7 @@ def test_the_kv_cache_line_as_vllm_logs_it(caplog):
 
 def test_the_engine_logs_its_kv_cache_at_start(tiny, tiny_llama_dir, caplog):
     per_block = bytes_per_block(tiny.arch, 16, torch.float32)
-    with caplog.at_level(logging.INFO, logger="engine"):
+    with caplog.at_level(logging.INFO, logger="pdserve.engine"):
         llm = LLM(tiny_llama_dir, loaded_model=tiny, progress=False, kv_cache_memory_bytes=4096 * per_block,
                   max_model_len=2048)
     assert llm.engine.kv_manager.pool.num_blocks == 4096

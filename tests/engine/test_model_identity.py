@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine import EngineCore
-from engine.config import CacheConfig, EngineConfig
-from engine.model.identity import checkpoint_identity
-from engine.model.source import resolve_model
+from pdserve.engine import EngineCore
+from pdserve.engine.config import CacheConfig, EngineConfig
+from pdserve.engine.model.identity import checkpoint_identity
+from pdserve.engine.model.source import resolve_model
 
 
 def _copy(src: str, dst) -> str:

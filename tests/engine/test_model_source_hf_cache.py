@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from engine import LLM, SamplingParams
-from engine.errors import ModelLoadError
-from engine.model.source import ModelSource, hf_hub_cache, resolve_model
-from services.router.core.model_info import describe_model
-from services.worker.config import add_worker_arguments, worker_config_from_args
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.errors import ModelLoadError
+from pdserve.engine.model.source import ModelSource, hf_hub_cache, resolve_model
+from pdserve.services.router.core.model_info import describe_model
+from pdserve.services.worker.config import add_worker_arguments, worker_config_from_args
 from tests.models import build_tiny_llama
 
 REPO = "tiny-org/tiny-llama"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine import LLM, SamplingParams
+from pdserve.engine import LLM, SamplingParams
 from tests.engine.hf_reference import hf_greedy, load_hf_model
 from tests.models import smollm2_tokenizer
 

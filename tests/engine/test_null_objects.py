@@ -1,14 +1,14 @@
 """The null objects that stand in for absent features: no `is None` at their call sites."""
 from __future__ import annotations
 
-from engine.core.scheduler_output import SchedulerOutput
-from engine.request import Request, RequestMode
-from engine.sampling_params import SamplingParams
-from engine.spec_decode.drafting import Drafting, NoDrafting
-from engine.spec_decode.proposer import DraftRequest, NoProposer, Proposer
-from engine.stats import EngineStats, SpecDecodeStats
-from engine.structured.manager import NoStructuredOutputs
-from engine.worker.cuda_graphs import NoDecodeGraphs
+from pdserve.engine.core.scheduler_output import SchedulerOutput
+from pdserve.engine.request import Request, RequestMode
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.spec_decode.drafting import Drafting, NoDrafting
+from pdserve.engine.spec_decode.proposer import DraftRequest, NoProposer, Proposer
+from pdserve.engine.stats import EngineStats, SpecDecodeStats
+from pdserve.engine.structured.manager import NoStructuredOutputs
+from pdserve.engine.worker.cuda_graphs import NoDecodeGraphs
 
 
 def decoding(req_id: str, max_tokens: int = 50) -> Request:

@@ -2,10 +2,10 @@
 hand-off text rule and logprobs, over a one-character-per-token tokenizer."""
 from __future__ import annotations
 
-from engine.output_processor import OutputProcessor
-from engine.outputs import TokenLogprob
-from engine.request import Request, RequestStatus
-from engine.sampling_params import SamplingParams
+from pdserve.engine.output_processor import OutputProcessor
+from pdserve.engine.outputs import TokenLogprob
+from pdserve.engine.request import Request, RequestStatus
+from pdserve.engine.sampling_params import SamplingParams
 
 
 class CharTokenizer:

@@ -12,13 +12,13 @@ import time
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.errors import EngineDeadError, InvalidRequestError
-from engine.executor.config import ParallelConfig
-from engine.kv_transfer import KVPayload
-from engine.request import RequestMode
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.errors import EngineDeadError, InvalidRequestError
+from pdserve.engine.executor.config import ParallelConfig
+from pdserve.engine.kv_transfer import KVPayload
+from pdserve.engine.request import RequestMode
 from tests.engine.correctness import varied_prompts
-from engine.engine_request import EngineRequest
+from pdserve.engine.engine_request import EngineRequest
 
 # chunked prefill (16-token chunks, 64-token steps) and prefix caching (the last prompt
 # shares most of the one before): the paths a parallel forward must not change

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine import LLM, InvalidRequestError, SamplingParams
-from engine.engine_request import EngineRequest
-from engine.request import RequestMode
+from pdserve.engine import LLM, InvalidRequestError, SamplingParams
+from pdserve.engine.engine_request import EngineRequest
+from pdserve.engine.request import RequestMode
 
 BLOCK = 16
 PROMPT = [{"prompt_token_ids": list(range(100, 145))}]  # 45 tokens: 2 full blocks and a tail of 13

@@ -11,8 +11,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from engine import LLM, SamplingParams
-from engine.executor.rank_group import RankGroup
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.executor.rank_group import RankGroup
 
 TIMEOUT = datetime.timedelta(seconds=20)
 ENGINE_KW = dict(kv_cache_memory_bytes=1 << 24, collective_timeout_s=30, progress=False)

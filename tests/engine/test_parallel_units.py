@@ -7,14 +7,14 @@ import dataclasses
 import pytest
 import torch
 
-from engine.attention.backend import AttentionMetadata
-from engine.config import ModelArchConfig
-from engine.errors import InvalidRequestError
-from engine.executor.config import ParallelConfig
-from engine.executor.groups import RankPlace
-from engine.executor.launch import RankLaunch, rank_kv_arch, rank_shard
-from engine.executor.messages import StepInputs, pack_step, unpack_step
-from engine.model.shard import ModelShard, check_tensor_parallel
+from pdserve.engine.attention.backend import AttentionMetadata
+from pdserve.engine.config import ModelArchConfig
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.executor.config import ParallelConfig
+from pdserve.engine.executor.groups import RankPlace
+from pdserve.engine.executor.launch import RankLaunch, rank_kv_arch, rank_shard
+from pdserve.engine.executor.messages import StepInputs, pack_step, unpack_step
+from pdserve.engine.model.shard import ModelShard, check_tensor_parallel
 
 SMOLLM2 = ModelArchConfig("llama", 49152, 576, 1536, 30, 9, 3, 64, 1e-5, 1e5, 8192, True)
 TINY = dataclasses.replace(SMOLLM2, vocab_size=49153, hidden_size=64, intermediate_size=128, num_layers=2,
@@ -116,8 +116,8 @@ def test_step_inputs_survive_the_wire_encoding():
 def test_a_step_is_cut_into_micro_batches_of_about_equal_tokens(counts, parts, expected):
     from types import SimpleNamespace
 
-    from engine.core.scheduler_output import SchedulerOutput
-    from engine.worker.model_runner import ModelRunner
+    from pdserve.engine.core.scheduler_output import SchedulerOutput
+    from pdserve.engine.worker.model_runner import ModelRunner
     runner = SimpleNamespace(executor=SimpleNamespace(num_microbatches=parts))
     sched = SchedulerOutput(num_scheduled_tokens=counts, total_num_scheduled_tokens=sum(counts.values()))
     assert ModelRunner._microbatches(runner, sched) == expected

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from engine import SamplingParams
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.engine_core import EngineCore
-from engine.engine_request import EngineRequest
-from engine.request import RequestMode
-from engine.stats import QueuedPrefill
-from engine.step_rates import StepRates
+from pdserve.engine import SamplingParams
+from pdserve.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from pdserve.engine.engine_core import EngineCore
+from pdserve.engine.engine_request import EngineRequest
+from pdserve.engine.request import RequestMode
+from pdserve.engine.stats import QueuedPrefill
+from pdserve.engine.step_rates import StepRates
 
 LONG = list(range(1000, 1300))   # 300 tokens: 19 steps of 16
 SHORT = list(range(2000, 2020))  # 20 tokens: 2 steps

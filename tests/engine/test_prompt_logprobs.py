@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.engine_core import _prompt_logprobs_rule
-from engine.errors import InvalidRequestError
-from engine.request import RequestMode
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.engine_core import _prompt_logprobs_rule
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.request import RequestMode
 from tests.engine.hf_reference import load_hf_model
 
 TOP = 3

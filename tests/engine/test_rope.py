@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from engine.errors import ModelLoadError
-from engine.model.rope import RotaryEmbedding
+from pdserve.engine.errors import ModelLoadError
+from pdserve.engine.model.rope import RotaryEmbedding
 
 HEAD_DIM, HEADS, KV_HEADS = 64, 4, 2
 THETA = 10000.0

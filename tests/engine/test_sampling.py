@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.model.loader import load_model
-from engine.model.source import resolve_model
-from engine.request import RequestMode
-from engine.sample.sampler import sample, seeded_sample
-from engine.engine_request import EngineRequest
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.model.loader import load_model
+from pdserve.engine.model.source import resolve_model
+from pdserve.engine.request import RequestMode
+from pdserve.engine.sample.sampler import sample, seeded_sample
+from pdserve.engine.engine_request import EngineRequest
 
 
 @pytest.fixture(scope="module")

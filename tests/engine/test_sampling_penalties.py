@@ -12,13 +12,13 @@ import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from engine import LLM, CacheConfig, EngineConfig, InvalidRequestError, SamplingParams, SchedulerConfig
-from engine.engine_core import EngineCore
-from engine.engine_request import EngineRequest
-from engine.request import RequestMode
-from engine.sample.logits_processors import RowHistory, process_logits
-from engine.sampling_params import resolve_bad_words
-from engine.structured import StructuredOutputsParams
+from pdserve.engine import LLM, CacheConfig, EngineConfig, InvalidRequestError, SamplingParams, SchedulerConfig
+from pdserve.engine.engine_core import EngineCore
+from pdserve.engine.engine_request import EngineRequest
+from pdserve.engine.request import RequestMode
+from pdserve.engine.sample.logits_processors import RowHistory, process_logits
+from pdserve.engine.sampling_params import resolve_bad_words
+from pdserve.engine.structured import StructuredOutputsParams
 from tests.engine.correctness import run_to_completion
 from tests.engine.hf_reference import load_hf_model
 
@@ -288,7 +288,7 @@ def test_speculation_with_penalties_changes_no_token(tiny, tiny_llama_dir, tiny_
 
 def test_a_batch_without_these_fields_never_processes(tiny_llm, monkeypatch):
     calls = []
-    import engine.worker.model_runner as runner
+    import pdserve.engine.worker.model_runner as runner
     real = runner.process_logits
     monkeypatch.setattr(runner, "process_logits", lambda *a: calls.append(1) or real(*a))
     tiny_llm.generate("Hi", SamplingParams(temperature=0, max_tokens=3))

@@ -5,11 +5,11 @@ import math
 
 import pytest
 
-from engine import InvalidRequestError, SamplingParams
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.engine_core import EngineCore
-from engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
-from engine.engine_request import EngineRequest
+from pdserve.engine import InvalidRequestError, SamplingParams
+from pdserve.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from pdserve.engine.engine_core import EngineCore
+from pdserve.engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
+from pdserve.engine.engine_request import EngineRequest
 
 
 def test_pure_decode_steps_measure_the_decode_step():

@@ -12,14 +12,14 @@ from concurrent.futures import Future
 import pytest
 import torch
 
-from engine.chat import encode_chat_prompt
-from engine import CacheConfig, EngineConfig, InvalidRequestError, LLM, SamplingParams, SchedulerConfig
-from engine.engine_core import EngineCore
-from engine.request import RequestMode
-from engine.structured import StructuredOutputsParams
-from engine.structured.grammar import GrammarState
+from pdserve.engine.chat import encode_chat_prompt
+from pdserve.engine import CacheConfig, EngineConfig, InvalidRequestError, LLM, SamplingParams, SchedulerConfig
+from pdserve.engine.engine_core import EngineCore
+from pdserve.engine.request import RequestMode
+from pdserve.engine.structured import StructuredOutputsParams
+from pdserve.engine.structured.grammar import GrammarState
 from tests.engine.correctness import run_to_completion
-from engine.engine_request import EngineRequest
+from pdserve.engine.engine_request import EngineRequest
 
 SCHEMA = {"type": "object",
           "properties": {"name": {"type": "string", "maxLength": 12},
@@ -198,7 +198,7 @@ def test_logprobs_are_of_the_masked_distribution(tiny_engines):
 
 
 def _allowed(state: GrammarState, vocab_size: int) -> set[int]:
-    from engine.structured.grammar import allocate_bitmask
+    from pdserve.engine.structured.grammar import allocate_bitmask
     bitmask = allocate_bitmask(1, vocab_size)
     state.fill(bitmask, 0)
     bits = bitmask[0]

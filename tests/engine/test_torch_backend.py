@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.backend import AttentionMetadata
-from engine.attention.selector import get_attention_backend
-from engine.attention.torch_backend import length_groups
-from kernels.paged_attention import paged_decode_attention_ref
+from pdserve.engine.attention.backend import AttentionMetadata
+from pdserve.engine.attention.selector import get_attention_backend
+from pdserve.engine.attention.torch_backend import length_groups
+from pdserve.kernels.paged_attention import paged_decode_attention_ref
 from tests.kernels.test_paged_attention import dense_decode
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cache_ops import reshape_and_cache, reshape_and_cache_ref
+from pdserve.kernels.cache_ops import reshape_and_cache, reshape_and_cache_ref
 
 
 def random_slots(num_tokens: int, num_slots: int, num_padding: int) -> torch.Tensor:

@@ -10,21 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from kernels.cpu import build
+from pdserve.kernels.cpu import build
 
 # what a loader does up to its death: our lock, then torch's lock file, then SIGKILL
 DIE_INSIDE_THE_LOCKS = """
 import os, signal, sys
 from pathlib import Path
 from torch.utils.file_baton import FileBaton
-from kernels.cpu import build
+from pdserve.kernels.cpu import build
 build_dir = Path(sys.argv[1])
 with build.load_lock(build_dir):
     assert FileBaton(str(build_dir / build.TORCH_LOCK)).try_acquire()
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
-LOAD = "from kernels.cpu import build; print(build.load_library())"
+LOAD = "from pdserve.kernels.cpu import build; print(build.load_library())"
 
 
 def test_a_load_after_a_loader_killed_inside_the_locks_finishes():
@@ -44,7 +44,7 @@ def test_a_load_after_a_loader_killed_inside_the_locks_finishes():
 HOLD = """
 import sys
 from pathlib import Path
-from kernels.cpu import build
+from pdserve.kernels.cpu import build
 with build.load_lock(Path(sys.argv[1])):
     (Path(sys.argv[1]) / build.TORCH_LOCK).touch()
     print("in", flush=True)
@@ -55,7 +55,7 @@ with build.load_lock(Path(sys.argv[1])):
 WAIT = """
 import sys
 from pathlib import Path
-from kernels.cpu import build
+from pdserve.kernels.cpu import build
 print("ready", flush=True)
 with build.load_lock(Path(sys.argv[1])):
     print("got it", flush=True)

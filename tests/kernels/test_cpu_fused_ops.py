@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model.decoder import RMSNorm
-from engine.model.rope import RotaryEmbedding
-from kernels.cpu import fused_add_rms_norm, rms_norm, rotary_embedding
+from pdserve.engine.model.decoder import RMSNorm
+from pdserve.engine.model.rope import RotaryEmbedding
+from pdserve.kernels.cpu import fused_add_rms_norm, rms_norm, rotary_embedding
 
 HIDDEN = 576  # SmolLM2's: 36 lanes of 16
 

@@ -19,7 +19,7 @@ KERNEL_TESTS = [str(Path(__file__).with_name(name)) for name in
 def test_the_kernel_tests_pass_against_a_build_without_avx512(tmp_path_factory):
     # one build cache per pytest run's base temp dir: a fresh compile in CI, where it is the point
     ext_dir = tmp_path_factory.getbasetemp() / "kernels-x86-64-v3"
-    run = subprocess.run([sys.executable, "-m", "kernels.cpu.march_check", "--march", "x86-64-v3",
+    run = subprocess.run([sys.executable, "-m", "pdserve.kernels.cpu.march_check", "--march", "x86-64-v3",
                           "--extensions-dir", str(ext_dir), "-q", *KERNEL_TESTS],
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]

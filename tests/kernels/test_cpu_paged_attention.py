@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu import paged_decode_attention
-from kernels.paged_attention import paged_decode_attention_ref
+from pdserve.kernels.cpu import paged_decode_attention
+from pdserve.kernels.paged_attention import paged_decode_attention_ref
 from tests.kernels.test_paged_attention import (DECODE_LENS, SOFTCAPS, WINDOWS, assert_close_fp32, dense_decode,
                                                 make_block_tables, make_caches, num_blocks_for,
                                                 poison_outside_windows, variant_case)
@@ -140,7 +140,7 @@ def test_bad_out_names_the_argument():
 
 
 def test_a_failed_build_says_what_failed_and_names_the_torch_backend(monkeypatch):
-    from kernels.cpu import build
+    from pdserve.kernels.cpu import build
 
     def no_compiler(**kwargs):
         raise RuntimeError("Error building extension 'pdserve_cpu_kernels'")

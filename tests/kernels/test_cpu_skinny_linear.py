@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.model.packed_linear import PackedLinear
-from kernels.cpu import SKINNY_MAX_ROWS, skinny_linear
+from pdserve.engine.model.packed_linear import PackedLinear
+from pdserve.kernels.cpu import SKINNY_MAX_ROWS, skinny_linear
 
 
 @pytest.mark.parametrize("rows", range(1, SKINNY_MAX_ROWS + 1))

@@ -115,7 +115,7 @@ def assert_codegen(ptx: str, mma: str | None, what: str) -> None:
 
 
 def main() -> None:
-    from kernels import cache_ops, paged_attention
+    from pdserve.kernels import cache_ops, paged_attention
     for arch in TARGETS:
         for shape in MODEL_SHAPES:
             check_attention(paged_attention, shape, arch)

@@ -40,7 +40,7 @@ def test_timing_path_runs_with_a_stub_timer(bench, monkeypatch, capsys):
     """The timing code needs CUDA events; with a timer that just calls the function once it
     still runs every kernel and baseline call and prints the derived figures."""
     import torch
-    from kernels import paged_attention
+    from pdserve.kernels import paged_attention
     monkeypatch.setattr(bench, "time_ms", lambda fn: (fn(), 2.0)[1])
     shape, cpu = bench.MODELS[1], torch.device("cpu")
     fraction = bench.bench_decode(paged_attention, shape, 2, 600, torch.bfloat16, cpu, peak=10.0)

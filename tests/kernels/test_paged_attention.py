@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.paged_attention import (_tanh, paged_decode_attention, paged_decode_attention_ref,
+from pdserve.kernels.paged_attention import (_tanh, paged_decode_attention, paged_decode_attention_ref,
                                      paged_prefill_attention, paged_prefill_attention_ref)
 
 TOLERANCES = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2.5e-2}
@@ -304,7 +304,7 @@ def test_prefill_reads_only_keys_inside_the_window():
 def test_prefill_rows_whose_window_starts_past_the_first_key_tile(monkeypatch):
     """Key tiles of 16 under query tiles of 64 tokens (no GQA): the tile's last rows see none of
     the first tile's keys, so their running max is still -inf after it."""
-    import kernels.paged_attention as pa
+    import pdserve.kernels.paged_attention as pa
     monkeypatch.setattr(pa, "TILE_N", 16)
     torch.manual_seed(0)
     seq_lens, query_lens = [100, 64], [64, 64]

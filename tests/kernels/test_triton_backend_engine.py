@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.attention.backend import AttentionMetadata
-from engine.attention.selector import get_attention_backend
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.attention.backend import AttentionMetadata
+from pdserve.engine.attention.selector import get_attention_backend
 
 
 def make_step(seq_lens: list[int], query_lens: list[int], block_size: int = 16) -> AttentionMetadata:

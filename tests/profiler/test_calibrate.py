@@ -3,8 +3,8 @@ from dataclasses import replace
 
 import pytest
 
-from profiler.calibrate import NeighbourProbe, ProbeResult, calibrate
-from sim.profile import Table1D
+from pdserve.profiler.calibrate import NeighbourProbe, ProbeResult, calibrate
+from pdserve.sim.profile import Table1D
 from tests.sim.helpers import flat_profile
 
 

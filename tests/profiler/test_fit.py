@@ -1,7 +1,7 @@
 """The cost-model fits that smooth a profile's medians (profiler/fit.py)."""
 import pytest
 
-from profiler.fit import fit_decode, fit_prefill
+from pdserve.profiler.fit import fit_decode, fit_prefill
 
 
 def test_the_decode_fit_smooths_one_slow_point_and_keeps_small_grids():

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from cli.main import main
-from sim.profile import load_profile
+from pdserve.cli.main import main
+from pdserve.sim.profile import load_profile
 
 
 def test_profile_command_measures_every_grid_point_and_the_engines_limits(tiny_llama_dir, tmp_path):

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.config import CacheConfig, EngineConfig
-from services.worker.config import WorkerConfig
-from services.decode.server import serve as serve_decode
-from services.kvstore.client import KVStoreClient
-from services.kvstore.server import KVStoreConfig
-from services.kvstore.server import serve as serve_kvstore
-from services.prefill.server import serve as serve_prefill
-from services.router.config import PathConfig, RouterConfig
-from services.router.server import serve as serve_router
+from pdserve.engine.config import CacheConfig, EngineConfig
+from pdserve.services.worker.config import WorkerConfig
+from pdserve.services.decode.server import serve as serve_decode
+from pdserve.services.kvstore.client import KVStoreClient
+from pdserve.services.kvstore.server import KVStoreConfig
+from pdserve.services.kvstore.server import serve as serve_kvstore
+from pdserve.services.prefill.server import serve as serve_prefill
+from pdserve.services.router.config import PathConfig, RouterConfig
+from pdserve.services.router.server import serve as serve_router
 
 
 @dataclass

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from engine import LLM, SamplingParams
-from services.kvstore.client import KVStoreFullError
+from pdserve.engine import LLM, SamplingParams
+from pdserve.services.kvstore.client import KVStoreFullError
 from tests.services.cluster import start_cluster
 from tests.services.test_disaggregated import LONG, MAX_TOKENS, _decode_direct, _prefill_direct, _tokens, \
     assert_nothing_leaked

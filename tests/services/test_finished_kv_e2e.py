@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from engine import LLM, SamplingParams
-from services.router.client import RouterClient
-from services.worker.finished_kv import NoFinishedKVWriter
+from pdserve.engine import LLM, SamplingParams
+from pdserve.services.router.client import RouterClient
+from pdserve.services.worker.finished_kv import NoFinishedKVWriter
 from tests.services.cluster import start_cluster
 from tests.services.test_disaggregated import assert_nothing_leaked
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 
 
-from engine import SamplingParams
-from services.common.convert import sampling_to_proto
-from services.common.grpc_server import channel
-from services.pb import prefill_pb2, prefill_pb2_grpc
-from services.router.client import RouterClient
+from pdserve.engine import SamplingParams
+from pdserve.services.common.convert import sampling_to_proto
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.pb import prefill_pb2, prefill_pb2_grpc
+from pdserve.services.router.client import RouterClient
 from tests.services.cluster import start_cluster
 
 DOCUMENT = list(range(1000, 1160))       # 10 blocks of 16

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from engine import LLM, SamplingParams
-from engine.worker.kv_cache import bytes_per_block
-from services.router.client import RouterClient
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.worker.kv_cache import bytes_per_block
+from pdserve.services.router.client import RouterClient
 from tests.services.cluster import start_cluster
 
 MAX_TOKENS = 8

@@ -19,17 +19,17 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from cli.bench.local_platform import free_port
-from engine import LLM, SamplingParams
-from engine.config import CacheConfig, EngineConfig
-from services.kvstore.server import KVStoreConfig
-from services.kvstore.server import serve as serve_kvstore
-from services.prefill.server import serve as serve_prefill
-from services.router.client import RouterClient
-from services.router.config import PathConfig, RouterConfig
-from services.router.server import serve as serve_router
-from services.router.state.discovery import DECODE
-from services.worker.config import WorkerConfig
+from pdserve.cli.bench.local_platform import free_port
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.config import CacheConfig, EngineConfig
+from pdserve.services.kvstore.server import KVStoreConfig
+from pdserve.services.kvstore.server import serve as serve_kvstore
+from pdserve.services.prefill.server import serve as serve_prefill
+from pdserve.services.router.client import RouterClient
+from pdserve.services.router.config import PathConfig, RouterConfig
+from pdserve.services.router.server import serve as serve_router
+from pdserve.services.router.state.discovery import DECODE
+from pdserve.services.worker.config import WorkerConfig
 
 SHORT = [list(range(300, 312)), list(range(400, 420)), [11, 12, 13]]     # direct: <= 32 tokens
 LONG = [list(range(1000, 1080)), list(range(2000, 2070)), list(range(3000, 3100))]  # prefill -> kvstore -> decode
@@ -50,7 +50,7 @@ def _free_port() -> int:
 
 def _start_decode(model: str, kvstore: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "decode", "--model", model, "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "pdserve.cli.main", "decode", "--model", model, "--port", str(port),
                              "--kvstore", kvstore, "--threads", "1", "--kv-cache-memory-bytes", str(8 << 20)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     return proc, f"127.0.0.1:{port}"

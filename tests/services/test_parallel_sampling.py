@@ -9,11 +9,11 @@ import dataclasses
 import grpc
 import pytest
 
-from engine import LLM, SamplingParams
-from services.common.convert import sampling_to_proto
-from services.common.grpc_server import channel
-from services.pb import decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, router_pb2, router_pb2_grpc
-from services.router.client import RouterClient
+from pdserve.engine import LLM, SamplingParams
+from pdserve.services.common.convert import sampling_to_proto
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.pb import decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, router_pb2, router_pb2_grpc
+from pdserve.services.router.client import RouterClient
 from tests.services.cluster import start_cluster
 from tests.services.test_disaggregated import assert_nothing_leaked
 

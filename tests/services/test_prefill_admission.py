@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from engine import SamplingParams
-from engine.request import RequestMode
+from pdserve.engine import SamplingParams
+from pdserve.engine.request import RequestMode
 from tests.services.cluster import start_cluster
 from tests.services.test_disaggregated import _prefill_direct
-from engine.engine_request import EngineRequest
+from pdserve.engine.engine_request import EngineRequest
 
 STEP_S = 0.25  # each engine step of the prefill worker is slowed to at least this
 

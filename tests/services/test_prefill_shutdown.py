@@ -9,8 +9,8 @@ import time
 
 import grpc
 
-from services.common.grpc_server import channel
-from services.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
 from tests.services.cluster import start_cluster
 
 

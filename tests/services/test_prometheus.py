@@ -32,12 +32,12 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from autoscale.adapter_query import parse_rules
-from cli.bench.arrivals import ArrivalConfig
-from cli.bench.datasets import DatasetConfig, LengthDist
-from cli.bench.main import BenchConfig, run_bench
-from cli.bench.targets import TargetConfig
-from services.common.metrics import LATENCY_BUCKETS
+from pdserve.autoscale.adapter_query import parse_rules
+from pdserve.cli.bench.arrivals import ArrivalConfig
+from pdserve.cli.bench.datasets import DatasetConfig, LengthDist
+from pdserve.cli.bench.main import BenchConfig, run_bench
+from pdserve.cli.bench.targets import TargetConfig
+from pdserve.services.common.metrics import LATENCY_BUCKETS
 from tests.deploy.chart import CHART, FULLNAME, render, values
 from tests.prometheus import LOCAL_NAMESPACE, PrometheusServer, ScrapeTarget, scrape_config, write_scrape_config
 from tests.services.cluster import start_cluster

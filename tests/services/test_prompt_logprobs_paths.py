@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import LLM, SamplingParams
-from services.router.client import RouterClient
+from pdserve.engine import LLM, SamplingParams
+from pdserve.services.router.client import RouterClient
 from tests.services.test_disaggregated import LONG, SHORT, _tokens, cluster  # noqa: F401 (the fixture)
 
 TOP = 2

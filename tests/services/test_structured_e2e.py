@@ -30,8 +30,8 @@ import jsonschema
 import openai
 import pytest
 
-from cli.bench.local_platform import free_port_range
-from cli.bench.worker_metrics import scrape_path_decisions
+from pdserve.cli.bench.local_platform import free_port_range
+from pdserve.cli.bench.worker_metrics import scrape_path_decisions
 
 SHORT_PROMPT_TOKENS = 96  # the threshold path policy: longer prompts go prefill -> kvstore -> decode
 MAX_TOKENS = 96           # the schema's bounds close every reply well within it
@@ -96,7 +96,7 @@ class UpProcess:
 @pytest.fixture(scope="module")
 def up(smollm2_path):
     grpc_base, http_port, metrics_base = free_port_range(4), free_port_range(1), free_port_range(4)
-    cmd = [sys.executable, "-m", "cli.main", "up", "--model", smollm2_path, "--prefill", "1", "--decode", "1",
+    cmd = [sys.executable, "-m", "pdserve.cli.main", "up", "--model", smollm2_path, "--prefill", "1", "--decode", "1",
            "--port", str(grpc_base), "--kvstore-port", str(grpc_base + 1), "--worker-base-port", str(grpc_base + 2),
            "--http-port", str(http_port), "--metrics-base-port", str(metrics_base),
            "--path-policy", "threshold", "--short-prompt-tokens", str(SHORT_PROMPT_TOKENS),
@@ -172,7 +172,7 @@ def _decode_counter(up, name: str) -> float:
 
 
 def test_speculating_decode_worker_gives_the_offline_greedy_text(up, client, model, smollm2_loaded):
-    from engine import LLM, SamplingParams
+    from pdserve.engine import LLM, SamplingParams
     listing = "apples, pears, plums, apples, pears, plums, apples, pears, plums, apples, pears"
     prompts = ["Repeat exactly: " + listing, BACKGROUND + "Repeat the registry's first sentence exactly:"]
     offline = LLM("smollm2", loaded_model=smollm2_loaded, progress=False, kv_cache_memory_bytes=64 << 20)

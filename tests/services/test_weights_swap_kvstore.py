@@ -27,15 +27,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine import LLM, SamplingParams
-from engine.config import CacheConfig, EngineConfig
-from services.common.grpc_server import channel
-from services.decode.server import serve as serve_decode
-from services.kvstore.client import KVStoreClient
-from services.pb import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
-from services.prefill.server import serve as serve_prefill
-from services.worker.config import WorkerConfig
-from services.worker.kv_integrity import REASONS
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.config import CacheConfig, EngineConfig
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.decode.server import serve as serve_decode
+from pdserve.services.kvstore.client import KVStoreClient
+from pdserve.services.pb import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
+from pdserve.services.prefill.server import serve as serve_prefill
+from pdserve.services.worker.config import WorkerConfig
+from pdserve.services.worker.kv_integrity import REASONS
 from tests.models import build_tiny_llama
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -53,8 +53,8 @@ NUM_DECODE_TOKENS = sum(map(len, PROMPTS))  # the whole prompts' KV (the first t
 
 @pytest.fixture
 def kvstore_process():
-    """`python -m services.kvstore.main` on a free loopback port, memory backend; SIGTERM at the end."""
-    proc = subprocess.Popen([sys.executable, "-m", "services.kvstore.main", "--port", "0",
+    """`python -m pdserve.services.kvstore.main` on a free loopback port, memory backend; SIGTERM at the end."""
+    proc = subprocess.Popen([sys.executable, "-m", "pdserve.services.kvstore.main", "--port", "0",
                              "--capacity-bytes", "64MiB"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     try:

@@ -1,5 +1,5 @@
 """A hand-made profile with round numbers, so expected times are simple sums."""
-from sim.profile import Profile, SchedulerLimits, Table1D
+from pdserve.sim.profile import Profile, SchedulerLimits, Table1D
 
 # prefill: 10 ms + 0.1 ms per token; decode: 20 ms + 1 ms per sequence (context-free);
 # KV: 1 ms + 1 ms per MB each way; 1000 bytes per token

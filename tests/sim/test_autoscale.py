@@ -1,8 +1,8 @@
 """The day study: the HPA follows the diurnal load, static provisioning pays for the peak."""
 import pytest
 
-from sim.autoscale import Curve, Study, calibrate, chart_specs, hpa_day, static_day
-from sim.diurnal import DiurnalConfig, requests
+from pdserve.sim.autoscale import Curve, Study, calibrate, chart_specs, hpa_day, static_day
+from pdserve.sim.diurnal import DiurnalConfig, requests
 from tests.sim.helpers import flat_profile
 
 # a pool whose worker keeps its metric under 0.2 s and its requests in SLO up to 10 req/s

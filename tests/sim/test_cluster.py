@@ -3,13 +3,13 @@ from dataclasses import replace
 
 import pytest
 
-from services.router.config import PathConfig, RouterConfig
-import services.router.decide.policy as router_policy
-from sim.cluster import ClusterConfig, simulate
-from sim.metrics import summarize
-from sim.profile import Table1D
-from sim.trace import TraceRequest
-from sim.worker import SimWorker
+from pdserve.services.router.config import PathConfig, RouterConfig
+import pdserve.services.router.decide.policy as router_policy
+from pdserve.sim.cluster import ClusterConfig, simulate
+from pdserve.sim.metrics import summarize
+from pdserve.sim.profile import Table1D
+from pdserve.sim.trace import TraceRequest
+from pdserve.sim.worker import SimWorker
 from tests.sim.helpers import flat_profile
 
 THRESHOLD_ALL_POOL = RouterConfig(paths=PathConfig(policy="threshold"), short_prompt_tokens=0)

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-SIMULATOR = ("sim.profile", "sim.worker", "sim.trace", "sim.diurnal", "sim.router", "sim.cluster", "sim.metrics",
-             "sim.main", "sim.plan", "sim.autoscale")
+SIMULATOR = ("pdserve.sim.profile", "pdserve.sim.worker", "pdserve.sim.trace", "pdserve.sim.diurnal", "pdserve.sim.router", "pdserve.sim.cluster", "pdserve.sim.metrics",
+             "pdserve.sim.main", "pdserve.sim.plan", "pdserve.sim.autoscale")
 
 
 def loaded_after_import(module: str, candidates: tuple[str, ...]) -> list[str]:
@@ -17,4 +17,4 @@ def loaded_after_import(module: str, candidates: tuple[str, ...]) -> list[str]:
 
 @pytest.mark.parametrize("module", SIMULATOR)
 def test_the_simulator_loads_no_torch_grpc_web_framework_or_profiler(module):
-    assert loaded_after_import(module, ("torch", "grpc", "fastapi", "profiler")) == []
+    assert loaded_after_import(module, ("torch", "grpc", "fastapi", "pdserve.profiler")) == []

@@ -4,9 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from cli.main import main
-from sim.profile import SchedulerLimits, Table1D, load_profile, profile_from_json
-from sim.trace import TraceRequest, parse_trace, trace_lines
+from pdserve.cli.main import main
+from pdserve.sim.profile import SchedulerLimits, Table1D, load_profile, profile_from_json
+from pdserve.sim.trace import TraceRequest, parse_trace, trace_lines
 from tests.sim.helpers import flat_profile
 
 
@@ -56,7 +56,7 @@ def test_profile_round_trip_and_errors():
 
 
 def test_a_profiles_scheduler_limits_default_to_the_engines_own():
-    from engine.config import CacheConfig, SchedulerConfig
+    from pdserve.engine.config import CacheConfig, SchedulerConfig
     limits = SchedulerLimits()
     engine = SchedulerConfig()
     assert (limits.max_num_seqs, limits.max_num_batched_tokens, limits.long_prefill_token_threshold,

@@ -1,7 +1,7 @@
 """`pdserve plan`'s search ranks by simulated goodput per worker."""
-from services.router.config import PathConfig, RouterConfig
-from sim.plan import search
-from sim.trace import TraceRequest
+from pdserve.services.router.config import PathConfig, RouterConfig
+from pdserve.sim.plan import search
+from pdserve.sim.trace import TraceRequest
 from tests.sim.helpers import flat_profile
 
 

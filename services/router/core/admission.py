@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from services.router.core.cancel import Cancellation
+from pdserve.services.router.core.cancel import Cancellation
 
 T = TypeVar("T")
 

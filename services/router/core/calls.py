@@ -8,12 +8,12 @@ from collections.abc import Iterator
 
 import grpc
 
-from services.kvstore.client import KVStoreClient
-from services.pb import common_pb2, decode_pb2, prefill_pb2
-from services.router.core.cancel import Cancellation, Cancelled
-from services.router.core.migration import LostStream
-from services.router.state.discovery import DECODE, PREFILL
-from services.router.state.workers import WorkerRegistry
+from pdserve.services.kvstore.client import KVStoreClient
+from pdserve.services.pb import common_pb2, decode_pb2, prefill_pb2
+from pdserve.services.router.core.cancel import Cancellation, Cancelled
+from pdserve.services.router.core.migration import LostStream
+from pdserve.services.router.state.discovery import DECODE, PREFILL
+from pdserve.services.router.state.workers import WorkerRegistry
 
 # A failed worker call worth one more try on another worker. CANCELLED here means the
 # worker aborted the request (e.g. it is shutting down), not our client: that case is

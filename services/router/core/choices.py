@@ -22,9 +22,9 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from services.pb import common_pb2
-from services.router.core.cancel import Cancellation
-from services.router.core.request import RoutedRequest
+from pdserve.services.pb import common_pb2
+from pdserve.services.router.core.cancel import Cancellation
+from pdserve.services.router.core.request import RoutedRequest
 
 JOIN_TIMEOUT_S = 10.0  # at the end: how long a cancelled completion may take to leave its calls
 _END = object()

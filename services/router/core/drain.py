@@ -18,9 +18,9 @@ from typing import TypeVar
 
 import grpc
 
-from services.router.core.cancel import Cancellation
-from services.router.errors import RouterError
-from services.router.state.readiness import Readiness
+from pdserve.services.router.core.cancel import Cancellation
+from pdserve.services.router.errors import RouterError
+from pdserve.services.router.state.readiness import Readiness
 
 T = TypeVar("T")
 

@@ -31,20 +31,20 @@ from functools import partial
 
 import grpc
 
-from services.pb import common_pb2, decode_pb2, prefill_pb2
-from services.router.core.calls import RETRYABLE, WORKER_DOWN, WorkerCalls
-from services.router.core.cancel import Cancellation
-from services.router.core.choices import SharedLease, completion, merged
-from services.router.core.migration import (MAX_MIGRATIONS, IncompleteStream, StreamFailure, migration_reason,
+from pdserve.services.pb import common_pb2, decode_pb2, prefill_pb2
+from pdserve.services.router.core.calls import RETRYABLE, WORKER_DOWN, WorkerCalls
+from pdserve.services.router.core.cancel import Cancellation
+from pdserve.services.router.core.choices import SharedLease, completion, merged
+from pdserve.services.router.core.migration import (MAX_MIGRATIONS, IncompleteStream, StreamFailure, migration_reason,
                                             resumed_request)
-from services.router.core.pools import Need, Pool
-from services.router.core.request import RoutedRequest
-from services.router.core.stream import ResponseStream
-from services.router.decide.paths import NO_PREFILL_WORKER, PathPolicy, PoolsNow
-from services.router.decide.paths import DIRECT
-from services.router.errors import RouterError, retry_after_from
-from services.router.metrics import RouterMetrics
-from services.router.state.discovery import DECODE, PREFILL
+from pdserve.services.router.core.pools import Need, Pool
+from pdserve.services.router.core.request import RoutedRequest
+from pdserve.services.router.core.stream import ResponseStream
+from pdserve.services.router.decide.paths import NO_PREFILL_WORKER, PathPolicy, PoolsNow
+from pdserve.services.router.decide.paths import DIRECT
+from pdserve.services.router.errors import RouterError, retry_after_from
+from pdserve.services.router.metrics import RouterMetrics
+from pdserve.services.router.state.discovery import DECODE, PREFILL
 
 MAX_ATTEMPTS = 2  # the first call and one retry
 

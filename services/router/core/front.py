@@ -9,13 +9,13 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
-from services.pb import common_pb2
-from services.router.core.cancel import Cancellation, Cancelled
-from services.router.core.drain import Drain
-from services.router.core.flow import GenerateFlow
-from services.router.core.request import GenerateInput, RequestValidator, RoutedRequest
-from services.router.errors import RouterError
-from services.router.metrics import NO_CLASS, RouterMetrics
+from pdserve.services.pb import common_pb2
+from pdserve.services.router.core.cancel import Cancellation, Cancelled
+from pdserve.services.router.core.drain import Drain
+from pdserve.services.router.core.flow import GenerateFlow
+from pdserve.services.router.core.request import GenerateInput, RequestValidator, RoutedRequest
+from pdserve.services.router.errors import RouterError
+from pdserve.services.router.metrics import NO_CLASS, RouterMetrics
 
 # how a request that failed with a RouterError is counted; any other code is an "error"
 OUTCOMES = {grpc.StatusCode.RESOURCE_EXHAUSTED: "rejected", grpc.StatusCode.UNAVAILABLE: "unavailable",

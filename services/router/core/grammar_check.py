@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import threading
 
-from engine.structured import StructuredOutputsParams
-from engine.structured.grammar import GrammarCompiler
+from pdserve.engine.structured import StructuredOutputsParams
+from pdserve.engine.structured.grammar import GrammarCompiler
 
 
 class GrammarCheck:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import grpc
 
-from services.pb import decode_pb2
+from pdserve.services.pb import decode_pb2
 
 MAX_MIGRATIONS = 2  # resumes per request: a request that breaks every worker it meets is not chased around
 

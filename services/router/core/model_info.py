@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import engine
-from engine import load_tokenizer
+import pdserve.engine
+from pdserve.engine import load_tokenizer
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import grpc
 
-from services.router.core.admission import AdmissionGate, Ticket
-from services.router.core.cancel import Cancellation
-from services.router.decide.policy import WorkerPolicy
-from services.router.decide.saturation import SaturationPolicy
-from services.router.decide.slots import choose_slot
-from services.router.decide.views import WorkerView
-from services.router.errors import RouterError
-from services.router.state.workers import WorkerRegistry
+from pdserve.services.router.core.admission import AdmissionGate, Ticket
+from pdserve.services.router.core.cancel import Cancellation
+from pdserve.services.router.decide.policy import WorkerPolicy
+from pdserve.services.router.decide.saturation import SaturationPolicy
+from pdserve.services.router.decide.slots import choose_slot
+from pdserve.services.router.decide.views import WorkerView
+from pdserve.services.router.errors import RouterError
+from pdserve.services.router.state.workers import WorkerRegistry
 
 
 @dataclass

@@ -22,15 +22,15 @@ import struct
 import uuid
 from dataclasses import dataclass
 
-from engine import InvalidRequestError, SamplingParams
-from engine.core.block_hash import MAX_CACHE_SALT_CHARS
-from engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S
-from engine.validation import MAX_LOGPROBS, validate_token_ids
-from services.common.convert import sampling_to_proto
-from services.pb import common_pb2
-from services.router.config import SLOClass
-from services.router.core.grammar_check import GrammarCheck
-from services.router.core.model_info import ModelInfo
+from pdserve.engine import InvalidRequestError, SamplingParams
+from pdserve.engine.core.block_hash import MAX_CACHE_SALT_CHARS
+from pdserve.engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S
+from pdserve.engine.validation import MAX_LOGPROBS, validate_token_ids
+from pdserve.services.common.convert import sampling_to_proto
+from pdserve.services.pb import common_pb2
+from pdserve.services.router.config import SLOClass
+from pdserve.services.router.core.grammar_check import GrammarCheck
+from pdserve.services.router.core.model_info import ModelInfo
 
 _INT32_LIMIT = 1 << 31
 _INT64_MAX = (1 << 63) - 1  # the workers' wire carries seeds as int64

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import time
 
-from services.pb import common_pb2, prefill_pb2
-from services.router.core.request import RoutedRequest
-from services.router.metrics import RouterMetrics
+from pdserve.services.pb import common_pb2, prefill_pb2
+from pdserve.services.router.core.request import RoutedRequest
+from pdserve.services.router.metrics import RouterMetrics
 
 _TIMING_FIELDS = [f.name for f in common_pb2.Timings.DESCRIPTOR.fields]
 

@@ -23,13 +23,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.core.prefill_order import rank_on_arrival
-from engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
+from pdserve.engine.core.prefill_order import rank_on_arrival
+from pdserve.engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
 # PATH_POLICIES: the flags' choices, found here beside the policies they name
-from services.router.decide.config import PATH_POLICIES, PathConfig, RoutingConfig, SLOClass  # noqa: F401
-from services.router.decide.policy import MostRoomDecode
-from services.router.decide.saturation import decode_prefill_backlog, prefill_backlog, prefill_work_ahead
-from services.router.decide.views import WorkerView
+from pdserve.services.router.decide.config import PATH_POLICIES, PathConfig, RoutingConfig, SLOClass  # noqa: F401
+from pdserve.services.router.decide.policy import MostRoomDecode
+from pdserve.services.router.decide.saturation import decode_prefill_backlog, prefill_backlog, prefill_work_ahead
+from pdserve.services.router.decide.views import WorkerView
 
 DIRECT = "direct"                  # a decode worker prefills the prompt itself
 DISAGGREGATED = "disaggregated"    # prefill pool -> kvstore -> decode pool

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.router.decide.config import RoutingConfig
-from services.router.decide.policy import (CountedPolicy, KVAwarePlacement, LeastQueuedPrefill, MostRoomDecode,
+from pdserve.services.router.decide.config import RoutingConfig
+from pdserve.services.router.decide.policy import (CountedPolicy, KVAwarePlacement, LeastQueuedPrefill, MostRoomDecode,
                                            PrefixAffinityPrefill, WorkerPolicy, decode_load_tokens,
                                            prefill_load_tokens)
-from services.router.decide.views import DECODE, PREFILL, PrefixIndex
+from pdserve.services.router.decide.views import DECODE, PREFILL, PrefixIndex
 
 def placement_policies(cfg: RoutingConfig, index: PrefixIndex, colocated: bool,
                        count: Callable[[str, str], None]) -> dict[str, WorkerPolicy]:

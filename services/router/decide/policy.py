@@ -11,8 +11,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.router.decide.saturation import prefill_backlog
-from services.router.decide.views import PrefixMatch, WorkerView
+from pdserve.services.router.decide.saturation import prefill_backlog
+from pdserve.services.router.decide.views import PrefixMatch, WorkerView
 
 # why a worker was chosen: the `reason` label of router_placement_total
 LEAST_LOADED = "least_loaded"        # load decided (nothing else told the candidates apart)

@@ -2,8 +2,8 @@
 backlog, its KV room or this router's own bound on requests outstanding on it."""
 from __future__ import annotations
 
-from services.router.decide.config import SaturationConfig
-from services.router.decide.views import WorkerView
+from pdserve.services.router.decide.config import SaturationConfig
+from pdserve.services.router.decide.views import WorkerView
 
 
 class SaturationPolicy:

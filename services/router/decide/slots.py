@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.router.decide.policy import WorkerPolicy
-from services.router.decide.saturation import SaturationPolicy
-from services.router.decide.views import WorkerView
+from pdserve.services.router.decide.policy import WorkerPolicy
+from pdserve.services.router.decide.saturation import SaturationPolicy
+from pdserve.services.router.decide.views import WorkerView
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 # the engine's own report, pure data: one shape from the engine's stats through WorkerLoad to here
-from engine.stats import QueuedPrefill  # noqa: F401  (re-exported for the simulator)
+from pdserve.engine.stats import QueuedPrefill  # noqa: F401  (re-exported for the simulator)
 
 PREFILL = "prefill"
 DECODE = "decode"

@@ -7,16 +7,16 @@ import time
 
 import grpc
 
-from engine import InvalidRequestError
-from services.common.convert import sampling_from_proto
-from services.pb import router_pb2, router_pb2_grpc
-from services.router.config import RouterConfig
-from services.router.core.cancel import Cancellation
-from services.router.core.front import Front
-from services.router.core.model_info import ModelInfo
-from services.router.core.request import GenerateInput
-from services.router.errors import RouterError
-from services.router.metrics import RouterMetrics
+from pdserve.engine import InvalidRequestError
+from pdserve.services.common.convert import sampling_from_proto
+from pdserve.services.pb import router_pb2, router_pb2_grpc
+from pdserve.services.router.config import RouterConfig
+from pdserve.services.router.core.cancel import Cancellation
+from pdserve.services.router.core.front import Front
+from pdserve.services.router.core.model_info import ModelInfo
+from pdserve.services.router.core.request import GenerateInput
+from pdserve.services.router.errors import RouterError
+from pdserve.services.router.metrics import RouterMetrics
 
 _NO_DEADLINE_S = 365 * 24 * 3600.0
 

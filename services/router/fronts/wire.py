@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.message import DecodeError
 
-from services.pb import common_pb2, router_pb2
+from pdserve.services.pb import common_pb2, router_pb2
 
 SERVICE = "pdserve.v1.Router"
 

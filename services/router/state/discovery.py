@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from services.common.address import parse_addresses  # noqa: F401  (the flags' parser, re-exported)
-from services.router.decide.views import DECODE, POOLS, PREFILL  # noqa: F401  (the pools discovery names)
+from pdserve.services.common.address import parse_addresses  # noqa: F401  (the flags' parser, re-exported)
+from pdserve.services.router.decide.views import DECODE, POOLS, PREFILL  # noqa: F401  (the pools discovery names)
 
 
 class Discovery(ABC):

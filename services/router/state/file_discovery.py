@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 
-from services.router.state.discovery import POOLS, Discovery
+from pdserve.services.router.state.discovery import POOLS, Discovery
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from services.router.state.discovery import DECODE, PREFILL, Discovery
+from pdserve.services.router.state.discovery import DECODE, PREFILL, Discovery
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def discovery_from_args(args: argparse.Namespace) -> Discovery | None:
     if args.discovery == "file":
         if not args.discovery_file:
             raise ValueError("--discovery-file: a path is needed with --discovery file")
-        from services.router.state.file_discovery import FileDiscovery
+        from pdserve.services.router.state.file_discovery import FileDiscovery
         return FileDiscovery(args.discovery_file)
     if args.discovery != "kubernetes":
         return None

@@ -33,8 +33,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from engine.core.block_hash import hash_full_blocks
-from services.router.decide.views import PrefixIndex, PrefixMatch
+from pdserve.engine.core.block_hash import hash_full_blocks
+from pdserve.services.router.decide.views import PrefixIndex, PrefixMatch
 
 STORED, REMOVED = "stored", "removed"
 DEVICE, HOST = "device", "host"  # a worker's tiers; the kvstore reports its blocks as DEVICE (its own)

@@ -19,13 +19,13 @@ from collections.abc import Iterable
 
 import grpc
 
-from services.common.grpc_server import channel
-from services.common.security import ClientSecurity
-from services.pb import kv_events_pb2, kv_events_pb2_grpc
-from services.router.config import RouterConfig
-from services.router.decide.views import POOLS
-from services.router.state.kv_index import DEVICE, HOST, REMOVED, STORED, BlockNaming, IndexEvent, KVIndex
-from services.router.state.workers import WorkerRegistry
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.common.security import ClientSecurity
+from pdserve.services.pb import kv_events_pb2, kv_events_pb2_grpc
+from pdserve.services.router.config import RouterConfig
+from pdserve.services.router.decide.views import POOLS
+from pdserve.services.router.state.kv_index import DEVICE, HOST, REMOVED, STORED, BlockNaming, IndexEvent, KVIndex
+from pdserve.services.router.state.workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2
 
-from services.pb import common_pb2
-from services.router.state.discovery import POOLS
-from services.router.state.workers import WorkerRegistry
+from pdserve.services.pb import common_pb2
+from pdserve.services.router.state.discovery import POOLS
+from pdserve.services.router.state.workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import threading
 
-from services.common.grpc_server import RunningServer
-from services.router.state.discovery import DECODE, POOLS
-from services.router.state.workers import WorkerRegistry
+from pdserve.services.common.grpc_server import RunningServer
+from pdserve.services.router.state.discovery import DECODE, POOLS
+from pdserve.services.router.state.workers import WorkerRegistry
 
 
 class Readiness:

@@ -14,11 +14,11 @@ from dataclasses import replace
 
 from grpc_health.v1 import health_pb2_grpc
 
-from services.common.grpc_server import channel
-from services.common.security import ClientSecurity
-from services.pb import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
-from services.router.decide.views import DECODE, POOLS, PREFILL, QueuedPrefill, WorkerView
-from services.router.state.discovery import Discovery
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.common.security import ClientSecurity
+from pdserve.services.pb import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+from pdserve.services.router.decide.views import DECODE, POOLS, PREFILL, QueuedPrefill, WorkerView
+from pdserve.services.router.state.discovery import Discovery
 
 _STUBS = {PREFILL: prefill_pb2_grpc.PrefillWorkerStub, DECODE: decode_pb2_grpc.DecodeWorkerStub}
 # A worker that restarts should be seen again within a poll or two, not after gRPC's

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from cli.bench.arrivals import ArrivalConfig, schedule
+from pdserve.cli.bench.arrivals import ArrivalConfig, schedule
 
 
 def test_poisson_mean_rate_with_a_seeded_rng():

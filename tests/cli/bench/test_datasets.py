@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from cli.bench.datasets import (FIRST_TOKEN_ID, DatasetConfig, LengthDist, load_requests, mooncake_requests,
+from pdserve.cli.bench.datasets import (FIRST_TOKEN_ID, DatasetConfig, LengthDist, load_requests, mooncake_requests,
                                      random_requests, sharegpt_requests, shared_prefix_requests)
 
 
@@ -87,7 +87,7 @@ def test_sharegpt():
 
 
 def test_chat_conversations_share_the_system_prompt_and_grow_by_appending():
-    from cli.bench.datasets import ChatConfig, chat_conversations, chat_history
+    from pdserve.cli.bench.datasets import ChatConfig, chat_conversations, chat_history
     cfg = ChatConfig(num_conversations=3, num_turns=2, system_len=20, user_len=LengthDist(8), output_len=LengthDist(5))
     convs = chat_conversations(cfg)
     assert chat_conversations(cfg) == convs  # seeded

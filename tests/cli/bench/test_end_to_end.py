@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from cli.bench.arrivals import ArrivalConfig
-from cli.bench.datasets import DatasetConfig, LengthDist
-from cli.bench.main import BenchConfig, add_arguments, config_from_args, run_bench
-from cli.bench.metrics import SLO
-from cli.bench.targets import TargetConfig
+from pdserve.cli.bench.arrivals import ArrivalConfig
+from pdserve.cli.bench.datasets import DatasetConfig, LengthDist
+from pdserve.cli.bench.main import BenchConfig, add_arguments, config_from_args, run_bench
+from pdserve.cli.bench.metrics import SLO
+from pdserve.cli.bench.targets import TargetConfig
 from tests.services.router.fronts.http.support import base_url
 from tests.services.test_disaggregated import assert_nothing_leaked
 
@@ -82,6 +82,6 @@ def test_cli_shared_prefix_at_max_concurrency(bench_cluster, tmp_path, capsys):
 
 @pytest.mark.parametrize("backend,url", [("grpc", "127.0.0.1:1"), ("openai", "http://127.0.0.1:1/v1")])
 def test_unreachable_target_is_an_error_not_a_traceback(backend, url, capsys):
-    from cli.bench.main import main
+    from pdserve.cli.bench.main import main
     assert main(["--backend", backend, "--url", url, "--num-requests", "1", "--no-progress"]) == 2
     assert "cannot reach" in capsys.readouterr().err

@@ -66,7 +66,7 @@ def test_goodput_rates_replay_prompts_of_their_own(tmp_path):
     import argparse
 
     from bench.serve_goodput import prompt_seed, write_trace
-    from cli.bench.datasets import DatasetConfig, load_requests
+    from pdserve.cli.bench.datasets import DatasetConfig, load_requests
     args = argparse.Namespace(seed=0, min_requests=3, duration_s=1, long_share=0.5, short_len=16, long_len=64,
                               output_len=4)
 

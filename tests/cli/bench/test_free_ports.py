@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import socket
 
-from cli.bench.local_platform import free_port_range
+from pdserve.cli.bench.local_platform import free_port_range
 
 
 class _Repeating(random.Random):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 
-from cli.bench.datasets import DatasetConfig, LengthDist
-from cli.bench.local_platform import local_platform
-from cli.bench.main import BenchConfig, run_bench
-from cli.bench.targets import TargetConfig
-from cli.launcher import PlatformConfig
+from pdserve.cli.bench.datasets import DatasetConfig, LengthDist
+from pdserve.cli.bench.local_platform import local_platform
+from pdserve.cli.bench.main import BenchConfig, run_bench
+from pdserve.cli.bench.targets import TargetConfig
+from pdserve.cli.launcher import PlatformConfig
 
 
 def test_colocated_platform_serves_long_prompts_on_pinned_workers(tiny_llama_dir, tmp_path):

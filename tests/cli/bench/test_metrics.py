@@ -2,9 +2,9 @@ import math
 
 import pytest
 
-from cli.bench.metrics import SLO, RequestRecord, meets_slo, record_from, stats, summarize
-from cli.bench.report import table
-from cli.bench.targets import Outcome
+from pdserve.cli.bench.metrics import SLO, RequestRecord, meets_slo, record_from, stats, summarize
+from pdserve.cli.bench.report import table
+from pdserve.cli.bench.targets import Outcome
 
 TIMINGS = {"router_queue_s": 0.01, "prefill_queue_s": 0.02, "prefill_s": 0.1, "kv_write_s": 0.003,
            "kv_read_s": 0.004, "decode_join_s": 0.005, "ttft_s": 0.15}

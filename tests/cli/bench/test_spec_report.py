@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from cli.bench.datasets import DatasetConfig, LengthDist
-from cli.bench.main import BenchConfig, add_arguments, config_from_args, run_bench
-from cli.bench.report import table
-from cli.bench.targets import TargetConfig
-from cli.bench.worker_metrics import SpecCounts, metrics_url, scrape_spec, spec_summary
-from engine.config import CacheConfig, EngineConfig
-from engine.spec_decode.config import SpeculativeConfig
-from services.decode.server import serve as serve_decode
-from services.router.config import PathConfig, RouterConfig
-from services.router.server import serve as serve_router
-from services.worker.config import WorkerConfig
+from pdserve.cli.bench.datasets import DatasetConfig, LengthDist
+from pdserve.cli.bench.main import BenchConfig, add_arguments, config_from_args, run_bench
+from pdserve.cli.bench.report import table
+from pdserve.cli.bench.targets import TargetConfig
+from pdserve.cli.bench.worker_metrics import SpecCounts, metrics_url, scrape_spec, spec_summary
+from pdserve.engine.config import CacheConfig, EngineConfig
+from pdserve.engine.spec_decode.config import SpeculativeConfig
+from pdserve.services.decode.server import serve as serve_decode
+from pdserve.services.router.config import PathConfig, RouterConfig
+from pdserve.services.router.server import serve as serve_router
+from pdserve.services.worker.config import WorkerConfig
 
 
 def test_the_run_is_the_counters_increase():
@@ -81,8 +81,8 @@ def test_the_router_decisions_of_a_run_by_path_and_reason():
     after a run, the run's increase per path/reason, the unused ones left out."""
     from prometheus_client import CollectorRegistry, Counter, start_http_server
 
-    from cli.bench.local_platform import free_port
-    from cli.bench.worker_metrics import decisions_during, scrape_path_decisions
+    from pdserve.cli.bench.local_platform import free_port
+    from pdserve.cli.bench.worker_metrics import decisions_during, scrape_path_decisions
     registry = CollectorRegistry()
     decisions = Counter("pdserve_router_path_decisions", "by path and reason", ("path", "reason"), registry=registry)
     decisions.labels("direct", "fits_itl_budget").inc(3)

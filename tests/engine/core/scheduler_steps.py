@@ -2,8 +2,8 @@
 token 7: shared by the scheduler tests that check exact chunks and orders."""
 from __future__ import annotations
 
-from engine.core.scheduler import Scheduler
-from engine.core.scheduler_output import ModelRunnerOutput
+from pdserve.engine.core.scheduler import Scheduler
+from pdserve.engine.core.scheduler_output import ModelRunnerOutput
 
 
 def run_step(s: Scheduler) -> dict[str, int]:

@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from engine.core.block_hash import hash_block_tokens, hash_full_blocks, model_fingerprint
-from engine.core.block_pool import BlockPool
-from engine.core.kv_cache_manager import NO_HITS, KVCacheManager
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from pdserve.engine.core.block_hash import hash_block_tokens, hash_full_blocks, model_fingerprint
+from pdserve.engine.core.block_pool import BlockPool
+from pdserve.engine.core.kv_cache_manager import NO_HITS, KVCacheManager
+from pdserve.engine.request import Request
+from pdserve.engine.sampling_params import SamplingParams
 
 ROOT = model_fingerprint("m", "float32", 2, 2, 16, 4)
 
@@ -25,7 +25,7 @@ def test_hash_chains_from_parent_and_is_stable_across_processes():
     assert hash_full_blocks(ROOT, [1, 2, 3, 4, 5, 6, 7, 8, 9], 4) == [h0, h1]
     assert hash_block_tokens(hash_block_tokens(ROOT, [9, 9, 9, 9]), [5, 6, 7, 8]) != h1
     assert hash_block_tokens(ROOT, [1, 2, 3, 4], ("lora-a",)) != h0
-    code = ("from engine.core.block_hash import *; "
+    code = ("from pdserve.engine.core.block_hash import *; "
             "print(hash_block_tokens(model_fingerprint('m','float32',2,2,16,4), [1,2,3,4]).hex())")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert other.stdout.strip() == h0.hex()

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import CacheConfig, SchedulerConfig
-from engine.core.block_hash import hash_full_blocks, model_fingerprint
-from engine.core.host_tier import HostTier
-from engine.core.kv_cache_manager import KVCacheManager, PrefixHits
-from engine.core.kv_events import KVEventKind, KVEventLog, KVTier
-from engine.core.scheduler import Scheduler
-from engine.request import Request, RequestStatus
-from engine.sampling_params import SamplingParams
+from pdserve.engine.config import CacheConfig, SchedulerConfig
+from pdserve.engine.core.block_hash import hash_full_blocks, model_fingerprint
+from pdserve.engine.core.host_tier import HostTier
+from pdserve.engine.core.kv_cache_manager import KVCacheManager, PrefixHits
+from pdserve.engine.core.kv_events import KVEventKind, KVEventLog, KVTier
+from pdserve.engine.core.scheduler import Scheduler
+from pdserve.engine.request import Request, RequestStatus
+from pdserve.engine.sampling_params import SamplingParams
 
 ROOT = model_fingerprint("m", "float32", 2, 2, 16, 4)
 STORED, REMOVED = KVEventKind.STORED, KVEventKind.REMOVED

@@ -2,11 +2,11 @@
 hashes, through stores, prefix hits, eviction under pressure and a lost log."""
 from __future__ import annotations
 
-from engine.core.block_hash import hash_full_blocks, model_fingerprint
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.kv_events import KVEventKind, KVEventLog, KVTier
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from pdserve.engine.core.block_hash import hash_full_blocks, model_fingerprint
+from pdserve.engine.core.kv_cache_manager import KVCacheManager
+from pdserve.engine.core.kv_events import KVEventKind, KVEventLog, KVTier
+from pdserve.engine.request import Request
+from pdserve.engine.sampling_params import SamplingParams
 
 ROOT = model_fingerprint("m", "float32", 2, 2, 16, 4)
 STORED, REMOVED = KVEventKind.STORED, KVEventKind.REMOVED

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import SchedulerConfig
-from engine.core.block_hash import model_fingerprint
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.prefill_order import LATE_AGING_DIVISOR, NO_RANK_LIMIT, rank_on_arrival
-from engine.core.scheduler import Scheduler
-from engine.request import Request
-from engine.sampling_params import SamplingParams
-from engine.stats import QueuedPrefill
-from engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
+from pdserve.engine.config import SchedulerConfig
+from pdserve.engine.core.block_hash import model_fingerprint
+from pdserve.engine.core.kv_cache_manager import KVCacheManager
+from pdserve.engine.core.prefill_order import LATE_AGING_DIVISOR, NO_RANK_LIMIT, rank_on_arrival
+from pdserve.engine.core.scheduler import Scheduler
+from pdserve.engine.request import Request
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.stats import QueuedPrefill
+from pdserve.engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
 
 from tests.engine.core.scheduler_steps import run_step as _step
 

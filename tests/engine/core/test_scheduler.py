@@ -1,13 +1,13 @@
 """Scheduler policy without a model: budgets, ordering, chunking, preemption, aborts."""
 from __future__ import annotations
 
-from engine.config import SchedulerConfig
-from engine.core.block_hash import model_fingerprint
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.scheduler import Scheduler
-from engine.core.scheduler_output import ModelRunnerOutput
-from engine.request import Request, RequestStatus
-from engine.sampling_params import SamplingParams
+from pdserve.engine.config import SchedulerConfig
+from pdserve.engine.core.block_hash import model_fingerprint
+from pdserve.engine.core.kv_cache_manager import KVCacheManager
+from pdserve.engine.core.scheduler import Scheduler
+from pdserve.engine.core.scheduler_output import ModelRunnerOutput
+from pdserve.engine.request import Request, RequestStatus
+from pdserve.engine.sampling_params import SamplingParams
 
 
 def _scheduler(num_blocks=64, block_size=4, **cfg) -> Scheduler:

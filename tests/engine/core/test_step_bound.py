@@ -3,14 +3,14 @@ steps that only prefill by the tightest TTFT target of the last minute's request
 scheduler's chunks following it. Pure Python, a fake clock, no model."""
 from __future__ import annotations
 
-from engine.config import SchedulerConfig
-from engine.core.block_hash import model_fingerprint
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.scheduler import Scheduler
-from engine.core.step_bound import STEP_SHARE_OF_TTFT, TARGET_MEMORY_S, StepBound
-from engine.request import Request
-from engine.sampling_params import SamplingParams
-from engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
+from pdserve.engine.config import SchedulerConfig
+from pdserve.engine.core.block_hash import model_fingerprint
+from pdserve.engine.core.kv_cache_manager import KVCacheManager
+from pdserve.engine.core.scheduler import Scheduler
+from pdserve.engine.core.step_bound import STEP_SHARE_OF_TTFT, TARGET_MEMORY_S, StepBound
+from pdserve.engine.request import Request
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
 
 from tests.engine.core.scheduler_steps import run_step as _step
 

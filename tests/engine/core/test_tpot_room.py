@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from engine import SamplingParams
-from engine.core.tpot_room import stream_room_s, tpot_stall_room_s
-from engine.request import Request
+from pdserve.engine import SamplingParams
+from pdserve.engine.core.tpot_room import stream_room_s, tpot_stall_room_s
+from pdserve.engine.request import Request
 
 MAX_LEN = 2048
 
@@ -43,7 +43,7 @@ def test_a_stream_counts_from_its_first_token_here(monkeypatch):
     request = _stream(max_tokens=11)
     assert request.tpot_anchor is None  # still in prefill: its TTFT, not its TPOT, is at stake
     assert stream_room_s(request, now=200.0, step_s=0.05, max_model_len=MAX_LEN) is None
-    monkeypatch.setattr("engine.request.time.monotonic", lambda: 150.0)
+    monkeypatch.setattr("pdserve.engine.request.time.monotonic", lambda: 150.0)
     request.append_output_token(7)
     assert request.tpot_anchor == (150.0, 1)
     # 10 gaps at 150 ms = 1.5 s, none spent, 10 to come at 50 ms: 1 s

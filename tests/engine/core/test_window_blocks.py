@@ -3,10 +3,10 @@ exact block ids, the placeholder in the table, prefix entries kept, prefill-only
 untouched."""
 from __future__ import annotations
 
-from engine.core.block_hash import model_fingerprint
-from engine.core.kv_cache_manager import WINDOWED_OUT, KVCacheManager
-from engine.request import Request, RequestMode
-from engine.sampling_params import SamplingParams
+from pdserve.engine.core.block_hash import model_fingerprint
+from pdserve.engine.core.kv_cache_manager import WINDOWED_OUT, KVCacheManager
+from pdserve.engine.request import Request, RequestMode
+from pdserve.engine.sampling_params import SamplingParams
 
 ROOT = model_fingerprint("m", "float32", 2, 2, 16, 4)
 

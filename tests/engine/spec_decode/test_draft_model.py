@@ -10,11 +10,11 @@ import random
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.model.loader import LoadedModel, load_model
-from engine.model.source import resolve_model
-from engine.spec_decode.draft_model import DraftModelProposer
-from engine.spec_decode.proposer import DraftRequest
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.model.loader import LoadedModel, load_model
+from pdserve.engine.model.source import resolve_model
+from pdserve.engine.spec_decode.draft_model import DraftModelProposer
+from pdserve.engine.spec_decode.proposer import DraftRequest
 from tests.models import build_tiny_llama
 
 K = 4
@@ -139,7 +139,7 @@ def test_finish_returns_every_block(tiny):
 def test_full_cache_gives_no_drafts_and_no_error(tiny, greedy, caplog):
     proposer = _proposer(tiny, num_blocks=4)  # 64 tokens
     a, b, huge = _prompts(tiny.arch.vocab_size, [40, 30, 100])
-    with caplog.at_level(logging.WARNING, logger="engine.spec_decode.draft_model"):
+    with caplog.at_level(logging.WARNING, logger="pdserve.engine.spec_decode.draft_model"):
         got = proposer.propose([DraftRequest("a", a, K), DraftRequest("b", b, K), DraftRequest("huge", huge, K)])
         assert got == {"a": greedy([a])[0]}  # a holds 3 blocks; b needs 3, 1 is left
         assert proposer.propose([DraftRequest("b", b, K)]) == {}

@@ -6,15 +6,15 @@ import re
 
 import pytest
 
-from engine import LLM, CacheConfig, EngineConfig, SamplingParams, SchedulerConfig
-from engine.core.block_hash import hash_full_blocks
-from engine.engine_core import EngineCore
-from engine.request import RequestMode
-from engine.spec_decode import SpeculativeConfig
-from engine.structured import StructuredOutputsParams
+from pdserve.engine import LLM, CacheConfig, EngineConfig, SamplingParams, SchedulerConfig
+from pdserve.engine.core.block_hash import hash_full_blocks
+from pdserve.engine.engine_core import EngineCore
+from pdserve.engine.request import RequestMode
+from pdserve.engine.spec_decode import SpeculativeConfig
+from pdserve.engine.structured import StructuredOutputsParams
 from tests.engine.correctness import run_to_completion
 from tests.models import build_tiny_llama
-from engine.engine_request import EngineRequest
+from pdserve.engine.engine_request import EngineRequest
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 BLOCK_BYTES = 2 * 2 * 16 * 2 * 16 * 4  # tiny Llama: layers, K and V, block size, KV heads, head dim, float32
@@ -33,8 +33,8 @@ def tiny_draft(tmp_path_factory):
     """A second random model with the same tokenizer: its drafts are almost all rejected."""
     import torch
 
-    from engine.model.loader import load_model
-    from engine.model.source import resolve_model
+    from pdserve.engine.model.loader import load_model
+    from pdserve.engine.model.source import resolve_model
     path = build_tiny_llama(tmp_path_factory.mktemp("tiny-draft"), num_layers=1, hidden_size=32, num_heads=2,
                             num_kv_heads=1, seed=11)
     return path, load_model(resolve_model(path), torch.float32, "cpu", progress=False)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import InvalidRequestError
-from engine.spec_decode.ngram import NgramProposer
-from engine.spec_decode.proposer import DraftRequest
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.spec_decode.ngram import NgramProposer
+from pdserve.engine.spec_decode.proposer import DraftRequest
 
 
 def _propose(tokens, k=3, lo=1, hi=3, max_drafts=16):

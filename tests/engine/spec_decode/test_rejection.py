@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from engine.sample.sampler import sample
-from engine.sampling_params import SamplingParams
-from engine.spec_decode.rejection import num_rows, verify
+from pdserve.engine.sample.sampler import sample
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.spec_decode.rejection import num_rows, verify
 
 N = 20_000
 # the 1 - 1e-4 quantile of chi-square with `dof` degrees of freedom: a correct sampler fails

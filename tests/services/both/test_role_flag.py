@@ -6,14 +6,14 @@ import argparse
 
 import pytest
 
-import cli.main
-import services.decode.main
-from services.worker.config import DEFAULT_MAX_STEP_MS, worker_config_from_args
+import pdserve.cli.main
+import pdserve.services.decode.main
+from pdserve.services.worker.config import DEFAULT_MAX_STEP_MS, worker_config_from_args
 
 
 def _config(*argv: str):
     parser = argparse.ArgumentParser()
-    services.decode.main.add_arguments(parser)
+    pdserve.services.decode.main.add_arguments(parser)
     args = parser.parse_args(list(argv))
     return args.role, worker_config_from_args(args)
 
@@ -38,7 +38,7 @@ def test_its_defaults_are_flags():
 
 def test_the_help_states_the_defaults(capsys):
     with pytest.raises(SystemExit):
-        cli.main.main(["decode", "--help"])
+        pdserve.cli.main.main(["decode", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--role {decode,both}" in out
     assert "except --max-step-ms 100" in out and "100 on workers of --role both" in out
@@ -51,6 +51,6 @@ def test_the_help_states_the_defaults(capsys):
 ])
 def test_a_bad_role_is_refused_naming_the_flag(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
-        cli.main.main(argv)
+        pdserve.cli.main.main(argv)
     assert e.value.code == 2
     assert message in capsys.readouterr().err

@@ -2,13 +2,13 @@
 one load report for both pools, and a drain that ends both servicers' work."""
 from __future__ import annotations
 
-from engine.config import CacheConfig, EngineConfig
-from services.both.server import serve
-from services.common.grpc_server import channel
-from services.kvstore.server import KVStoreConfig
-from services.kvstore.server import serve as serve_kvstore
-from services.pb import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
-from services.worker.config import WorkerConfig
+from pdserve.engine.config import CacheConfig, EngineConfig
+from pdserve.services.both.server import serve
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.kvstore.server import KVStoreConfig
+from pdserve.services.kvstore.server import serve as serve_kvstore
+from pdserve.services.pb import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
+from pdserve.services.worker.config import WorkerConfig
 
 GREEDY = common_pb2.SamplingParams(temperature=0, max_tokens=6)
 PROMPT = list(range(100, 140))  # 40 tokens: 2 full blocks and a tail

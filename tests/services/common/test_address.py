@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.address import parse_addresses, split_host_port
+from pdserve.services.common.address import parse_addresses, split_host_port
 
 
 def test_split_host_port():

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine import InvalidRequestError, SamplingParams
-from services.common.convert import sampling_from_proto, sampling_to_proto
-from services.pb import common_pb2
+from pdserve.engine import InvalidRequestError, SamplingParams
+from pdserve.services.common.convert import sampling_from_proto, sampling_to_proto
+from pdserve.services.pb import common_pb2
 
 
 def test_logits_fields_round_trip():

@@ -6,7 +6,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from services.common.metrics_http import keep_names, serve_metrics
+from pdserve.services.common.metrics_http import keep_names, serve_metrics
 
 # what Prometheus 2 sends (Debian's 2.42 among them): OpenMetrics first, no escaping scheme
 PROMETHEUS_2 = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"

@@ -2,9 +2,9 @@
 tail only when it leaves the last token to compute, and no read of another kvstore."""
 from __future__ import annotations
 
-from services.decode.read_plan import KV_WRITE_WAIT_MS, ReadPlan, ReadRefusal, plan_read
-from services.pb import common_pb2
-from services.worker.kv_integrity import KVSTORE_ADDRESS
+from pdserve.services.decode.read_plan import KV_WRITE_WAIT_MS, ReadPlan, ReadRefusal, plan_read
+from pdserve.services.pb import common_pb2
+from pdserve.services.worker.kv_integrity import KVSTORE_ADDRESS
 
 OWN = "kvstore:50051"
 BLOCK = 4

@@ -10,15 +10,15 @@ import time
 import pytest
 import redis
 
-from cli.bench.local_platform import free_port_range
-from services.kvstore.memory_store import MemoryBlockStore
-from services.kvstore.redis_store import RedisBlockStore
-from services.kvstore.server import KVStoreConfig, serve
-from services.kvstore.store import NULL_EVENTS, StoredBlock, StoreEvents, hash_key, tail_key
-from engine.core.block_hash import BLOCK_HASH_BYTES
-from engine.kv_transfer import KVLayout
-from services.pb import kvstore_pb2
-from services.worker.kv_integrity import seal
+from pdserve.cli.bench.local_platform import free_port_range
+from pdserve.services.kvstore.memory_store import MemoryBlockStore
+from pdserve.services.kvstore.redis_store import RedisBlockStore
+from pdserve.services.kvstore.server import KVStoreConfig, serve
+from pdserve.services.kvstore.store import NULL_EVENTS, StoredBlock, StoreEvents, hash_key, tail_key
+from pdserve.engine.core.block_hash import BLOCK_HASH_BYTES
+from pdserve.engine.kv_transfer import KVLayout
+from pdserve.services.pb import kvstore_pb2
+from pdserve.services.worker.kv_integrity import seal
 
 START = 1_700_000_000.0  # the fake clock's epoch: a wall-clock-like value, as Redis leases expect
 
@@ -138,7 +138,7 @@ WIRE_BLOCK_BYTES = len(wire_block(b"x").data)
 @pytest.fixture(scope="session")
 def mooncake_cluster(tmp_path_factory):
     """A real Mooncake Store (master and one store node) for the whole session."""
-    from cli.bench.mooncake_cluster import MooncakeCluster
+    from pdserve.cli.bench.mooncake_cluster import MooncakeCluster
     cluster = MooncakeCluster(tmp_path_factory.mktemp("mooncake"), segment_bytes=128 << 20).start_all()
     yield cluster
     cluster.stop()

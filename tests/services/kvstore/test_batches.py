@@ -9,14 +9,14 @@ import grpc
 import pytest
 import torch
 
-from engine.kv_transfer import KVLayout, KVPayload, as_tensor
-from services.common.grpc_server import channel
-from services.kvstore import batch_codec
-from services.kvstore.client import KVStoreClient
-from services.kvstore.errors import InvalidArgument
-from services.pb import kvstore_pb2 as pb
-from services.pb import kvstore_pb2_grpc
-from services.worker.kv_wire import payload_from_batches, payload_to_put
+from pdserve.engine.kv_transfer import KVLayout, KVPayload, as_tensor
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.kvstore import batch_codec
+from pdserve.services.kvstore.client import KVStoreClient
+from pdserve.services.kvstore.errors import InvalidArgument
+from pdserve.services.pb import kvstore_pb2 as pb
+from pdserve.services.pb import kvstore_pb2_grpc
+from pdserve.services.worker.kv_wire import payload_from_batches, payload_to_put
 from tests.services.kvstore.conftest import h, wire_block
 
 BLOCK_SIZE = 4
@@ -80,7 +80,7 @@ def test_a_missing_block_ends_the_usable_prefix(client):
 
 
 def test_an_answer_of_many_batches_joins_in_order(client, monkeypatch):
-    from services.kvstore import handlers
+    from pdserve.services.kvstore import handlers
     monkeypatch.setattr(handlers, "BATCH_BYTES", 1)  # one block per batch
     sent = payload(num_blocks=6, num_tokens=6 * BLOCK_SIZE, seed=3)
     client.put_blocks(*payload_to_put(sent, LAYOUT, tail_key=""))

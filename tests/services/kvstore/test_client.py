@@ -10,8 +10,8 @@ import grpc
 import pytest
 import torch
 
-from services.worker.kv_wire import block_from_proto, block_to_proto
-from services.kvstore.client import KVStoreClient, KVStoreFullError
+from pdserve.services.worker.kv_wire import block_from_proto, block_to_proto
+from pdserve.services.kvstore.client import KVStoreClient, KVStoreFullError
 from tests.services.kvstore.conftest import WIRE_BLOCK_BYTES, free_port, h, wire_block
 
 TRANSPORTS = ["grpc", "tcp", "ucx", "mooncake"]
@@ -158,9 +158,9 @@ def test_release_lease_quietly_logs_what_it_cannot_release(start_kvstore, caplog
         assert client.release_lease_quietly(lease) is True
         assert client.release_lease_quietly(lease) is False
         running.stop()
-        with caplog.at_level(logging.WARNING, logger="services.kvstore.client"):
+        with caplog.at_level(logging.WARNING, logger="pdserve.services.kvstore.client"):
             assert client.release_lease_quietly("") is False  # no lease: no call, nothing to say
-            assert [r for r in caplog.records if r.name == "services.kvstore.client"] == []
+            assert [r for r in caplog.records if r.name == "pdserve.services.kvstore.client"] == []
             assert client.release_lease_quietly("gone") is False  # the store is down: logged, not raised
         assert "lease gone" in caplog.text and "UNAVAILABLE" in caplog.text
         assert "expires by itself" in caplog.text

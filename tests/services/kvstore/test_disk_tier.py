@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from services.kvstore.disk_files import SUFFIX, BlockFiles
-from services.kvstore.disk_tier import DiskTier
-from services.kvstore.store import hash_key
+from pdserve.services.kvstore.disk_files import SUFFIX, BlockFiles
+from pdserve.services.kvstore.disk_tier import DiskTier
+from pdserve.services.kvstore.store import hash_key
 from tests.services.kvstore.conftest import block
 
 

@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 _ROUNDS = """
 import resource, sys, threading
-from services.kvstore import heap
+from pdserve.services.kvstore import heap
 tuned = heap.keep_freed_memory(1 << 30) if sys.argv[1] == "tuned" else None
 faults = []
 

@@ -2,10 +2,10 @@
 ones, tails never; replayed, they equal what the store holds."""
 from __future__ import annotations
 
-from services.common.kv_events import REMOVED, STORED, KVEventPublisher
-from services.kvstore.kv_events import PublishingMetrics
-from services.kvstore.memory_store import MemoryBlockStore
-from services.kvstore.store import hash_key
+from pdserve.services.common.kv_events import REMOVED, STORED, KVEventPublisher
+from pdserve.services.kvstore.kv_events import PublishingMetrics
+from pdserve.services.kvstore.memory_store import MemoryBlockStore
+from pdserve.services.kvstore.store import hash_key
 from tests.services.kvstore.conftest import block
 
 

@@ -15,9 +15,9 @@ import time
 import pytest
 import redis
 
-from services.kvstore.client import KVStoreClient
-from services.kvstore.main import add_arguments, parse_bytes, run
-from services.kvstore.server import KVStoreConfig, serve
+from pdserve.services.kvstore.client import KVStoreClient
+from pdserve.services.kvstore.main import add_arguments, parse_bytes, run
+from pdserve.services.kvstore.server import KVStoreConfig, serve
 from tests.services.kvstore.conftest import free_port, h, wire_block
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -90,7 +90,7 @@ def test_the_command_serves_redis_over_ucx_and_stops_on_sigterm(redis_url):
     url = redis_url.rsplit("/", 1)[0] + "/1"
     redis.Redis.from_url(url).flushdb()
     env = {**os.environ, "UCX_TLS": "tcp"}  # across processes over TCP, as between machines
-    proc = subprocess.Popen([sys.executable, "-m", "services.kvstore.main", "--port", "0", "--ucx-port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "pdserve.services.kvstore.main", "--port", "0", "--ucx-port", "0",
                              "--metrics-port", "0", "--capacity-bytes", "1MiB", "--backend", url],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from services.kvstore.client import KVStoreClient
-from services.kvstore.disk_files import SUFFIX
-from services.kvstore.main import run
-from services.kvstore.server import KVStoreConfig
+from pdserve.services.kvstore.client import KVStoreClient
+from pdserve.services.kvstore.disk_files import SUFFIX
+from pdserve.services.kvstore.main import run
+from pdserve.services.kvstore.server import KVStoreConfig
 from tests.services.kvstore.conftest import h, wire_block
 from tests.services.kvstore.test_main import ROOT, _read_line, parser
 
@@ -53,7 +53,7 @@ def test_config_refuses_a_disk_tier_it_cannot_run(overrides):
 
 def _start(disk_dir) -> tuple[subprocess.Popen, str, str]:
     """The process, its address and its banner."""
-    proc = subprocess.Popen([sys.executable, "-m", "services.kvstore.main", "--port", "0", "--capacity-bytes", "1MiB",
+    proc = subprocess.Popen([sys.executable, "-m", "pdserve.services.kvstore.main", "--port", "0", "--capacity-bytes", "1MiB",
                              "--disk-dir", str(disk_dir), "--disk-capacity-bytes", "1MiB"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     banner = _read_line(proc)

@@ -12,23 +12,23 @@ import grpc
 import pytest
 import torch
 
-from engine.kv_transfer import KVLayout, KVPayload, as_tensor
-from services.kvstore import mooncake_plane
-from services.kvstore.client import KVStoreClient
-from services.kvstore.errors import InvalidArgument
-from services.kvstore.handlers import KVStoreHandlers
-from services.kvstore.kv_metrics import KVStoreMetrics
-from services.kvstore.main import config_from_args, main
-from services.kvstore.memory_store import MemoryBlockStore
-from services.kvstore.mooncake_plane import MooncakeSettings, object_key
-from services.kvstore.mooncake_transport import ReadBuffers
-from services.kvstore.server import KVStoreConfig, serve
-from services.kvstore.store import hash_key
-from services.kvstore.batch_codec import Decoded
-from services.pb import kvstore_pb2
-from services.worker.kv_wire import payload_from_batches, payload_to_put
+from pdserve.engine.kv_transfer import KVLayout, KVPayload, as_tensor
+from pdserve.services.kvstore import mooncake_plane
+from pdserve.services.kvstore.client import KVStoreClient
+from pdserve.services.kvstore.errors import InvalidArgument
+from pdserve.services.kvstore.handlers import KVStoreHandlers
+from pdserve.services.kvstore.kv_metrics import KVStoreMetrics
+from pdserve.services.kvstore.main import config_from_args, main
+from pdserve.services.kvstore.memory_store import MemoryBlockStore
+from pdserve.services.kvstore.mooncake_plane import MooncakeSettings, object_key
+from pdserve.services.kvstore.mooncake_transport import ReadBuffers
+from pdserve.services.kvstore.server import KVStoreConfig, serve
+from pdserve.services.kvstore.store import hash_key
+from pdserve.services.kvstore.batch_codec import Decoded
+from pdserve.services.pb import kvstore_pb2
+from pdserve.services.worker.kv_wire import payload_from_batches, payload_to_put
 from tests.services.kvstore.conftest import WIRE_BLOCK_BYTES, h, wire_block
-from cli.bench.mooncake_cluster import MooncakeCluster
+from pdserve.cli.bench.mooncake_cluster import MooncakeCluster
 
 SHAPE = (2, 2, 4, 1, 8)  # layers, K/V, block size, heads, head dim
 LAYOUT = KVLayout.of("test-model", "float32", SHAPE)
@@ -124,7 +124,7 @@ def test_pdserve_kvstore_refuses_mooncake_flags_that_disagree(argv, message, cap
 
 
 def test_the_metadata_server_defaults_to_the_masters_host():
-    from services.kvstore.main import add_arguments
+    from pdserve.services.kvstore.main import add_arguments
     import argparse
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -190,7 +190,7 @@ def test_transfers_are_waited_for_on_low_priority_threads_and_fail_as_the_plane_
     off the caller's thread (which sleeps), so the cores go to the threads moving bytes."""
     import os
     import threading
-    from services.kvstore.mooncake_transport import MooncakeTransport
+    from pdserve.services.kvstore.mooncake_transport import MooncakeTransport
     settings = MooncakeSettings("127.0.0.1:1", "http://127.0.0.1:2/metadata")
     transport = MooncakeTransport(None, settings, _Registrations())
     seen, caller_nice = [], os.getpriority(os.PRIO_PROCESS, threading.get_native_id())

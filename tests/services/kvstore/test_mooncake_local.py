@@ -12,15 +12,15 @@ import time
 import pytest
 import torch
 
-from cli.bench.local_platform import free_port_range
-from cli.bench.mooncake_cluster import MooncakeCluster
-from engine.kv_transfer import KVPayload, as_tensor
-from services.kvstore.client import KVStoreClient
-from services.kvstore.main import add_arguments, config_from_args
-from services.kvstore.mooncake_buffers import ShmBuffers
-from services.kvstore.mooncake_local import local_store_nodes
-from services.kvstore.mooncake_plane import MooncakeSettings
-from services.kvstore.server import KVStoreConfig, serve
+from pdserve.cli.bench.local_platform import free_port_range
+from pdserve.cli.bench.mooncake_cluster import MooncakeCluster
+from pdserve.engine.kv_transfer import KVPayload, as_tensor
+from pdserve.services.kvstore.client import KVStoreClient
+from pdserve.services.kvstore.main import add_arguments, config_from_args
+from pdserve.services.kvstore.mooncake_buffers import ShmBuffers
+from pdserve.services.kvstore.mooncake_local import local_store_nodes
+from pdserve.services.kvstore.mooncake_plane import MooncakeSettings
+from pdserve.services.kvstore.server import KVStoreConfig, serve
 from tests.services.kvstore.test_mooncake import payload, put, read
 
 ELSEWHERE = "192.0.2.1"  # TEST-NET-1: never an address of this machine
@@ -159,7 +159,7 @@ def test_bad_values_are_refused_naming_the_field():
 
 
 def test_worker_flag_takes_auto_off_or_an_address_and_names_itself_when_bad():
-    from services.worker.config import add_worker_arguments, worker_config_from_args
+    from pdserve.services.worker.config import add_worker_arguments, worker_config_from_args
     parser = argparse.ArgumentParser()
     add_worker_arguments(parser, 0, "prefill")
     base = ["--model", "m"]

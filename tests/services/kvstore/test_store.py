@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.kvstore.errors import LeaseNotFound
-from services.kvstore.store import StoredBlock, StoreEvents, hash_key, tail_key
+from pdserve.services.kvstore.errors import LeaseNotFound
+from pdserve.services.kvstore.store import StoredBlock, StoreEvents, hash_key, tail_key
 from tests.services.kvstore.conftest import block
 
 

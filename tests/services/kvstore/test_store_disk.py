@@ -7,12 +7,12 @@ import os
 
 import pytest
 
-from services.common.kv_events import KVEventPublisher
-from services.kvstore.disk_files import SUFFIX
-from services.kvstore.disk_tier import DiskTier
-from services.kvstore.kv_events import PublishingMetrics
-from services.kvstore.memory_store import MemoryBlockStore
-from services.kvstore.store import StoreEvents, hash_key, tail_key
+from pdserve.services.common.kv_events import KVEventPublisher
+from pdserve.services.kvstore.disk_files import SUFFIX
+from pdserve.services.kvstore.disk_tier import DiskTier
+from pdserve.services.kvstore.kv_events import PublishingMetrics
+from pdserve.services.kvstore.memory_store import MemoryBlockStore
+from pdserve.services.kvstore.store import StoreEvents, hash_key, tail_key
 from tests.services.kvstore.conftest import block
 
 
@@ -152,7 +152,7 @@ def test_a_restart_on_the_folder_holds_and_publishes_the_blocks_again(tmp_path):
 def test_the_disk_tier_has_its_metrics_and_a_memory_store_none(tmp_path):
     from prometheus_client import generate_latest
 
-    from services.kvstore.kv_metrics import KVStoreMetrics
+    from pdserve.services.kvstore.kv_metrics import KVStoreMetrics
 
     metrics = KVStoreMetrics()
     store = MemoryBlockStore(10, metrics, disk=DiskTier(tmp_path / "kv", 100))

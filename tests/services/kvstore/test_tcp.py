@@ -16,15 +16,15 @@ import grpc
 import pytest
 import torch
 
-from engine.kv_transfer import KVLayout, KVPayload, as_tensor
-from services.common.security import ClientSecurity, ServerSecurity
-from services.common.tls import ClientTLS, ServerTLS
-from services.kvstore import tcp_frames as frames
-from services.kvstore.client import KVStoreClient
-from services.kvstore.errors import KVStoreError
-from services.kvstore.tcp_server import TcpKVStoreServer
-from services.pb import kvstore_pb2 as pb
-from services.worker.kv_wire import payload_from_batches, payload_to_put
+from pdserve.engine.kv_transfer import KVLayout, KVPayload, as_tensor
+from pdserve.services.common.security import ClientSecurity, ServerSecurity
+from pdserve.services.common.tls import ClientTLS, ServerTLS
+from pdserve.services.kvstore import tcp_frames as frames
+from pdserve.services.kvstore.client import KVStoreClient
+from pdserve.services.kvstore.errors import KVStoreError
+from pdserve.services.kvstore.tcp_server import TcpKVStoreServer
+from pdserve.services.pb import kvstore_pb2 as pb
+from pdserve.services.worker.kv_wire import payload_from_batches, payload_to_put
 from tests.services.kvstore.conftest import h, wire_block
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -129,7 +129,7 @@ def test_an_answer_in_use_is_never_received_into_again(start_kvstore):
 
 
 def test_receive_buffers_are_reused_once_free_and_bounded():
-    from services.kvstore.reused_buffers import ReusedBuffers
+    from pdserve.services.kvstore.reused_buffers import ReusedBuffers
     buffers = ReusedBuffers(max_buffers=2)
     first = buffers.take(100)
     owner = id(first.obj)  # not the object: a reference to it would keep it in use
@@ -172,7 +172,7 @@ def test_a_pooled_connection_to_a_restarted_listener_is_tried_again_afresh(start
 
 
 def test_a_listener_restarted_on_another_port_is_found_again(start_kvstore):
-    from services.kvstore.tcp_frames import TCP_PORT_METADATA
+    from pdserve.services.kvstore.tcp_frames import TCP_PORT_METADATA
     running = start_kvstore()
     client = tcp_client(running)
     assert list(client.get_blocks([h(b"a")])[0].message.found) == [False]
@@ -301,7 +301,7 @@ def test_tls_with_the_grpc_ports_certificates(start_kvstore, tmp_path):
 # ---- peers that lie or die: real processes ------------------------------------------------
 
 def _start_kvstore_process(tmp_path, capacity: str) -> tuple[subprocess.Popen, str, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "services.kvstore.main", "--port", "0", "--tcp-port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "pdserve.services.kvstore.main", "--port", "0", "--tcp-port", "0",
                              "--capacity-bytes", capacity], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": ROOT}, stderr=subprocess.DEVNULL)
     line = proc.stdout.readline()
@@ -349,8 +349,8 @@ def test_forged_lengths_cost_the_server_no_memory(tmp_path):
 
 _DYING_CLIENT = """
 import socket, sys, time
-from services.kvstore import tcp_frames as frames
-from services.pb import kvstore_pb2 as pb
+from pdserve.services.kvstore import tcp_frames as frames
+from pdserve.services.pb import kvstore_pb2 as pb
 host, port, what, hash_hex = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 sock = socket.create_connection((host, port))
 frames.send_all(sock, [frames.header(frames.HELLO)])

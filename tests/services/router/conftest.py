@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import load_tokenizer
-from services.router.client import RouterClient
+from pdserve.engine import load_tokenizer
+from pdserve.services.router.client import RouterClient
 from tests.services.router.fakes import start_fake_cluster
 
 

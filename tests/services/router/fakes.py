@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from services.common.grpc_server import RunningServer, ServiceSpec, start_server
-from services.pb import (common_pb2, decode_pb2_grpc, kvstore_pb2, kvstore_pb2_grpc,
+from pdserve.services.common.grpc_server import RunningServer, ServiceSpec, start_server
+from pdserve.services.pb import (common_pb2, decode_pb2_grpc, kvstore_pb2, kvstore_pb2_grpc,
                          prefill_pb2, prefill_pb2_grpc)
-from services.router.config import PathConfig, RouterConfig
-from services.router.server import RunningRouter, serve
+from pdserve.services.router.config import PathConfig, RouterConfig
+from pdserve.services.router.server import RunningRouter, serve
 
 DEFAULT_MAX_TOKENS = 16  # the workers' default when sampling.max_tokens is unset
 DECODE_CACHED = 7        # what a fake decode reports as cached: the router must not pass it on

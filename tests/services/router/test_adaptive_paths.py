@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine import SamplingParams
-from services.pb import common_pb2
-from services.router.client import RouterClient
-from services.router.config import PathConfig
-from services.router.decide.paths import DIRECT, DISAGGREGATED
+from pdserve.engine import SamplingParams
+from pdserve.services.pb import common_pb2
+from pdserve.services.router.client import RouterClient
+from pdserve.services.router.config import PathConfig
+from pdserve.services.router.decide.paths import DIRECT, DISAGGREGATED
 from tests.services.router.fakes import expected_tokens
 
 PROMPT = list(range(300, 400))  # 100 tokens: 0.1 s of prefill at the rates below, > one step's room

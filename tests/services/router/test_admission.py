@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from services.router.core.admission import AdmissionGate, AdmissionQueue, Ticket
-from services.router.core.cancel import Cancellation, Cancelled
+from pdserve.services.router.core.admission import AdmissionGate, AdmissionQueue, Ticket
+from pdserve.services.router.core.cancel import Cancellation, Cancelled
 from tests.services.router.fakes import wait_until
 
 

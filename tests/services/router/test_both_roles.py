@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import threading
 
-from engine import SamplingParams
-from services.router.client import RouterClient
-from services.router.decide.paths import DIRECT, DISAGGREGATED, SAME_WORKER
-from services.router.state.discovery import DECODE, PREFILL
-from services.router.state.poller import MAX_SLOW_ROUNDS
+from pdserve.engine import SamplingParams
+from pdserve.services.router.client import RouterClient
+from pdserve.services.router.decide.paths import DIRECT, DISAGGREGATED, SAME_WORKER
+from pdserve.services.router.state.discovery import DECODE, PREFILL
+from pdserve.services.router.state.poller import MAX_SLOW_ROUNDS
 from tests.services.router.fakes import expected_tokens
 
 PROMPT = list(range(300, 400))  # 100 tokens: over the fake cluster's threshold (32)

@@ -6,11 +6,11 @@ import threading
 
 import pytest
 
-from services.pb import common_pb2
-from services.router.core.cancel import Cancellation, Cancelled
-from services.router.core.choices import SharedLease, completion, merged
-from services.router.core.request import RoutedRequest
-from services.router.config import SLOClass
+from pdserve.services.pb import common_pb2
+from pdserve.services.router.core.cancel import Cancellation, Cancelled
+from pdserve.services.router.core.choices import SharedLease, completion, merged
+from pdserve.services.router.core.request import RoutedRequest
+from pdserve.services.router.config import SLOClass
 
 _SLO = SLOClass(ttft_ms=1000, itl_ms=100)
 

@@ -10,12 +10,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine import SamplingParams
-from services.common.grpc_server import channel
-from services.router.client import RouterClient
-from services.router.core.cancel import Cancellation
-from services.router.core.drain import SHUTTING_DOWN, Drain
-from services.router.errors import RouterError
+from pdserve.engine import SamplingParams
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.router.client import RouterClient
+from pdserve.services.router.core.cancel import Cancellation
+from pdserve.services.router.core.drain import SHUTTING_DOWN, Drain
+from pdserve.services.router.errors import RouterError
 from tests.services.router.fakes import wait_until
 
 LONG = "a prompt long enough to go through the prefill pool, " * 3

@@ -6,10 +6,10 @@ import threading
 import grpc
 import pytest
 
-from engine import SamplingParams
-from services.router.client import RouterClient
-from services.router.config import SaturationConfig, SLOClass
-from services.router.state.discovery import DECODE, PREFILL
+from pdserve.engine import SamplingParams
+from pdserve.services.router.client import RouterClient
+from pdserve.services.router.config import SaturationConfig, SLOClass
+from pdserve.services.router.state.discovery import DECODE, PREFILL
 from tests.services.router.fakes import WORKER_RETRY_AFTER_MS, address_of, expected_tokens, wait_until
 
 SHORT = list(range(100, 110))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from services.router.state.file_discovery import FileDiscovery, write_pools
-from services.router.state.workers import WorkerRegistry
+from pdserve.services.router.state.file_discovery import FileDiscovery, write_pools
+from pdserve.services.router.state.workers import WorkerRegistry
 
 
 def test_the_registry_follows_the_file(tmp_path):

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.common.grpc_server import channel
-from services.pb import common_pb2, router_pb2, router_pb2_grpc
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.pb import common_pb2, router_pb2, router_pb2_grpc
 from tests.services.router.fakes import expected_tokens, start_fake_cluster
 
 MAX_EXAMPLES = 100
@@ -78,7 +78,7 @@ def generate_request_bytes(draw) -> bytes:
 
 @pytest.fixture(scope="module")
 def router(tiny_llama_dir):
-    from engine import load_tokenizer
+    from pdserve.engine import load_tokenizer
     cluster = start_fake_cluster(tiny_llama_dir, load_tokenizer(tiny_llama_dir), max_model_len=64)
     yield cluster.router
     cluster.stop()

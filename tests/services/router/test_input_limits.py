@@ -10,13 +10,13 @@ import threading
 import grpc
 import pytest
 
-from engine import InvalidRequestError, SamplingParams
-from services.common.grpc_server import channel
-from services.pb import common_pb2, router_pb2, router_pb2_grpc
-from services.router.config import default_slo_classes
-from services.router.core.model_info import ModelInfo
-from services.router.core.request import MAX_STOP_STRINGS, GenerateInput, RequestValidator
-from services.router.errors import HIDDEN, RouterError, scrub
+from pdserve.engine import InvalidRequestError, SamplingParams
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.pb import common_pb2, router_pb2, router_pb2_grpc
+from pdserve.services.router.config import default_slo_classes
+from pdserve.services.router.core.model_info import ModelInfo
+from pdserve.services.router.core.request import MAX_STOP_STRINGS, GenerateInput, RequestValidator
+from pdserve.services.router.errors import HIDDEN, RouterError, scrub
 from tests.services.router.fakes import expected_tokens, start_fake_cluster
 
 SHORT = list(range(5, 13))
@@ -74,7 +74,7 @@ def test_field_errors_are_left_alone():
 
 
 def test_router_error_keeps_the_address_for_the_log(caplog):
-    with caplog.at_level(logging.WARNING, logger="services.router.errors"):
+    with caplog.at_level(logging.WARNING, logger="pdserve.services.router.errors"):
         e = RouterError(grpc.StatusCode.INTERNAL, "decode worker 127.0.0.1:9 failed: x")
     assert "127.0.0.1" not in e.message and "127.0.0.1:9" in e.detail and "127.0.0.1:9" in caplog.text
 
@@ -83,7 +83,7 @@ def test_router_error_keeps_the_address_for_the_log(caplog):
 
 @pytest.fixture(scope="module")
 def fakes(tiny_llama_dir):
-    from engine import load_tokenizer
+    from pdserve.engine import load_tokenizer
     cluster = start_fake_cluster(tiny_llama_dir, load_tokenizer(tiny_llama_dir), max_model_len=64)
     yield cluster
     cluster.stop()
@@ -157,7 +157,7 @@ def test_colliding_client_ids_stay_apart_on_the_workers(fakes, stub):
 def test_worker_failures_do_not_tell_the_client_where_workers_are(fakes, stub, caplog):
     for d in fakes.decodes:
         d.fail_with = grpc.StatusCode.INVALID_ARGUMENT  # not retried: its message is the client's
-    with caplog.at_level(logging.WARNING, logger="services.router.errors"):
+    with caplog.at_level(logging.WARNING, logger="pdserve.services.router.errors"):
         e = _refusal(stub, _request())
     assert "decode worker" in e.details() and "127.0.0.1" not in e.details()
     assert all(str(fakes.servers[d].port) not in e.details() for d in fakes.decodes)

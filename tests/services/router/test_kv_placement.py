@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core.block_hash import hash_full_blocks, model_fingerprint
-from services.pb import common_pb2
-from services.router.config import SaturationConfig
-from services.router.core.admission import AdmissionGate
-from services.router.core.cancel import Cancellation
-from services.router.core.pools import Need, Pool
-from services.router.decide.policy import (KV_HIT, KV_HOST_HIT, KV_LOAD, LEAST_LOADED, CountedPolicy, KVAwarePlacement,
+from pdserve.engine.core.block_hash import hash_full_blocks, model_fingerprint
+from pdserve.services.pb import common_pb2
+from pdserve.services.router.config import SaturationConfig
+from pdserve.services.router.core.admission import AdmissionGate
+from pdserve.services.router.core.cancel import Cancellation
+from pdserve.services.router.core.pools import Need, Pool
+from pdserve.services.router.decide.policy import (KV_HIT, KV_HOST_HIT, KV_LOAD, LEAST_LOADED, CountedPolicy, KVAwarePlacement,
                                            MostRoomDecode, decode_load_tokens, kv_saved_tokens, prefill_load_tokens)
-from services.router.decide.saturation import SaturationPolicy
-from services.router.decide.views import PrefixMatch
-from services.router.decide.views import WorkerView
-from services.router.state.discovery import PREFILL, StaticDiscovery
-from services.router.state.kv_index import DEVICE, HOST, REMOVED, STORED, BlockNaming, KVIndex
-from services.router.state.workers import WorkerRegistry
+from pdserve.services.router.decide.saturation import SaturationPolicy
+from pdserve.services.router.decide.views import PrefixMatch
+from pdserve.services.router.decide.views import WorkerView
+from pdserve.services.router.state.discovery import PREFILL, StaticDiscovery
+from pdserve.services.router.state.kv_index import DEVICE, HOST, REMOVED, STORED, BlockNaming, KVIndex
+from pdserve.services.router.state.workers import WorkerRegistry
 
 ROOT = model_fingerprint("m", "float32", 2, 2, 16, 4)
 NAMING = BlockNaming(4, ROOT)
@@ -229,10 +229,10 @@ def test_saved_tokens_weigh_each_tier():
 
 
 def test_tier_weights_are_configured_and_refused_out_of_range():
-    from services.router.config import RouterConfig
-    from services.router.decide.config import RoutingConfig
-    from services.router.decide.placement import placement_policies
-    from services.router.decide.views import NoPrefixes
+    from pdserve.services.router.config import RouterConfig
+    from pdserve.services.router.decide.config import RoutingConfig
+    from pdserve.services.router.decide.placement import placement_policies
+    from pdserve.services.router.decide.views import NoPrefixes
     cfg = RoutingConfig(kv_host_weight=0.9, kv_store_weight=0.25)
     policy = placement_policies(cfg, NoPrefixes(), colocated=False, count=lambda pool, reason: None)[PREFILL].policy
     assert (policy.host_weight, policy.store_weight) == (0.9, 0.25)
@@ -246,7 +246,7 @@ def test_tier_weights_are_configured_and_refused_out_of_range():
 def test_tier_weights_are_router_flags():
     import argparse
 
-    from services.router import main as router_main
+    from pdserve.services.router import main as router_main
     parser = argparse.ArgumentParser()
     router_main.add_arguments(parser)
     cfg = router_main.config_from_args(parser.parse_args(["--decode", "a:1", "--kv-host-weight", "0.6",

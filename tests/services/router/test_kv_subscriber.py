@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import time
 
-from engine.core.block_hash import hash_full_blocks, model_fingerprint
-from services.common.grpc_server import start_server
-from services.common.kv_events import DEVICE, HOST, REMOVED, STORED, KVEventPublisher, kv_events_service
-from services.pb import kv_events_pb2
-from services.router.config import default_slo_classes
-from services.router.metrics import RouterMetrics
-from services.router.state import kv_index
-from services.router.state.kv_index import BlockNaming, KVIndex
-from services.router.state.kv_subscriber import KVSubscription, index_events
+from pdserve.engine.core.block_hash import hash_full_blocks, model_fingerprint
+from pdserve.services.common.grpc_server import start_server
+from pdserve.services.common.kv_events import DEVICE, HOST, REMOVED, STORED, KVEventPublisher, kv_events_service
+from pdserve.services.pb import kv_events_pb2
+from pdserve.services.router.config import default_slo_classes
+from pdserve.services.router.metrics import RouterMetrics
+from pdserve.services.router.state import kv_index
+from pdserve.services.router.state.kv_index import BlockNaming, KVIndex
+from pdserve.services.router.state.kv_subscriber import KVSubscription, index_events
 
 ROOT = model_fingerprint("m", "float32", 2, 2, 16, 4)
 PROMPT = list(range(100, 117))  # 4 full blocks + 1 token

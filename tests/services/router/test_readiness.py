@@ -10,10 +10,10 @@ import urllib.request
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common.grpc_server import channel
-from services.router.config import RouterConfig
-from services.router.fronts.http.config import HttpConfig
-from services.router.server import serve
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.router.config import RouterConfig
+from pdserve.services.router.fronts.http.config import HttpConfig
+from pdserve.services.router.server import serve
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -93,9 +93,9 @@ def test_grpc_health_says_serving_only_once_the_http_api_listens(make_cluster, t
     """`pdserve up` (and a probe) read SERVING as "every front accepts requests": while the HTTP
     API is still starting, a ready decode pool must not make the gRPC health say SERVING
     (seen: a test's first HTTP request refused right after `pdserve is up` on a loaded machine)."""
-    from cli.bench.local_platform import free_port
-    from services.common.grpc_server import is_serving
-    from services.router.fronts.http.server import HttpServer
+    from pdserve.cli.bench.local_platform import free_port
+    from pdserve.services.common.grpc_server import is_serving
+    from pdserve.services.router.fronts.http.server import HttpServer
 
     workers = make_cluster(num_prefill=0, num_decode=1)
     decode = workers.router.registry.views("decode")[0].address

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine import SamplingParams
-from services.pb import common_pb2
-from services.router.client import RouterClient
-from services.router.decide.policy import PrefixAffinityPrefill
-from services.router.decide.views import WorkerView
+from pdserve.engine import SamplingParams
+from pdserve.services.pb import common_pb2
+from pdserve.services.router.client import RouterClient
+from pdserve.services.router.decide.policy import PrefixAffinityPrefill
+from pdserve.services.router.decide.views import WorkerView
 from tests.services.router.fakes import DECODE_TIMINGS, PREFILL_TIMINGS, address_of, expected_tokens, piece
 
 SHORT = list(range(100, 120))   # 20 tokens: at most short_prompt_tokens (32)

@@ -10,12 +10,12 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from engine import SamplingParams
-from services.common.grpc_server import channel, is_serving
-from services.router import main as router_main
-from services.router.client import RouterClient
-from services.router.config import RouterConfig, SLOClass, load_slo_classes
-from services.router.state.discovery import StaticDiscovery, parse_addresses
+from pdserve.engine import SamplingParams
+from pdserve.services.common.grpc_server import channel, is_serving
+from pdserve.services.router import main as router_main
+from pdserve.services.router.client import RouterClient
+from pdserve.services.router.config import RouterConfig, SLOClass, load_slo_classes
+from pdserve.services.router.state.discovery import StaticDiscovery, parse_addresses
 from tests.services.router.fakes import address_of
 
 LONG = list(range(200, 260))

@@ -8,11 +8,11 @@ import time
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine import SamplingParams
-from services.common.grpc_server import channel
-from services.router.client import RouterClient
-from services.router.config import SLOClass
-from services.router.state.discovery import DECODE
+from pdserve.engine import SamplingParams
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.router.client import RouterClient
+from pdserve.services.router.config import SLOClass
+from pdserve.services.router.state.discovery import DECODE
 from tests.services.router.fakes import DEFAULT_MAX_TOKENS, expected_tokens, wait_until
 
 NUM_STREAMS = 300  # past the 256 server threads the router had: the rest queued unseen in gRPC

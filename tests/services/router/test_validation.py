@@ -4,12 +4,12 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from engine import InvalidRequestError, SamplingParams
-from services.common.grpc_server import channel
-from services.pb import common_pb2, router_pb2, router_pb2_grpc
-from services.router.config import default_slo_classes
-from services.router.core.model_info import ModelInfo
-from services.router.core.request import GenerateInput, RequestValidator
+from pdserve.engine import InvalidRequestError, SamplingParams
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.pb import common_pb2, router_pb2, router_pb2_grpc
+from pdserve.services.router.config import default_slo_classes
+from pdserve.services.router.core.model_info import ModelInfo
+from pdserve.services.router.core.request import GenerateInput, RequestValidator
 from tests.services.router.fakes import expected_tokens
 
 GOOD = [5, 6, 7]

@@ -1,11 +1,11 @@
 """The worker registry: load reports, the router's own in-flight counts, discovery changes."""
 from __future__ import annotations
 
-from services.pb import common_pb2
-from services.router.decide.views import QueuedPrefill
-from services.router.state import workers as workers_module
-from services.router.state.discovery import DECODE, PREFILL, Discovery
-from services.router.state.workers import WorkerRegistry
+from pdserve.services.pb import common_pb2
+from pdserve.services.router.decide.views import QueuedPrefill
+from pdserve.services.router.state import workers as workers_module
+from pdserve.services.router.state.discovery import DECODE, PREFILL, Discovery
+from pdserve.services.router.state.workers import WorkerRegistry
 
 
 class _Changing(Discovery):

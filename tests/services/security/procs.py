@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cli.bench.local_platform import free_port_range
-from services.common.grpc_server import is_serving
+from pdserve.cli.bench.local_platform import free_port_range
+from pdserve.services.common.grpc_server import is_serving
 
 
 def free_ports(n: int) -> list[int]:
@@ -28,7 +28,7 @@ class Processes:
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         log = open(self.log_dir / f"{name}.log", "w")
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "cli.main", *args], stdout=log,
+        self.procs[name] = subprocess.Popen([sys.executable, "-m", "pdserve.cli.main", *args], stdout=log,
                                             stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})),
                                             start_new_session=True)
 

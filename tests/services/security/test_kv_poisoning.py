@@ -8,14 +8,14 @@ import grpc
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.kv_transfer import KVLayout
-from services.common.grpc_server import channel
-from services.kvstore import batch_codec
-from services.pb import kvstore_pb2 as pb
-from services.router.client import RouterClient
-from services.worker.kv_wire import block_to_proto
-from services.pb import common_pb2
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.kv_transfer import KVLayout
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.kvstore import batch_codec
+from pdserve.services.pb import kvstore_pb2 as pb
+from pdserve.services.router.client import RouterClient
+from pdserve.services.worker.kv_wire import block_to_proto
+from pdserve.services.pb import common_pb2
 from tests.services.cluster import start_cluster
 from tests.services.test_disaggregated import MAX_TOKENS, _decode_direct, _prefill_direct, _tokens, \
     assert_nothing_leaked

@@ -18,15 +18,15 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from engine import SamplingParams
-from services.common.grpc_server import channel, is_serving
-from services.common.security import ClientSecurity
-from services.common.tls import ClientTLS
-from services.kvstore.client import KVStoreClient
-from services.kvstore.errors import KVStoreError
-from services.pb import common_pb2, decode_pb2_grpc, kv_events_pb2, kv_events_pb2_grpc, kvstore_pb2
-from services.pb import kvstore_pb2_grpc, prefill_pb2_grpc
-from services.router.client import RouterClient
+from pdserve.engine import SamplingParams
+from pdserve.services.common.grpc_server import channel, is_serving
+from pdserve.services.common.security import ClientSecurity
+from pdserve.services.common.tls import ClientTLS
+from pdserve.services.kvstore.client import KVStoreClient
+from pdserve.services.kvstore.errors import KVStoreError
+from pdserve.services.pb import common_pb2, decode_pb2_grpc, kv_events_pb2, kv_events_pb2_grpc, kvstore_pb2
+from pdserve.services.pb import kvstore_pb2_grpc, prefill_pb2_grpc
+from pdserve.services.router.client import RouterClient
 from tests.services.security.certs import SERVER_NAME, Certs, make_certs
 from tests.services.security.procs import Processes, free_ports
 

@@ -8,13 +8,13 @@ import torch
 
 import pytest
 
-from engine.config import EngineConfig, SchedulerConfig
+from pdserve.engine.config import EngineConfig, SchedulerConfig
 
-from engine.model.loader import load_model
-from engine.model.source import resolve_model
-from services.worker.config import add_worker_arguments, worker_config_from_args
-from services.worker.runtime import build_engine
-from services.common.defaults import KVSTORE_ADDRESS
+from pdserve.engine.model.loader import load_model
+from pdserve.engine.model.source import resolve_model
+from pdserve.services.worker.config import add_worker_arguments, worker_config_from_args
+from pdserve.services.worker.runtime import build_engine
+from pdserve.services.common.defaults import KVSTORE_ADDRESS
 
 
 def _config(*argv: str):

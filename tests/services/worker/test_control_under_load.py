@@ -10,12 +10,12 @@ import time
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine.config import CacheConfig, EngineConfig
-from engine.engine_core import EngineCore
-from services.common.grpc_server import channel
-from services.decode.server import serve as serve_decode
-from services.pb import common_pb2, decode_pb2, decode_pb2_grpc
-from services.worker.config import WorkerConfig
+from pdserve.engine.config import CacheConfig, EngineConfig
+from pdserve.engine.engine_core import EngineCore
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.decode.server import serve as serve_decode
+from pdserve.services.pb import common_pb2, decode_pb2, decode_pb2_grpc
+from pdserve.services.worker.config import WorkerConfig
 
 NUM_STREAMS = 48  # past the 32 threads a worker's server had
 MAX_TOKENS = 3

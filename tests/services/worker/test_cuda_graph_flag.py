@@ -5,7 +5,7 @@ import argparse
 
 import pytest
 
-from services.worker.config import add_worker_arguments, worker_config_from_args
+from pdserve.services.worker.config import add_worker_arguments, worker_config_from_args
 
 
 def _config(*argv: str):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from engine import EngineCore, SamplingParams
-from engine.config import CacheConfig, EngineConfig
-from engine.engine_request import EngineRequest
-from services.worker.engine_loop import EngineLoop
+from pdserve.engine import EngineCore, SamplingParams
+from pdserve.engine.config import CacheConfig, EngineConfig
+from pdserve.engine.engine_request import EngineRequest
+from pdserve.services.worker.engine_loop import EngineLoop
 
 PROMPT = list(range(100, 120))
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)

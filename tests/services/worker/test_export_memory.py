@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.runtime import EXPORT_BUFFERS, choose_kv_export_memory
+from pdserve.services.worker.runtime import EXPORT_BUFFERS, choose_kv_export_memory
 
 
 class _Engine:

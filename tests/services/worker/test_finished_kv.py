@@ -10,14 +10,14 @@ import grpc
 import pytest
 import torch
 
-from engine.core.block_hash import hash_full_blocks
-from engine.kv_transfer import KVLayout, KVPayload
-from services.kvstore.errors import KVStoreFullError
-from services.worker.config import WorkerConfig, add_worker_arguments, worker_config_from_args
-from services.worker.finished_kv import (ByteBudget, FinishedKVWriter, FinishedRequest, NoFinishedKVWriter,
+from pdserve.engine.core.block_hash import hash_full_blocks
+from pdserve.engine.kv_transfer import KVLayout, KVPayload
+from pdserve.services.kvstore.errors import KVStoreFullError
+from pdserve.services.worker.config import WorkerConfig, add_worker_arguments, worker_config_from_args
+from pdserve.services.worker.finished_kv import (ByteBudget, FinishedKVWriter, FinishedRequest, NoFinishedKVWriter,
                                          finished_kv_writer, num_blocks_with_kv)
-from services.worker.kv_integrity import refusal
-from services.worker.metrics import WorkerMetrics
+from pdserve.services.worker.kv_integrity import refusal
+from pdserve.services.worker.metrics import WorkerMetrics
 
 LAYOUT = KVLayout.of("m", "float32", (2, 2, 4, 1, 2))  # block_size 4, 128 bytes a block
 BS, NBYTES = LAYOUT.block_size, LAYOUT.block_nbytes

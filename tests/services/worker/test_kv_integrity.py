@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kv_transfer import KVLayout, KVPayload
-from services.kvstore.batch_codec import Decoded
-from services.pb import kvstore_pb2 as pb
-from services.worker import kv_integrity as integrity
-from services.worker.kv_wire import payload_from_batches, payload_to_put
+from pdserve.engine.kv_transfer import KVLayout, KVPayload
+from pdserve.services.kvstore.batch_codec import Decoded
+from pdserve.services.pb import kvstore_pb2 as pb
+from pdserve.services.worker import kv_integrity as integrity
+from pdserve.services.worker.kv_wire import payload_from_batches, payload_to_put
 
 LAYOUT = KVLayout.of("test-model", "float32", (2, 2, 4, 1, 8))
 HASHES = [bytes([i]) * 32 for i in range(3)]

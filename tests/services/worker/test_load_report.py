@@ -2,9 +2,9 @@
 router whole (issue 33: its TTFT estimate follows the worker's own order)."""
 from __future__ import annotations
 
-from engine.stats import EngineStats, QueuedPrefill
-from services.router.state.workers import view_from_load
-from services.worker.servicer import load_to_proto
+from pdserve.engine.stats import EngineStats, QueuedPrefill
+from pdserve.services.router.state.workers import view_from_load
+from pdserve.services.worker.servicer import load_to_proto
 
 
 def test_the_ranked_queue_and_the_step_bound_travel_to_the_routers_view():

@@ -7,13 +7,13 @@ import argparse
 
 import pytest
 
-import cli.main
-import cli.up
-from cli.launcher import PlatformConfig, plan
-from engine.errors import InvalidRequestError
-from engine.worker.kv_cache import bytes_per_block
-from services.worker.config import add_worker_arguments, worker_config_from_args
-from services.worker.runtime import build_engine
+import pdserve.cli.main
+import pdserve.cli.up
+from pdserve.cli.launcher import PlatformConfig, plan
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.worker.kv_cache import bytes_per_block
+from pdserve.services.worker.config import add_worker_arguments, worker_config_from_args
+from pdserve.services.worker.runtime import build_engine
 
 GiB = 1 << 30
 
@@ -62,9 +62,9 @@ def test_the_worker_engine_gets_a_host_tier_of_that_size(tiny_llama_dir, tiny):
 
 def _planned(monkeypatch, *argv: str) -> dict[str, list[str]]:
     seen: list[PlatformConfig] = []
-    monkeypatch.setattr(cli.up, "run_platform", lambda cfg: seen.append(cfg) or 0)
-    assert cli.main.main(["up", *argv]) == 0
-    return {s.name: s.argv[s.argv.index("cli.main") + 2:] for s in plan(seen[0], [0, 1, 2])}
+    monkeypatch.setattr(pdserve.cli.up, "run_platform", lambda cfg: seen.append(cfg) or 0)
+    assert pdserve.cli.main.main(["up", *argv]) == 0
+    return {s.name: s.argv[s.argv.index("pdserve.cli.main") + 2:] for s in plan(seen[0], [0, 1, 2])}
 
 
 def test_pdserve_up_passes_it_to_every_worker(monkeypatch):
@@ -80,7 +80,7 @@ def test_pdserve_up_leaves_it_off_by_default(monkeypatch):
 
 
 def test_pdserve_up_refuses_a_bad_value_before_anything_starts(monkeypatch, capsys):
-    monkeypatch.setattr(cli.up, "run_platform", lambda cfg: pytest.fail("the platform was started"))
+    monkeypatch.setattr(pdserve.cli.up, "run_platform", lambda cfg: pytest.fail("the platform was started"))
     with pytest.raises(SystemExit):
-        cli.main.main(["up", "--kv-offloading-size", "-2"])
+        pdserve.cli.main.main(["up", "--kv-offloading-size", "-2"])
     assert "argument --kv-offloading-size: must be a number of GiB >= 0" in capsys.readouterr().err

@@ -7,10 +7,10 @@ import argparse
 
 import pytest
 
-import cli.main
-from engine.errors import InvalidRequestError
-from engine.executor.config import ParallelConfig
-from services.worker.config import add_worker_arguments, worker_config_from_args
+import pdserve.cli.main
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.executor.config import ParallelConfig
+from pdserve.services.worker.config import add_worker_arguments, worker_config_from_args
 
 
 def _config(*argv: str):
@@ -58,7 +58,7 @@ def test_a_split_that_does_not_match_the_stages_names_the_flag():
 
 
 def test_generate_passes_the_flags_to_the_llm(monkeypatch, capsys):
-    import engine
+    import pdserve.engine
     seen = {}
 
     class FakeLLM:  # the engine's own parallel runs are the executor's tests; here: what generate passes
@@ -66,7 +66,7 @@ def test_generate_passes_the_flags_to_the_llm(monkeypatch, capsys):
             seen.update(kwargs)
             raise InvalidRequestError("model", "stop here")
     monkeypatch.setattr(engine, "LLM", FakeLLM)
-    code = cli.main.main(["generate", "--prompt", "hi", "-tp", "3", "--pipeline-parallel-size", "2",
+    code = pdserve.cli.main.main(["generate", "--prompt", "hi", "-tp", "3", "--pipeline-parallel-size", "2",
                           "--pipeline-layer-split", "16,14", "--collective-timeout-s", "9"])
     assert code == 2 and "model: stop here" in capsys.readouterr().err
     assert {k: seen[k] for k in ("tensor_parallel_size", "pipeline_parallel_size", "pipeline_layer_split",
@@ -76,10 +76,10 @@ def test_generate_passes_the_flags_to_the_llm(monkeypatch, capsys):
 
 
 def test_generate_refuses_a_bad_split_naming_the_flag(monkeypatch, capsys):
-    import engine
+    import pdserve.engine
     monkeypatch.setattr(engine, "LLM", lambda **_: pytest.fail("an engine was built"))
-    assert cli.main.main(["generate", "--prompt", "hi", "-pp", "3", "--pipeline-layer-split", "10,20"]) == 2
+    assert pdserve.cli.main.main(["generate", "--prompt", "hi", "-pp", "3", "--pipeline-layer-split", "10,20"]) == 2
     assert "pdserve: error: --pipeline-layer-split: " in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        cli.main.main(["generate", "--prompt", "hi", "-tp", "0"])
+        pdserve.cli.main.main(["generate", "--prompt", "hi", "-tp", "0"])
     assert "argument --tensor-parallel-size/-tp: must be an integer >= 1, got '0'" in capsys.readouterr().err

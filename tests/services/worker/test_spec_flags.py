@@ -10,16 +10,16 @@ import urllib.request
 
 import pytest
 
-from engine.spec_decode.proposer import NoProposer
+from pdserve.engine.spec_decode.proposer import NoProposer
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.config import EngineConfig
-from engine.spec_decode.config import SpeculativeConfig
-from services.common.grpc_server import channel
-from services.decode.server import serve as serve_decode
-from services.pb import common_pb2, decode_pb2, decode_pb2_grpc
-from services.prefill.server import serve as serve_prefill
-from services.worker.config import WorkerConfig, add_worker_arguments, worker_config_from_args
+from pdserve.engine.config import EngineConfig
+from pdserve.engine.spec_decode.config import SpeculativeConfig
+from pdserve.services.common.grpc_server import channel
+from pdserve.services.decode.server import serve as serve_decode
+from pdserve.services.pb import common_pb2, decode_pb2, decode_pb2_grpc
+from pdserve.services.prefill.server import serve as serve_prefill
+from pdserve.services.worker.config import WorkerConfig, add_worker_arguments, worker_config_from_args
 
 NGRAM = SpeculativeConfig("ngram", 4, prompt_lookup_min=1, prompt_lookup_max=4)
 SPEC = "pdserve_worker_spec_"
@@ -73,7 +73,7 @@ def test_the_help_says_prefill_workers_ignore_it(capsys):
 
 
 def _engine(model: str, spec: SpeculativeConfig) -> EngineConfig:
-    from engine.config import CacheConfig
+    from pdserve.engine.config import CacheConfig
     return EngineConfig(model=model, cache=CacheConfig(kv_cache_memory_bytes=8 << 20), speculative_config=spec)
 
 

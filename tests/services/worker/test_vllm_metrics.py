@@ -6,9 +6,9 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.stats import EngineStats, HostTierStats
-from services.worker.metrics import WorkerMetrics
-from services.worker.vllm_metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from pdserve.engine.stats import EngineStats, HostTierStats
+from pdserve.services.worker.metrics import WorkerMetrics
+from pdserve.services.worker.vllm_metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 
 LABELS = {"model_name": "tiny-chat", "engine": "0"}
 # family -> type, as vLLM's /metrics declares them (counters: the family name has no _total)

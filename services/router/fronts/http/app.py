@@ -23,23 +23,23 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from engine import InvalidRequestError
-from services.common.version import pdserve_version
-from services.router.errors import RouterError
-from services.router.fronts.http.auth import ApiKeyGuard
-from services.router.fronts.http.backend import Backend
-from services.router.fronts.http.config import HttpConfig
-from services.router.fronts.http.errors import (ApiError, from_invalid, from_router, install_handlers, model_not_found,
+from pdserve.engine import InvalidRequestError
+from pdserve.services.common.version import pdserve_version
+from pdserve.services.router.errors import RouterError
+from pdserve.services.router.fronts.http.auth import ApiKeyGuard
+from pdserve.services.router.fronts.http.backend import Backend
+from pdserve.services.router.fronts.http.config import HttpConfig
+from pdserve.services.router.fronts.http.errors import (ApiError, from_invalid, from_router, install_handlers, model_not_found,
                                                 server_error)
-from services.router.fronts.http.fields import IgnoredFields
-from services.router.fronts.http.limits import BodyLimit
-from services.router.fronts.http.logprobs import TokenText
-from services.router.fronts.http.output_parsers import OutputParsers
-from services.router.fronts.http.replies import ChatReply, CompletionReply, Reply
-from services.router.fronts.http.runs import RunGroup
-from services.router.fronts.http.schemas import ChatCompletionRequest, CompletionRequest
-from services.router.fronts.http.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
-from services.router.fronts.http.translate import Job, chat_job, completion_job
+from pdserve.services.router.fronts.http.fields import IgnoredFields
+from pdserve.services.router.fronts.http.limits import BodyLimit
+from pdserve.services.router.fronts.http.logprobs import TokenText
+from pdserve.services.router.fronts.http.output_parsers import OutputParsers
+from pdserve.services.router.fronts.http.replies import ChatReply, CompletionReply, Reply
+from pdserve.services.router.fronts.http.runs import RunGroup
+from pdserve.services.router.fronts.http.schemas import ChatCompletionRequest, CompletionRequest
+from pdserve.services.router.fronts.http.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
+from pdserve.services.router.fronts.http.translate import Job, chat_job, completion_job
 
 logger = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ any of them accepted (rotation, docs/security.md).
 """
 from __future__ import annotations
 
-from services.common.auth import bearer_problem, parse_tokens
-from services.common.security import API_KEY
-from services.router.fronts.http.errors import ApiError
+from pdserve.services.common.auth import bearer_problem, parse_tokens
+from pdserve.services.common.security import API_KEY
+from pdserve.services.router.fronts.http.errors import ApiError
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 

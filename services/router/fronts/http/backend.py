@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from services.pb import common_pb2
-from services.router.core.cancel import Cancellation
-from services.router.core.front import Front
-from services.router.core.model_info import ModelInfo
-from services.router.core.request import RoutedRequest
-from services.router.state.readiness import Readiness
+from pdserve.services.pb import common_pb2
+from pdserve.services.router.core.cancel import Cancellation
+from pdserve.services.router.core.front import Front
+from pdserve.services.router.core.model_info import ModelInfo
+from pdserve.services.router.core.request import RoutedRequest
+from pdserve.services.router.state.readiness import Readiness
 
 
 @dataclass(frozen=True)

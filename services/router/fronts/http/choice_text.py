@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from services.router.fronts.http.parsing.reasoning import ReasoningParser, ReasoningStream
+from pdserve.services.router.fronts.http.parsing.reasoning import ReasoningParser, ReasoningStream
 
 
 class ChoiceText(ABC):

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.common.auth import parse_tokens
-from services.common.defaults import HOST, ROUTER_HTTP_PORT
-from services.common.tls import ServerTLS
-from services.router.fronts.http.parsing import REASONING_PARSERS, TOOL_PARSERS
-from services.router.config import max_request_bytes
+from pdserve.services.common.auth import parse_tokens
+from pdserve.services.common.defaults import HOST, ROUTER_HTTP_PORT
+from pdserve.services.common.tls import ServerTLS
+from pdserve.services.router.fronts.http.parsing import REASONING_PARSERS, TOOL_PARSERS
+from pdserve.services.router.config import max_request_bytes
 
 API_KEY_ENV = "PDSERVE_API_KEY"
 

@@ -24,9 +24,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine import InvalidRequestError
-from services.router.core.request import shown
-from services.router.errors import RouterError
+from pdserve.engine import InvalidRequestError
+from pdserve.services.router.core.request import shown
+from pdserve.services.router.errors import RouterError
 
 INVALID = "invalid_request_error"
 _BY_GRPC_CODE = {  # status, type, code

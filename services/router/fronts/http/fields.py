@@ -18,7 +18,7 @@ import threading
 
 from pydantic import BaseModel
 
-from services.router.fronts.http.errors import bad_request
+from pdserve.services.router.fronts.http.errors import bad_request
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ it here first costs no memory the app would not have spent.
 """
 from __future__ import annotations
 
-from services.router.fronts.http.errors import ApiError
+from pdserve.services.router.fronts.http.errors import ApiError
 
 TOO_LARGE = 413
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from services.pb import common_pb2
+from pdserve.services.pb import common_pb2
 
 
 class TokenText:

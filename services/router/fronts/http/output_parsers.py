@@ -15,12 +15,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from services.router.fronts.http.config import HttpConfig
-from services.router.fronts.http.errors import bad_request
-from services.router.fronts.http.parsing import REASONING_PARSERS, TOOL_PARSERS
-from services.router.fronts.http.parsing.reasoning import ReasoningParser
-from services.router.fronts.http.parsing.tool_parser import ToolParser
-from services.router.fronts.http.schemas import ChatCompletionRequest
+from pdserve.services.router.fronts.http.config import HttpConfig
+from pdserve.services.router.fronts.http.errors import bad_request
+from pdserve.services.router.fronts.http.parsing import REASONING_PARSERS, TOOL_PARSERS
+from pdserve.services.router.fronts.http.parsing.reasoning import ReasoningParser
+from pdserve.services.router.fronts.http.parsing.tool_parser import ToolParser
+from pdserve.services.router.fronts.http.schemas import ChatCompletionRequest
 
 logger = logging.getLogger(__name__)
 AUTO_NEEDS = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'

@@ -28,12 +28,12 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from services.pb import common_pb2
-from services.router.fronts.http.choice_text import ChoiceText, PlainText, WithReasoning
-from services.router.fronts.http.logprobs import (ChatLogprobs, LegacyLogprobs, TokenIdText, TokenText,
+from pdserve.services.pb import common_pb2
+from pdserve.services.router.fronts.http.choice_text import ChoiceText, PlainText, WithReasoning
+from pdserve.services.router.fronts.http.logprobs import (ChatLogprobs, LegacyLogprobs, TokenIdText, TokenText,
                                                   prompt_logprobs_json)
-from services.router.fronts.http.tool_calls import AutoCalls, tool_call_reply
-from services.router.fronts.http.translate import Job
+from pdserve.services.router.fronts.http.tool_calls import AutoCalls, tool_call_reply
+from pdserve.services.router.fronts.http.translate import Job
 
 
 class _Choice:

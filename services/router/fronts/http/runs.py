@@ -19,10 +19,10 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import Executor
 
-from services.pb import common_pb2
-from services.router.core.cancel import Cancellation
-from services.router.core.request import RoutedRequest
-from services.router.fronts.http.backend import Backend
+from pdserve.services.pb import common_pb2
+from pdserve.services.router.core.cancel import Cancellation
+from pdserve.services.router.core.request import RoutedRequest
+from pdserve.services.router.fronts.http.backend import Backend
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from services.router.core.request import has_lone_surrogate
+from pdserve.services.router.core.request import has_lone_surrogate
 
 
 def _whole_text(value: str) -> str:

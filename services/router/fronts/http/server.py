@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import uvicorn
 
-from services.common.tls import ServerTLS
-from services.router.fronts.http.app import create_app
-from services.router.fronts.http.backend import Backend
-from services.router.fronts.http.config import HttpConfig
+from pdserve.services.common.tls import ServerTLS
+from pdserve.services.router.fronts.http.app import create_app
+from pdserve.services.router.fronts.http.backend import Backend
+from pdserve.services.router.fronts.http.config import HttpConfig
 
 logger = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from engine import InvalidRequestError
-from engine.structured import StructuredOutputsParams
-from services.router.fronts.http.errors import bad_request, from_invalid
-from services.router.fronts.http.schemas import ChatCompletionRequest, _GenerateRequest
+from pdserve.engine import InvalidRequestError
+from pdserve.engine.structured import StructuredOutputsParams
+from pdserve.services.router.fronts.http.errors import bad_request, from_invalid
+from pdserve.services.router.fronts.http.schemas import ChatCompletionRequest, _GenerateRequest
 
 # a function without parameters takes none (OpenAI's reading): its arguments are {}
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}

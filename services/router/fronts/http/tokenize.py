@@ -17,10 +17,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, StrictInt
 
-from services.router.core.model_info import ModelInfo
-from services.router.fronts.http.errors import bad_request, model_not_found
-from services.router.fronts.http.schemas import ChatMessage, Text, Tool
-from services.router.fronts.http.translate import chat_prompt
+from pdserve.services.router.core.model_info import ModelInfo
+from pdserve.services.router.fronts.http.errors import bad_request, model_not_found
+from pdserve.services.router.fronts.http.schemas import ChatMessage, Text, Tool
+from pdserve.services.router.fronts.http.translate import chat_prompt
 
 
 class TokenizeRequest(BaseModel):

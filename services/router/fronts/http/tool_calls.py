@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import json
 
-from services.router.fronts.http.choice_text import ChoiceText
-from services.router.fronts.http.output_parsers import AutoTools
-from services.router.fronts.http.parsing.stream import ToolCallStream
-from services.router.fronts.http.parsing.tool_parser import call_id, parse_output
-from services.router.fronts.http.structured import ToolChoice
+from pdserve.services.router.fronts.http.choice_text import ChoiceText
+from pdserve.services.router.fronts.http.output_parsers import AutoTools
+from pdserve.services.router.fronts.http.parsing.stream import ToolCallStream
+from pdserve.services.router.fronts.http.parsing.tool_parser import call_id, parse_output
+from pdserve.services.router.fronts.http.structured import ToolChoice
 
 
 def _call(index: int, name: str, arguments: str, id_: str | None = None) -> dict:

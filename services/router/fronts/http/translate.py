@@ -19,16 +19,16 @@ import re
 import uuid
 from dataclasses import dataclass, field, replace
 
-from engine import InvalidRequestError, SamplingParams
-from engine.chat import TemplateOptions, encode_chat_prompt
-from services.router.core.model_info import ModelInfo
-from services.router.core.request import GenerateInput
-from services.router.fronts.http.errors import bad_request, from_invalid, model_not_found
-from services.router.fronts.http.fields import refuse_unsupported
-from services.router.fronts.http.output_parsers import AutoTools, OutputParsers
-from services.router.fronts.http.parsing.reasoning import ReasoningParser
-from services.router.fronts.http.schemas import ChatCompletionRequest, CompletionRequest, _GenerateRequest
-from services.router.fronts.http.structured import Guide, ToolChoice, guide
+from pdserve.engine import InvalidRequestError, SamplingParams
+from pdserve.engine.chat import TemplateOptions, encode_chat_prompt
+from pdserve.services.router.core.model_info import ModelInfo
+from pdserve.services.router.core.request import GenerateInput
+from pdserve.services.router.fronts.http.errors import bad_request, from_invalid, model_not_found
+from pdserve.services.router.fronts.http.fields import refuse_unsupported
+from pdserve.services.router.fronts.http.output_parsers import AutoTools, OutputParsers
+from pdserve.services.router.fronts.http.parsing.reasoning import ReasoningParser
+from pdserve.services.router.fronts.http.schemas import ChatCompletionRequest, CompletionRequest, _GenerateRequest
+from pdserve.services.router.fronts.http.structured import Guide, ToolChoice, guide
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat's is the rest of the context
 MAX_LOGPROBS = 20           # the engine's limit

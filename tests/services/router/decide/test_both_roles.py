@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.config import PathConfig, SLOClass
-from services.router.decide.paths import (DIRECT, DISAGGREGATED, KVSTORE_DOWN, SAME_WORKER, AdaptivePaths, PathChoice,
+from pdserve.services.router.config import PathConfig, SLOClass
+from pdserve.services.router.decide.paths import (DIRECT, DISAGGREGATED, KVSTORE_DOWN, SAME_WORKER, AdaptivePaths, PathChoice,
                                           PoolsNow, ThresholdPaths, prefill_rate_beside_decodes)
-from services.router.decide.views import WorkerView
+from pdserve.services.router.decide.views import WorkerView
 
 CLASSES = {"interactive": SLOClass(ttft_ms=1000, itl_ms=100), "batch": SLOClass(ttft_ms=30000, itl_ms=1000, priority=1)}
 

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from services.router.config import PathConfig, SLOClass
-from services.router.decide.paths import (DIRECT, DISAGGREGATED, NO_PREFILL_WORKER, AdaptivePaths, ColocatedPaths,
+from pdserve.services.router.config import PathConfig, SLOClass
+from pdserve.services.router.decide.paths import (DIRECT, DISAGGREGATED, NO_PREFILL_WORKER, AdaptivePaths, ColocatedPaths,
                                           PathChoice, PoolsNow, ThresholdPaths)
-from services.router.decide.saturation import prefill_work_ahead
-from services.router.decide.views import QueuedPrefill, WorkerView
+from pdserve.services.router.decide.saturation import prefill_work_ahead
+from pdserve.services.router.decide.views import QueuedPrefill, WorkerView
 
 CLASSES = {"interactive": SLOClass(ttft_ms=1000, itl_ms=100), "batch": SLOClass(ttft_ms=30000, itl_ms=1000, priority=1)}
 

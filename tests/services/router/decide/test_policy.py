@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.config import SaturationConfig
-from services.router.decide.policy import LeastQueuedPrefill, MostRoomDecode, PrefixAffinityPrefill, prefix_key
-from services.router.decide.saturation import SaturationPolicy
-from services.router.decide.views import WorkerView
+from pdserve.services.router.config import SaturationConfig
+from pdserve.services.router.decide.policy import LeastQueuedPrefill, MostRoomDecode, PrefixAffinityPrefill, prefix_key
+from pdserve.services.router.decide.saturation import SaturationPolicy
+from pdserve.services.router.decide.views import WorkerView
 
 PROMPT = list(range(40))
 

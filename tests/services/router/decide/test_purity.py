@@ -20,13 +20,13 @@ def modules_loaded_by(statement: str) -> list[str]:
 
 
 def test_the_decisions_and_the_simulators_router_load_no_grpc_fastapi_or_torch():
-    modules = ", ".join(["services.router.decide", "sim.router", *(
-        f"services.router.decide.{m}" for m in ("config", "views", "paths", "policy", "placement", "saturation",
+    modules = ", ".join(["pdserve.services.router.decide", "pdserve.sim.router", *(
+        f"pdserve.services.router.decide.{m}" for m in ("config", "views", "paths", "policy", "placement", "saturation",
                                                  "slots"))])
     assert modules_loaded_by(f"import {modules}") == []
 
 
 def test_the_router_starts_without_torch():
-    assert "torch" not in modules_loaded_by("import services.router.main")
-    help_run = ("from cli.main import main\ntry:\n    main(['router', '--help'])\nexcept SystemExit:\n    pass")
+    assert "torch" not in modules_loaded_by("import pdserve.services.router.main")
+    help_run = ("from pdserve.cli.main import main\ntry:\n    main(['router', '--help'])\nexcept SystemExit:\n    pass")
     assert "torch" not in modules_loaded_by(help_run)

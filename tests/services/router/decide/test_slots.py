@@ -3,11 +3,11 @@ skipped, the policy picks among the rest, and only the prompt tokens the worker 
 compute count as reserved on it."""
 from __future__ import annotations
 
-from services.router.decide.config import SaturationConfig
-from services.router.decide.policy import LEAST_LOADED, LeastQueuedPrefill, Placement, WorkerPolicy
-from services.router.decide.saturation import SaturationPolicy
-from services.router.decide.slots import SlotChoice, choose_slot
-from services.router.decide.views import NoPrefixes, PrefixMatch, WorkerView
+from pdserve.services.router.decide.config import SaturationConfig
+from pdserve.services.router.decide.policy import LEAST_LOADED, LeastQueuedPrefill, Placement, WorkerPolicy
+from pdserve.services.router.decide.saturation import SaturationPolicy
+from pdserve.services.router.decide.slots import SlotChoice, choose_slot
+from pdserve.services.router.decide.views import NoPrefixes, PrefixMatch, WorkerView
 
 SATURATION = SaturationPolicy(SaturationConfig(max_waiting=4))
 
@@ -58,5 +58,5 @@ def test_least_queued_prefill_picks_the_smallest_backlog_counting_this_routers_o
 
 
 def test_no_prefixes_reports_nothing_held():
-    from services.router.decide.views import NoPrefixes, PrefixMatch
+    from pdserve.services.router.decide.views import NoPrefixes, PrefixMatch
     assert NoPrefixes().match(["a", "b"], [1, 2, 3], store="s") == PrefixMatch({"a": 0, "b": 0}, 0)

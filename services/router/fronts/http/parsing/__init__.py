@@ -3,12 +3,12 @@ format (tool_parser.py, one module per format) and its reasoning (reasoning.py).
 tokenizer, no I/O; the reply (tool_calls.py, choice_text.py) drives them."""
 from __future__ import annotations
 
-from services.router.fronts.http.parsing.hermes import HermesParser
-from services.router.fronts.http.parsing.llama3_json import Llama3JsonParser
-from services.router.fronts.http.parsing.mistral import MistralParser
-from services.router.fronts.http.parsing.pythonic import PythonicParser
-from services.router.fronts.http.parsing.reasoning import ReasoningParser
-from services.router.fronts.http.parsing.tool_parser import ToolParser
+from pdserve.services.router.fronts.http.parsing.hermes import HermesParser
+from pdserve.services.router.fronts.http.parsing.llama3_json import Llama3JsonParser
+from pdserve.services.router.fronts.http.parsing.mistral import MistralParser
+from pdserve.services.router.fronts.http.parsing.pythonic import PythonicParser
+from pdserve.services.router.fronts.http.parsing.reasoning import ReasoningParser
+from pdserve.services.router.fronts.http.parsing.tool_parser import ToolParser
 
 TOOL_PARSERS: dict[str, ToolParser] = {p.name: p for p in (HermesParser(), Llama3JsonParser(), MistralParser(), PythonicParser())}
 REASONING_PARSERS: dict[str, ReasoningParser] = {

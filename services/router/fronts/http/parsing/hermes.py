@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 
-from services.router.fronts.http.parsing.tool_parser import Segment, ToolParser, call_from_json, held_suffix
+from pdserve.services.router.fronts.http.parsing.tool_parser import Segment, ToolParser, call_from_json, held_suffix
 
 START, END = "<tool_call>", "</tool_call>"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 
-from services.router.fronts.http.parsing.tool_parser import Segment, ToolCall, ToolParser, call_from_json, skip_space
+from pdserve.services.router.fronts.http.parsing.tool_parser import Segment, ToolCall, ToolParser, call_from_json, skip_space
 
 TAG = "<|python_tag|>"
 _DECODER = json.JSONDecoder()

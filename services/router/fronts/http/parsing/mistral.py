@@ -19,7 +19,7 @@ import json
 import re
 from collections.abc import Collection
 
-from services.router.fronts.http.parsing.tool_parser import (
+from pdserve.services.router.fronts.http.parsing.tool_parser import (
     Segment, ToolCall, ToolParser, call_from_json, held_suffix, skip_space)
 
 MARKER, ARGS = "[TOOL_CALLS]", "[ARGS]"

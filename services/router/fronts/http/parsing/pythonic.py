@@ -14,7 +14,7 @@ import ast
 import json
 from collections.abc import Collection
 
-from services.router.fronts.http.parsing.tool_parser import Segment, ToolCall, ToolParser, skip_space
+from pdserve.services.router.fronts.http.parsing.tool_parser import Segment, ToolCall, ToolParser, skip_space
 
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.router.fronts.http.parsing.tool_parser import held_suffix, skip_space
+from pdserve.services.router.fronts.http.parsing.tool_parser import held_suffix, skip_space
 
 START, END = "<think>", "</think>"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from services.router.fronts.http.parsing.tool_parser import ToolCall, ToolParser
+from pdserve.services.router.fronts.http.parsing.tool_parser import ToolCall, ToolParser
 
 
 class ToolCallStream:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import LLM
+from pdserve.engine import LLM
 from tests.services.router.fronts.http.support import start_http_cluster, sync_client
 from tests.services.test_disaggregated import assert_nothing_leaked
 

@@ -8,16 +8,16 @@ import time
 
 import openai
 
-from cli.bench.local_platform import free_port_range
-from engine.config import CacheConfig, EngineConfig
-from services.decode.server import serve as serve_decode
-from services.kvstore.server import KVStoreConfig
-from services.kvstore.server import serve as serve_kvstore
-from services.prefill.server import serve as serve_prefill
-from services.router.config import PathConfig, RouterConfig
-from services.router.fronts.http.config import HttpConfig
-from services.router.server import serve as serve_router
-from services.worker.config import WorkerConfig
+from pdserve.cli.bench.local_platform import free_port_range
+from pdserve.engine.config import CacheConfig, EngineConfig
+from pdserve.services.decode.server import serve as serve_decode
+from pdserve.services.kvstore.server import KVStoreConfig
+from pdserve.services.kvstore.server import serve as serve_kvstore
+from pdserve.services.prefill.server import serve as serve_prefill
+from pdserve.services.router.config import PathConfig, RouterConfig
+from pdserve.services.router.fronts.http.config import HttpConfig
+from pdserve.services.router.server import serve as serve_router
+from pdserve.services.worker.config import WorkerConfig
 from tests.services.cluster import Cluster
 
 SHORT_PROMPT_TOKENS = 32  # longer prompts go prefill -> kvstore -> decode

@@ -11,13 +11,13 @@ from pathlib import Path
 import openai
 import pytest
 
-from engine.chat import load_chat_template, with_chat_template
-from services.common.grpc_server import ServiceSpec, start_server
-from services.pb import common_pb2, decode_pb2_grpc, kvstore_pb2_grpc
-from services.router.config import RouterConfig
-from services.router.fronts.http.config import HttpConfig
-from services.router.fronts.http.output_parsers import AUTO_NEEDS
-from services.router.server import serve
+from pdserve.engine.chat import load_chat_template, with_chat_template
+from pdserve.services.common.grpc_server import ServiceSpec, start_server
+from pdserve.services.pb import common_pb2, decode_pb2_grpc, kvstore_pb2_grpc
+from pdserve.services.router.config import RouterConfig
+from pdserve.services.router.fronts.http.config import HttpConfig
+from pdserve.services.router.fronts.http.output_parsers import AUTO_NEEDS
+from pdserve.services.router.server import serve
 from tests.services.router.fakes import FakeDecode, FakeKVStore
 from tests.services.router.fronts.http.support import sync_client
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 
-from engine import SamplingParams
-from services.pb import common_pb2
-from services.router.core.request import GenerateInput
-from services.router.fronts.http.output_parsers import AutoTools
-from services.router.fronts.http.parsing import REASONING_PARSERS, TOOL_PARSERS
-from services.router.fronts.http.replies import ChatReply
-from services.router.fronts.http.translate import Job
+from pdserve.engine import SamplingParams
+from pdserve.services.pb import common_pb2
+from pdserve.services.router.core.request import GenerateInput
+from pdserve.services.router.fronts.http.output_parsers import AutoTools
+from pdserve.services.router.fronts.http.parsing import REASONING_PARSERS, TOOL_PARSERS
+from pdserve.services.router.fronts.http.replies import ChatReply
+from pdserve.services.router.fronts.http.translate import Job
 
 NAMES = frozenset({"get_weather", "get_time"})
 PARIS = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'

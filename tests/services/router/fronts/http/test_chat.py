@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from engine import SamplingParams
+from pdserve.engine import SamplingParams
 from tests.services.router.fronts.http.support import async_client
 
 MAX_TOKENS = 10

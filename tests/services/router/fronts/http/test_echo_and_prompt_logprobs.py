@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from engine import SamplingParams
-from engine.chat import encode_chat_prompt
+from pdserve.engine import SamplingParams
+from pdserve.engine.chat import encode_chat_prompt
 from tests.services.router.fronts.http.support import raw_request
 
 MAX_TOKENS = 6

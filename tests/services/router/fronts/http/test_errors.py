@@ -7,8 +7,8 @@ import asyncio
 import openai
 import pytest
 
-from services.router.config import SaturationConfig, SLOClass
-from services.router.fronts.http.config import HttpConfig
+from pdserve.services.router.config import SaturationConfig, SLOClass
+from pdserve.services.router.fronts.http.config import HttpConfig
 from tests.services.router.fronts.http.support import async_client, free_port, raw_request, start_router, sync_client
 
 MSGS = [{"role": "user", "content": "Hi"}]

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import SamplingParams
-from engine.chat import encode_chat_prompt
-from services.router.fronts.http.fields import IGNORED, REFUSED, REFUSED_STREAM_OPTIONS
-from services.router.fronts.http.schemas import ChatCompletionRequest, CompletionRequest, StreamOptions
+from pdserve.engine import SamplingParams
+from pdserve.engine.chat import encode_chat_prompt
+from pdserve.services.router.fronts.http.fields import IGNORED, REFUSED, REFUSED_STREAM_OPTIONS
+from pdserve.services.router.fronts.http.schemas import ChatCompletionRequest, CompletionRequest, StreamOptions
 from tests.services.router.fronts.http.support import raw_request, start_router
 
 DOC = Path(__file__).resolve().parents[5] / "docs" / "openai.md"
@@ -38,7 +38,7 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": [
            "required": ["city"], "additionalProperties": False}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
          {"type": "function", "function": {"name": "get_time", "parameters": WEATHER}}]
-FIELDS_LOGGER = "services.router.fronts.http.fields"
+FIELDS_LOGGER = "pdserve.services.router.fronts.http.fields"
 
 # vLLM's fields (vllm/entrypoints/openai/protocol.py at ec3b890c): the table must hold them all
 _VLLM_BOTH = {

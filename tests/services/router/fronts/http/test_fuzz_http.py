@@ -12,8 +12,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from services.router.fronts.http import fields
-from services.router.fronts.http.config import HttpConfig
+from pdserve.services.router.fronts.http import fields
+from pdserve.services.router.fronts.http.config import HttpConfig
 from tests.services.router.fronts.http.support import start_router
 
 MAX_EXAMPLES = 12  # per operation and mode

@@ -14,9 +14,9 @@ import grpc
 import openai
 import pytest
 
-from engine.chat import encode_chat_prompt
-from services.router.errors import RouterError
-from services.router.fronts.http.errors import from_router
+from pdserve.engine.chat import encode_chat_prompt
+from pdserve.services.router.errors import RouterError
+from pdserve.services.router.fronts.http.errors import from_router
 from tests.services.router.fronts.http.support import raw_request
 
 MSGS = [{"role": "user", "content": "Hi"}]

@@ -5,10 +5,10 @@ import logging
 
 import pytest
 
-from services.router.fronts.http.config import HttpConfig
-from services.router.fronts.http.errors import ApiError
-from services.router.fronts.http.output_parsers import AUTO_NEEDS, OutputParsers
-from services.router.fronts.http.schemas import ChatCompletionRequest
+from pdserve.services.router.fronts.http.config import HttpConfig
+from pdserve.services.router.fronts.http.errors import ApiError
+from pdserve.services.router.fronts.http.output_parsers import AUTO_NEEDS, OutputParsers
+from pdserve.services.router.fronts.http.schemas import ChatCompletionRequest
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather"}}, {"type": "function", "function": {"name": "f"}}]
 ON = OutputParsers.of(HttpConfig(tool_call_parser="hermes", enable_auto_tool_choice=True))

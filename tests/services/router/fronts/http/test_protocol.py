@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from services.router.fronts.http.config import HttpConfig
+from pdserve.services.router.fronts.http.config import HttpConfig
 from tests.services.router.fronts.http.support import raw_request, requests_total, start_router, wait_until
 
 LONG = "Once upon a time, in a village by the sea, there lived an old fisherman who " * 3

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import SamplingParams
+from pdserve.engine import SamplingParams
 
 MAX_TOKENS = 10
 SHORT = "The capital of France is"  # direct

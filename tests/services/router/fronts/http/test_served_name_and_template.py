@@ -6,10 +6,10 @@ from __future__ import annotations
 import openai
 import pytest
 
-from engine import LLM, SamplingParams
-from services.pb import router_pb2
-from services.router.fronts.http.schemas import ChatCompletionRequest
-from services.router.fronts.http.translate import chat_prompt
+from pdserve.engine import LLM, SamplingParams
+from pdserve.services.pb import router_pb2
+from pdserve.services.router.fronts.http.schemas import ChatCompletionRequest
+from pdserve.services.router.fronts.http.translate import chat_prompt
 from tests.services.router.fronts.http.support import raw_request, start_router, sync_client
 
 NAMES = ("tiny-chat", "tiny-alias")

@@ -216,8 +216,8 @@ def test_tool_choice_none_ignores_the_tools(cluster, client, model):
 def test_a_worker_answers_a_spec_that_does_not_compile_with_invalid_argument(cluster, pool):
     import grpc
 
-    from services.common.grpc_server import channel
-    from services.pb import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
+    from pdserve.services.common.grpc_server import channel
+    from pdserve.services.pb import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
     sampling = common_pb2.SamplingParams(max_tokens=4, structured_outputs=common_pb2.StructuredOutputs(regex="a(b"))
     worker = getattr(cluster, pool)[0]
     with channel(worker.address) as ch, pytest.raises(grpc.RpcError) as e:

@@ -8,9 +8,9 @@ from importlib.metadata import version
 
 import pytest
 
-from engine.chat import encode_chat_prompt
-from services.router.fronts.http.config import HttpConfig
-from services.router.fronts.http.tokenize import _special_wrapping
+from pdserve.engine.chat import encode_chat_prompt
+from pdserve.services.router.fronts.http.config import HttpConfig
+from pdserve.services.router.fronts.http.tokenize import _special_wrapping
 from tests.services.router.fronts.http.support import raw_request, start_router
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a river."}]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from engine import SamplingParams
-from services.pb import common_pb2
-from services.router.core.request import GenerateInput
-from services.router.fronts.http.replies import ChatReply
-from services.router.fronts.http.structured import ToolChoice
-from services.router.fronts.http.translate import Job
+from pdserve.engine import SamplingParams
+from pdserve.services.pb import common_pb2
+from pdserve.services.router.core.request import GenerateInput
+from pdserve.services.router.fronts.http.replies import ChatReply
+from pdserve.services.router.fronts.http.structured import ToolChoice
+from pdserve.services.router.fronts.http.translate import Job
 
 CALLS = [{"name": "search", "arguments": {"query": "x"}}, {"name": "get_weather", "arguments": {"days": 2}}]
 

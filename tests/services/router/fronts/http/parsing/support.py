@@ -3,8 +3,8 @@ output decides (the prefix-stability the parsers promise), and never shows as co
 that turns out to be part of a call."""
 from __future__ import annotations
 
-from services.router.fronts.http.parsing.stream import ToolCallStream
-from services.router.fronts.http.parsing.tool_parser import ParsedOutput, ToolParser, parse_output
+from pdserve.services.router.fronts.http.parsing.stream import ToolCallStream
+from pdserve.services.router.fronts.http.parsing.tool_parser import ParsedOutput, ToolParser, parse_output
 
 
 def streamed(parser: ToolParser, text: str, names=None, step: int = 1) -> tuple[str, list, list[int]]:

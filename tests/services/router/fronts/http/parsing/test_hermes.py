@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.fronts.http.parsing.hermes import HermesParser
-from services.router.fronts.http.parsing.tool_parser import parse_output
+from pdserve.services.router.fronts.http.parsing.hermes import HermesParser
+from pdserve.services.router.fronts.http.parsing.tool_parser import parse_output
 from tests.services.router.fronts.http.parsing.support import check_stream_matches_whole, pairs, streamed
 
 HERMES = HermesParser()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.fronts.http.parsing.llama3_json import Llama3JsonParser
+from pdserve.services.router.fronts.http.parsing.llama3_json import Llama3JsonParser
 from tests.services.router.fronts.http.parsing.support import check_stream_matches_whole, pairs, streamed
 
 LLAMA = Llama3JsonParser()

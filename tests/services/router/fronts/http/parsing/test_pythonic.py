@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from services.router.fronts.http.parsing.pythonic import PythonicParser
+from pdserve.services.router.fronts.http.parsing.pythonic import PythonicParser
 from tests.services.router.fronts.http.parsing.support import check_stream_matches_whole, pairs
 
 PYTHONIC = PythonicParser()

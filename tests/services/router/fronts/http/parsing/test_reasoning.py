@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.fronts.http.parsing import REASONING_PARSERS
-from services.router.fronts.http.parsing.reasoning import ReasoningStream
+from pdserve.services.router.fronts.http.parsing import REASONING_PARSERS
+from pdserve.services.router.fronts.http.parsing.reasoning import ReasoningStream
 
 R1, QWEN3 = REASONING_PARSERS["deepseek_r1"], REASONING_PARSERS["qwen3"]
 
