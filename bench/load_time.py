@@ -15,6 +15,8 @@ import statistics
 import subprocess
 import sys
 
+from pdserve.engine.config import DEFAULT_MODEL
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PDSERVE = """

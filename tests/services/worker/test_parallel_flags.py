@@ -58,7 +58,7 @@ def test_a_split_that_does_not_match_the_stages_names_the_flag():
 
 
 def test_generate_passes_the_flags_to_the_llm(monkeypatch, capsys):
-    import pdserve.engine
+    from pdserve import engine
     seen = {}
 
     class FakeLLM:  # the engine's own parallel runs are the executor's tests; here: what generate passes
@@ -76,7 +76,7 @@ def test_generate_passes_the_flags_to_the_llm(monkeypatch, capsys):
 
 
 def test_generate_refuses_a_bad_split_naming_the_flag(monkeypatch, capsys):
-    import pdserve.engine
+    from pdserve import engine
     monkeypatch.setattr(engine, "LLM", lambda **_: pytest.fail("an engine was built"))
     assert pdserve.cli.main.main(["generate", "--prompt", "hi", "-pp", "3", "--pipeline-layer-split", "10,20"]) == 2
     assert "pdserve: error: --pipeline-layer-split: " in capsys.readouterr().err
