@@ -2,13 +2,13 @@
 `mooncake_master` (object placement and replicas, the transfer engine's HTTP metadata
 server, /metrics) and one store node per replica (`mooncake_client`, contributing a
 memory segment of the kvstore's capacity). The kvstore indexes what they hold; the
-workers move bytes to and from them directly (services/kvstore/mooncake_plane.py).
+workers move bytes to and from them directly (services/kvstore/transports/mooncake/plane.py).
 
 Ports, from base_port on: the master's RPC, its metadata server, its /metrics, then each
 store node's service port and its /metrics.
 
 The workers share the store nodes' host: each attaches to one as its dummy client and
-moves bytes by shared memory (services/kvstore/mooncake_local.py); the
+moves bytes by shared memory (services/kvstore/transports/mooncake/local.py); the
 kvstore names the nodes to them (--mooncake-store-node). The nodes copy between those
 buffers and their segments with memcpy (MC_STORE_MEMCPY=1; Mooncake turns it on by itself
 for TCP only, and would loop an RDMA transfer back through the NIC otherwise).
@@ -20,7 +20,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from pdserve.services.kvstore.mooncake_plane import DEFAULT_FAILOVER_S, MASTER_CLIENT_TTL_S
+from pdserve.services.kvstore.transports.mooncake.plane import DEFAULT_FAILOVER_S, MASTER_CLIENT_TTL_S
 
 MOONCAKE_BASE_PORT = 50100
 # The kvstore's index holds this share of one node's segment: it evicts (and removes from

@@ -217,3 +217,40 @@ def test_every_import_of_an_installed_room_goes_through_pdserve():
                      else [])
             bare += [f"{rel}: {n}" for n in names if n.split(".")[0] in INSTALLED]
     assert bare == []
+
+
+KVSTORE = "pdserve.services.kvstore"
+# the kvstore's server side: the service itself, every transport's listener, every backend
+KVSTORE_SERVER_SIDE = {f"{KVSTORE}.{m}" for m in ("server", "grpc_servicer", "handlers", "main",
+                                                  "transports.tcp.server", "transports.ucx.server")}
+WORKER_SIDE = tuple(f"pdserve.services.{room}" for room in ("worker", "prefill", "decode", "both"))
+
+
+def _kvstore_server_side(module: str) -> bool:
+    # stores.base is the contract and the keys, which validation on either side reads
+    return module in KVSTORE_SERVER_SIDE or (module.startswith(f"{KVSTORE}.stores.")
+                                             and module != f"{KVSTORE}.stores.base")
+
+
+def _worker_side(module: str) -> bool:
+    return (module.startswith(WORKER_SIDE) or module == f"{KVSTORE}.client"
+            or (module.startswith(f"{KVSTORE}.transports.") and not _kvstore_server_side(module)))
+
+
+def test_the_kvstores_stores_import_no_transport_server_and_no_server_side():
+    modules = project_modules()
+    stores = [m for m in modules if m.startswith(f"{KVSTORE}.stores.")]
+    transports = [m for m in modules if m.startswith(f"{KVSTORE}.transports.")]
+    assert f"{KVSTORE}.stores.memory" in stores and f"{KVSTORE}.transports.tcp.server" in transports
+    wrong = sorted(f"{imp.source} -> {imp.target}" for imp in all_imports()
+                   if imp.source in stores and imp.target in KVSTORE_SERVER_SIDE)
+    assert wrong == []
+
+
+def test_the_worker_side_never_imports_the_kvstores_server_side():
+    modules = project_modules()
+    assert _worker_side(f"{KVSTORE}.transports.tcp.client") and not _worker_side(f"{KVSTORE}.transports.tcp.server")
+    assert sum(map(_worker_side, modules)) > 20
+    wrong = sorted(f"{imp.source} -> {imp.target}" for imp in all_imports()
+                   if _worker_side(imp.source) and _kvstore_server_side(imp.target))
+    assert wrong == []

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pdserve.cli.bench.local_platform import free_port_range
 from pdserve.cli.mooncake_procs import MooncakePlan
-from pdserve.services.kvstore.mooncake_plane import DEFAULT_FAILOVER_S, MooncakeSettings
+from pdserve.services.kvstore.transports.mooncake.plane import DEFAULT_FAILOVER_S, MooncakeSettings
 
 QUIET = dict(os.environ, GLOG_minloglevel="2")
 
@@ -65,7 +65,7 @@ class MooncakeCluster:
         moving the bytes). Returns the seconds it took."""
         import numpy as np
 
-        from pdserve.services.kvstore.mooncake_plane import connect, replicate_config
+        from pdserve.services.kvstore.transports.mooncake.plane import connect, replicate_config
         start = time.monotonic()
         plane = connect(self.settings)
         try:

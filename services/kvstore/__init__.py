@@ -1,19 +1,34 @@
 """The KV cache service: prefill workers put KV blocks, decode workers get them.
 
-    store.py          the storage contract (BlockStore), keys, StoreEvents
-    memory_store.py   the in-process backend (default)
-    disk_tier.py      its optional disk tier; the files in disk_files.py
-    redis_store.py    the Redis backend; its Lua scripts in redis_scripts.py
+Two axes, two rooms, and the plane that wires them at the top:
+
+    stores/       where blocks live: the contract and each backend
+        base.py            the storage contract (BlockStore), keys, StoreEvents
+        memory.py          in-process memory (default); disk_tier.py its optional disk
+                           tier, disk_files.py the tier's files
+        redis_store.py     Redis (redis_scripts.py: its Lua scripts)
+        mooncake_index.py  the index over bytes kept in Mooncake Store
+    transports/   how block bytes move between a worker and the kvstore
+        base.py            the client's contract (BlockTransport) and the gRPC transport
+        reused_buffers.py  host buffers reused once nothing views them
+        tcp/               raw TCP block frames: frames, client, server
+        ucx/               UCX: frames, client, server, the process's UCX loop (runtime)
+        mooncake/          Mooncake Store's transfer engine: the plane (connection,
+                           object keys, the store nodes), client, buffers, and the
+                           same-host shared-memory path (local)
+
     validate.py       wire blocks -> stored blocks, bad fields refused by name
     batch_codec.py    many blocks per message, their bytes never copied through protobuf
-    handlers.py       the API on protobuf messages, for every transport
-    grpc_servicer.py  the gRPC service           ucx_server.py  Put/Get over UCX
-    transport.py      client transports (gRPC)   ucx_client.py  the UCX one
-    ucx_frames.py     the UCX framing            ucx_runtime.py the process's UCX loop
-    tcp_frames.py     raw TCP block frames       tcp_server.py  PutBlocks/GetBlocks over TCP
-    tcp_client.py     the TCP transport          heap.py        the process keeps freed memory
-    kv_metrics.py     Prometheus metrics         server.py      config, serve()
-    client.py         KVStoreClient              main.py        `pdserve kvstore`
+    handlers.py       the API on protobuf messages, for every transport's server
+    grpc_servicer.py  the gRPC service
+    server.py         config, serve(): a store and the transports' servers
+    client.py         KVStoreClient (the worker side: never imports the server side)
+    main.py           `pdserve kvstore`
+    kv_events.py      the store's full blocks as KV events for routers
+    kv_metrics.py     Prometheus metrics;  heap.py: the process keeps freed memory;
+    errors.py         the service's errors
 
-docs/kvstore.md tells what it stores, leases, eviction, backends and transports.
+Direction (tests/test_import_graph.py): stores never import a transport's server or the
+service's server side; the worker side (client.py, the transports' clients) never imports
+the server side. docs/kvstore.md has the map and what each backend and transport does.
 """

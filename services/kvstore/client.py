@@ -23,9 +23,9 @@ from pdserve.services.common.grpc_server import channel
 from pdserve.services.common.security import ClientSecurity
 from pdserve.services.kvstore.batch_codec import Decoded, OutBatch
 from pdserve.services.kvstore.errors import KVStoreError, KVStoreFullError  # noqa: F401  (part of this API)
-from pdserve.services.kvstore.tcp_frames import TCP_PORT_METADATA
-from pdserve.services.kvstore.transport import BlockTransport, GrpcTransport
-from pdserve.services.kvstore.ucx_frames import UCX_PORT_METADATA
+from pdserve.services.kvstore.transports.tcp.frames import TCP_PORT_METADATA
+from pdserve.services.kvstore.transports.base import BlockTransport, GrpcTransport
+from pdserve.services.kvstore.transports.ucx.frames import UCX_PORT_METADATA
 from pdserve.services.kvstore.validate import block_nbytes
 from pdserve.services.pb import kvstore_pb2, kvstore_pb2_grpc
 
@@ -181,7 +181,7 @@ class KVStoreClient:
         if self.transport == "mooncake":
             return self._connect_mooncake()
         if self.transport == "tcp":
-            from pdserve.services.kvstore.tcp_client import TcpTransport
+            from pdserve.services.kvstore.transports.tcp.client import TcpTransport
 
             def locate() -> tuple[str, int]:
                 return split_host_port(self._discover_address(TCP_PORT_METADATA, "TCP", "--tcp-port"), "tcp_address")
@@ -190,15 +190,15 @@ class KVStoreClient:
             return TcpTransport(host, port, self._timeout_s, rpc, self._token, self._tls,
                                 locate=None if self._tcp_address else locate)
         # Imported only here: a gRPC-only process never loads UCX.
-        from pdserve.services.kvstore.ucx_client import UcxTransport
+        from pdserve.services.kvstore.transports.ucx.client import UcxTransport
         address = self._ucx_address or self._discover_address(UCX_PORT_METADATA, "UCX", "--ucx-port")
         host, port = split_host_port(address, "ucx_address")
         return UcxTransport(host, port, self._timeout_s, self._token)
 
     def _connect_mooncake(self) -> BlockTransport:
         # Imported only here: a worker of a kvstore without a data plane never loads Mooncake.
-        from pdserve.services.kvstore import mooncake_plane
-        from pdserve.services.kvstore.mooncake_transport import MooncakeTransport
+        from pdserve.services.kvstore.transports.mooncake import plane as mooncake_plane
+        from pdserve.services.kvstore.transports.mooncake.client import MooncakeTransport
         _, call = self._stub.Stats.with_call(kvstore_pb2.StatsRequest(), timeout=self._timeout_s)
         found = [value for key, value in call.initial_metadata() if key == mooncake_plane.MOONCAKE_METADATA]
         if not found:
@@ -218,7 +218,8 @@ class KVStoreClient:
 
     def _attach_local(self, settings):
         """The local store node (mooncake_local_node) attached to, or None."""
-        from pdserve.services.kvstore import mooncake_local, mooncake_plane
+        from pdserve.services.kvstore.transports.mooncake import local as mooncake_local
+        from pdserve.services.kvstore.transports.mooncake import plane as mooncake_plane
         if self._mooncake_local_node == "auto":
             nodes = mooncake_local.local_store_nodes(settings, split_host_port(self.address, "address")[0])
             if not nodes:

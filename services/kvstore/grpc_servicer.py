@@ -19,9 +19,9 @@ import grpc
 from pdserve.services.kvstore import batch_codec
 from pdserve.services.kvstore.errors import InvalidArgument, KVStoreError
 from pdserve.services.kvstore.handlers import KVStoreHandlers
-from pdserve.services.kvstore.mooncake_plane import MOONCAKE_METADATA, MooncakeSettings
-from pdserve.services.kvstore.tcp_frames import TCP_PORT_METADATA
-from pdserve.services.kvstore.ucx_frames import UCX_PORT_METADATA
+from pdserve.services.kvstore.transports.mooncake.plane import MOONCAKE_METADATA, MooncakeSettings
+from pdserve.services.kvstore.transports.tcp.frames import TCP_PORT_METADATA
+from pdserve.services.kvstore.transports.ucx.frames import UCX_PORT_METADATA
 from pdserve.services.pb import kvstore_pb2 as pb
 from pdserve.services.pb import kvstore_pb2_grpc
 

@@ -1,5 +1,5 @@
 """The KVStore API on protobuf messages, independent of the transport that carried them:
-gRPC (grpc_servicer.py) and UCX (ucx_server.py) both call these. A refused request
+gRPC (grpc_servicer.py) and UCX (transports/ucx/server.py) both call these. A refused request
 raises a KVStoreError whose status the transport sends back; the store is left as it was.
 """
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pdserve.services.kvstore.batch_codec import BATCH_BYTES, Decoded, OutBatch
 from pdserve.services.kvstore.errors import InvalidArgument, KVStoreFullError, LeaseNotFound
 from pdserve.services.kvstore.kv_metrics import KVStoreMetrics
-from pdserve.services.kvstore.store import BlockStore, StoredBlock
+from pdserve.services.kvstore.stores.base import BlockStore, StoredBlock
 from pdserve.services.kvstore.validate import (indexed_blocks, key_for_hash, key_for_tail, missing, stored_block,
-                                       stored_blocks, to_wire)
+                                               stored_blocks, to_wire)
 from pdserve.services.pb import kvstore_pb2
 
 logger = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ class LeasePolicy:
 class KVStoreHandlers:
     def __init__(self, store: BlockStore, metrics: KVStoreMetrics, leases: LeasePolicy = LeasePolicy(),
                  data_plane: bool = False):
-        """`data_plane`: the bytes live in Mooncake Store (services/kvstore/mooncake_plane.py):
+        """`data_plane`: the bytes live in Mooncake Store (services/kvstore/transports/mooncake/plane.py):
         puts only index blocks already there and gets answer headers only; a request that
         carries or asks for bytes is refused, naming the flag it lacks."""
         self.store, self.metrics, self.leases = store, metrics, leases

@@ -1,6 +1,6 @@
 """The kvstore process keeps the memory it frees for its next blocks (glibc's malloc).
 
-Why: every block a put receives is a buffer of its own (tcp_server.py) of about a MiB,
+Why: every block a put receives is a buffer of its own (transports/tcp/server.py) of about a MiB,
 and glibc, left to itself, hands memory freed at the top of a heap back to the kernel
 (trim) and maps large buffers afresh: the next put then pays a page fault and the
 kernel zeroing each page before a byte lands. Measured here on a 47 MB put: 11,300 page

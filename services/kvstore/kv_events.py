@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pdserve.services.common.kv_events import REMOVED, STORED, KVEventPublisher
 from pdserve.services.kvstore.kv_metrics import KVStoreMetrics
-from pdserve.services.kvstore.store import HASH_PREFIX
+from pdserve.services.kvstore.stores.base import HASH_PREFIX
 
 
 class PublishingMetrics(KVStoreMetrics):

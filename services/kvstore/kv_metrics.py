@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from pdserve.services.common.metrics import Metrics
 from pdserve.services.kvstore.errors import KVStoreError
-from pdserve.services.kvstore.store import StoreEvents, StoreStats
+from pdserve.services.kvstore.stores.base import StoreEvents, StoreStats
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from pdserve.services.common.defaults import KVSTORE_PORT
 from pdserve.services.common.process import configure_logging, wait_for_shutdown
 from pdserve.services.common.security import add_internal_token_argument, add_server_tls_arguments, internal_server_security
 from pdserve.services.common.sizes import parse_bytes
-from pdserve.services.kvstore import heap, mooncake_plane
+from pdserve.services.kvstore import heap
+from pdserve.services.kvstore.transports.mooncake import plane as mooncake_plane
 from pdserve.services.kvstore.errors import KVStoreError
 from pdserve.services.kvstore.server import KVStoreConfig, check_backend, serve
 

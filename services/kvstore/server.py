@@ -15,12 +15,12 @@ from pdserve.services.kvstore.grpc_servicer import SERVICE_NAME, KVStoreServicer
 from pdserve.services.kvstore.handlers import KVStoreHandlers, LeasePolicy
 from pdserve.services.kvstore.kv_events import PublishingMetrics
 from pdserve.services.kvstore.kv_metrics import KVStoreMetrics
-from pdserve.services.kvstore import mooncake_plane
-from pdserve.services.kvstore.disk_tier import DiskTier
-from pdserve.services.kvstore.memory_store import MemoryBlockStore
-from pdserve.services.kvstore.mooncake_plane import MooncakeSettings
-from pdserve.services.kvstore.store import BlockStore, StoreEvents
-from pdserve.services.kvstore.tcp_server import TcpKVStoreServer
+from pdserve.services.kvstore.transports.mooncake import plane as mooncake_plane
+from pdserve.services.kvstore.stores.disk_tier import DiskTier
+from pdserve.services.kvstore.stores.memory import MemoryBlockStore
+from pdserve.services.kvstore.transports.mooncake.plane import MooncakeSettings
+from pdserve.services.kvstore.stores.base import BlockStore, StoreEvents
+from pdserve.services.kvstore.transports.tcp.server import TcpKVStoreServer
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +36,9 @@ class KVStoreConfig:
     max_lease_ttl_ms: int = 600_000
     sweep_interval_ms: int = 1_000     # how often expired leases are ended in the background
     ucx_port: int | None = None        # None: no UCX listener; 0: a free port
-    tcp_port: int | None = None        # None: no TCP listener for block bytes (tcp_server.py); 0: a free port
+    tcp_port: int | None = None        # None: no TCP listener for block bytes (transports/tcp/server.py); 0: a free port
     security: ServerSecurity = ServerSecurity()  # the internal token (every port), TLS (gRPC and TCP)
-    disk_dir: str | None = None        # the memory backend's disk tier (disk_tier.py); None: memory only
+    disk_dir: str | None = None        # the memory backend's disk tier (stores/disk_tier.py); None: memory only
     disk_capacity_bytes: int | None = None  # its block bytes, with disk_dir
     mooncake: MooncakeSettings | None = None  # the data plane of backend "mooncake"
 
@@ -83,10 +83,10 @@ def make_store(config: KVStoreConfig, events: StoreEvents, clock: Callable[[], f
         disk = DiskTier(config.disk_dir, config.disk_capacity_bytes) if config.disk_dir else None
         return MemoryBlockStore(config.capacity_bytes, events, **clock_arg, disk=disk)
     if config.backend == "mooncake":
-        from pdserve.services.kvstore.mooncake_index import MooncakeIndexStore  # loads nothing of Mooncake
+        from pdserve.services.kvstore.stores.mooncake_index import MooncakeIndexStore  # loads nothing of Mooncake
         plane = mooncake_plane.connect(config.mooncake)
         return MooncakeIndexStore(config.capacity_bytes, config.mooncake, plane, events, **clock_arg)
-    from pdserve.services.kvstore.redis_store import RedisBlockStore  # only Redis deployments connect to one
+    from pdserve.services.kvstore.stores.redis_store import RedisBlockStore  # only Redis deployments connect to one
     return RedisBlockStore(config.backend, config.capacity_bytes, events, **clock_arg)
 
 
@@ -150,7 +150,7 @@ def serve(config: KVStoreConfig, clock: Callable[[], float] | None = None) -> Ru
     ucx = tcp = grpc_server = None
     try:
         if config.ucx_port is not None:
-            from pdserve.services.kvstore.ucx_server import UcxKVStoreServer  # only a UCX-enabled server loads UCX
+            from pdserve.services.kvstore.transports.ucx.server import UcxKVStoreServer  # only a UCX-enabled server loads UCX
             ucx = UcxKVStoreServer(handlers, config.ucx_port, config.security.tokens)
             warn_if_open(config.security, f"UCX port {ucx.port}")
         if config.tcp_port is not None:

@@ -15,7 +15,7 @@ import math
 from pdserve.engine.core.block_hash import BLOCK_HASH_BYTES, kv_layout_fingerprint
 from pdserve.engine.dtypes import DTYPE_SIZES
 from pdserve.services.kvstore.errors import InvalidArgument
-from pdserve.services.kvstore.store import StoredBlock, hash_key, tail_key
+from pdserve.services.kvstore.stores.base import StoredBlock, hash_key, tail_key
 from pdserve.services.pb import kvstore_pb2
 
 MAX_TAIL_KEY_BYTES = 512

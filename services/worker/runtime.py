@@ -14,7 +14,7 @@ from pdserve.services.common.grpc_server import RunningServer, ServiceSpec, star
 from pdserve.services.common.kv_events import kv_events_service
 from pdserve.services.common.process import configure_logging, set_cpu_threads, wait_for_shutdown
 from pdserve.services.kvstore.client import KVStoreClient
-from pdserve.services.kvstore.reused_buffers import ReusedBuffers
+from pdserve.services.kvstore.transports.reused_buffers import ReusedBuffers
 from pdserve.services.worker.config import WorkerConfig, add_worker_arguments, worker_config_from_args
 from pdserve.services.worker.engine_loop import EngineLoop
 from pdserve.services.worker.kv_events import WorkerKVEvents
@@ -114,7 +114,7 @@ def choose_kv_export_memory(engine: EngineCore, kvstore: KVStoreClient, device: 
     """Where the engine exports the KV it puts: with the Mooncake plane through a store
     node on this host, shared memory that node maps (a put sends it from there as it is);
     on the CPU otherwise, buffers reused once the put has sent them, not fresh pages each
-    time (services/kvstore/reused_buffers.py: a 1,900-token prompt's 87 MB export faulted
+    time (services/kvstore/transports/reused_buffers.py: a 1,900-token prompt's 87 MB export faulted
     in afresh kept the prefill core in the kernel for most of a second). A GPU worker
     keeps the engine's own pinned allocation."""
     import torch

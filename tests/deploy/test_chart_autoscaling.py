@@ -11,7 +11,7 @@ import yaml
 
 from pdserve.services.worker.metrics import WorkerMetrics
 from pdserve.services.kvstore.kv_metrics import KVStoreMetrics
-from pdserve.services.kvstore.store import StoreStats
+from pdserve.services.kvstore.stores.base import StoreStats
 from pdserve.services.router.config import default_slo_classes
 from pdserve.services.router.metrics import RouterMetrics
 from tests.deploy.chart import COMPONENTS, FULLNAME, VALUES, render, values

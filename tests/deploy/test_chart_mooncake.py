@@ -23,7 +23,7 @@ import yaml
 from pdserve.cli.bench.local_platform import free_port_range
 from pdserve.cli.mooncake_procs import INDEX_SHARE, MooncakePlan
 from pdserve.services.kvstore.main import config_from_args, mooncake_settings
-from pdserve.services.kvstore.mooncake_plane import DEFAULT_FAILOVER_S, MASTER_CLIENT_TTL_S, MooncakeSettings
+from pdserve.services.kvstore.transports.mooncake.plane import DEFAULT_FAILOVER_S, MASTER_CLIENT_TTL_S, MooncakeSettings
 from pdserve.services.worker.config import worker_config_from_args
 from tests.deploy import gflags
 from tests.deploy.chart import (CHART, FULLNAME, KUBE_VERSIONS, VALUES, Manifests, container, helm, port_number,

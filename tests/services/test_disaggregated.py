@@ -15,10 +15,10 @@ from pdserve.engine.model.loader import load_model
 from pdserve.engine.model.source import resolve_model
 from pdserve.services.common.grpc_server import channel
 from pdserve.services.pb import (common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, router_pb2,
-                         router_pb2_grpc)
+                                 router_pb2_grpc)
 from pdserve.services.router.client import RouterClient
 from pdserve.services.router.decide.config import default_slo_classes
-from pdserve.services.kvstore.store import hash_key
+from pdserve.services.kvstore.stores.base import hash_key
 from tests.services.cluster import start_cluster
 
 MAX_TOKENS = 12

@@ -11,10 +11,10 @@ import pytest
 import redis
 
 from pdserve.cli.bench.local_platform import free_port_range
-from pdserve.services.kvstore.memory_store import MemoryBlockStore
-from pdserve.services.kvstore.redis_store import RedisBlockStore
+from pdserve.services.kvstore.stores.memory import MemoryBlockStore
+from pdserve.services.kvstore.stores.redis_store import RedisBlockStore
 from pdserve.services.kvstore.server import KVStoreConfig, serve
-from pdserve.services.kvstore.store import NULL_EVENTS, StoredBlock, StoreEvents, hash_key, tail_key
+from pdserve.services.kvstore.stores.base import NULL_EVENTS, StoredBlock, StoreEvents, hash_key, tail_key
 from pdserve.engine.core.block_hash import BLOCK_HASH_BYTES
 from pdserve.engine.kv_transfer import KVLayout
 from pdserve.services.pb import kvstore_pb2

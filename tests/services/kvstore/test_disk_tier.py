@@ -1,4 +1,4 @@
-"""The disk tier's files and writer (services/kvstore/disk_files.py, disk_tier.py): exact
+"""The disk tier's files and writer (services/kvstore/stores/disk_files.py, stores/disk_tier.py): exact
 bytes back, LRU eviction order by data bytes, damaged files detected and counted, the
 index rebuilt from the folder on restart, strays removed, the write-behind queue bounded."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from pdserve.services.kvstore.disk_files import SUFFIX, BlockFiles
-from pdserve.services.kvstore.disk_tier import DiskTier
-from pdserve.services.kvstore.store import hash_key
+from pdserve.services.kvstore.stores.disk_files import SUFFIX, BlockFiles
+from pdserve.services.kvstore.stores.disk_tier import DiskTier
+from pdserve.services.kvstore.stores.base import hash_key
 from tests.services.kvstore.conftest import block
 
 

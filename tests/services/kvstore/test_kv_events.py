@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pdserve.services.common.kv_events import REMOVED, STORED, KVEventPublisher
 from pdserve.services.kvstore.kv_events import PublishingMetrics
-from pdserve.services.kvstore.memory_store import MemoryBlockStore
-from pdserve.services.kvstore.store import hash_key
+from pdserve.services.kvstore.stores.memory import MemoryBlockStore
+from pdserve.services.kvstore.stores.base import hash_key
 from tests.services.kvstore.conftest import block
 
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from pdserve.services.kvstore.client import KVStoreClient
-from pdserve.services.kvstore.disk_files import SUFFIX
+from pdserve.services.kvstore.stores.disk_files import SUFFIX
 from pdserve.services.kvstore.main import run
 from pdserve.services.kvstore.server import KVStoreConfig
 from tests.services.kvstore.conftest import h, wire_block

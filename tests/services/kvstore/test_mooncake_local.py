@@ -1,5 +1,5 @@
 """A worker beside a Mooncake store node moves its blocks through that node by shared memory
-(services/kvstore/mooncake_local.py: Mooncake's dummy client), never over TCP; one with no
+(services/kvstore/transports/mooncake/local.py: Mooncake's dummy client), never over TCP; one with no
 node on its host (or told "off") over TCP as before; one whose node dies goes on over TCP
 and back through the node once it serves again. Real processes: a master and store nodes
 on loopback (cli/bench/mooncake_cluster.py)."""
@@ -17,9 +17,9 @@ from pdserve.cli.bench.mooncake_cluster import MooncakeCluster
 from pdserve.engine.kv_transfer import KVPayload, as_tensor
 from pdserve.services.kvstore.client import KVStoreClient
 from pdserve.services.kvstore.main import add_arguments, config_from_args
-from pdserve.services.kvstore.mooncake_buffers import ShmBuffers
-from pdserve.services.kvstore.mooncake_local import local_store_nodes
-from pdserve.services.kvstore.mooncake_plane import MooncakeSettings
+from pdserve.services.kvstore.transports.mooncake.buffers import ShmBuffers
+from pdserve.services.kvstore.transports.mooncake.local import local_store_nodes
+from pdserve.services.kvstore.transports.mooncake.plane import MooncakeSettings
 from pdserve.services.kvstore.server import KVStoreConfig, serve
 from tests.services.kvstore.test_mooncake import payload, put, read
 

@@ -13,11 +13,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from pdserve.services.common.grpc_server import channel
-from pdserve.services.kvstore import ucx_frames as frames
-from pdserve.services.kvstore import ucx_runtime
+from pdserve.services.kvstore.transports.ucx import frames
+from pdserve.services.kvstore.transports.ucx import runtime as ucx_runtime
 from pdserve.services.kvstore.client import KVStoreClient
 from pdserve.services.kvstore.server import KVStoreConfig, serve
-from pdserve.services.kvstore.ucx_runtime import ucxx
+from pdserve.services.kvstore.transports.ucx.runtime import ucxx
 from pdserve.services.pb import kvstore_pb2 as pb
 from pdserve.services.pb import kvstore_pb2_grpc
 from tests.services.kvstore.conftest import WIRE_BLOCK_BYTES, h, redis_server, wire_block

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pdserve.services.kvstore.errors import LeaseNotFound
-from pdserve.services.kvstore.store import StoredBlock, StoreEvents, hash_key, tail_key
+from pdserve.services.kvstore.stores.base import StoredBlock, StoreEvents, hash_key, tail_key
 from tests.services.kvstore.conftest import block
 
 

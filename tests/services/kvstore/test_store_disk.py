@@ -8,11 +8,11 @@ import os
 import pytest
 
 from pdserve.services.common.kv_events import KVEventPublisher
-from pdserve.services.kvstore.disk_files import SUFFIX
-from pdserve.services.kvstore.disk_tier import DiskTier
+from pdserve.services.kvstore.stores.disk_files import SUFFIX
+from pdserve.services.kvstore.stores.disk_tier import DiskTier
 from pdserve.services.kvstore.kv_events import PublishingMetrics
-from pdserve.services.kvstore.memory_store import MemoryBlockStore
-from pdserve.services.kvstore.store import StoreEvents, hash_key, tail_key
+from pdserve.services.kvstore.stores.memory import MemoryBlockStore
+from pdserve.services.kvstore.stores.base import StoreEvents, hash_key, tail_key
 from tests.services.kvstore.conftest import block
 
 

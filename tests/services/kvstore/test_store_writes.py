@@ -8,7 +8,7 @@ import time
 import pytest
 
 from pdserve.services.kvstore.errors import LeaseNotFound
-from pdserve.services.kvstore.store import NO_LEASE, WRITE_DONE, WRITE_FAILED, WRITE_PENDING
+from pdserve.services.kvstore.stores.base import NO_LEASE, WRITE_DONE, WRITE_FAILED, WRITE_PENDING
 from tests.services.kvstore.conftest import block
 from tests.services.kvstore.test_store import held, key, put
 
@@ -89,7 +89,7 @@ def test_redis_leaves_no_staged_bytes_behind(redis_url, clock):
     # refused for room or for its lease, none may stay
     import redis
 
-    from pdserve.services.kvstore.redis_store import DEFAULT_PREFIX, RedisBlockStore
+    from pdserve.services.kvstore.stores.redis_store import DEFAULT_PREFIX, RedisBlockStore
     redis.Redis.from_url(redis_url).flushdb()
     store = RedisBlockStore(redis_url, 30, clock=clock)
     try:

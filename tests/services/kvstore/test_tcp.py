@@ -1,4 +1,4 @@
-"""The raw TCP transport (tcp_frames.py, tcp_server.py, tcp_client.py) on real sockets:
+"""The raw TCP transport (transports/tcp/frames.py, transports/tcp/server.py, transports/tcp/client.py) on real sockets:
 many blocks bit-exact, the connection pool, the hello and its token, TLS, frames that lie
 about their lengths, and clients that die mid-transfer (real processes, killed)."""
 from __future__ import annotations
@@ -19,10 +19,10 @@ import torch
 from pdserve.engine.kv_transfer import KVLayout, KVPayload, as_tensor
 from pdserve.services.common.security import ClientSecurity, ServerSecurity
 from pdserve.services.common.tls import ClientTLS, ServerTLS
-from pdserve.services.kvstore import tcp_frames as frames
+from pdserve.services.kvstore.transports.tcp import frames
 from pdserve.services.kvstore.client import KVStoreClient
 from pdserve.services.kvstore.errors import KVStoreError
-from pdserve.services.kvstore.tcp_server import TcpKVStoreServer
+from pdserve.services.kvstore.transports.tcp.server import TcpKVStoreServer
 from pdserve.services.pb import kvstore_pb2 as pb
 from pdserve.services.worker.kv_wire import payload_from_batches, payload_to_put
 from tests.services.kvstore.conftest import h, wire_block
@@ -129,7 +129,7 @@ def test_an_answer_in_use_is_never_received_into_again(start_kvstore):
 
 
 def test_receive_buffers_are_reused_once_free_and_bounded():
-    from pdserve.services.kvstore.reused_buffers import ReusedBuffers
+    from pdserve.services.kvstore.transports.reused_buffers import ReusedBuffers
     buffers = ReusedBuffers(max_buffers=2)
     first = buffers.take(100)
     owner = id(first.obj)  # not the object: a reference to it would keep it in use
@@ -172,7 +172,7 @@ def test_a_pooled_connection_to_a_restarted_listener_is_tried_again_afresh(start
 
 
 def test_a_listener_restarted_on_another_port_is_found_again(start_kvstore):
-    from pdserve.services.kvstore.tcp_frames import TCP_PORT_METADATA
+    from pdserve.services.kvstore.transports.tcp.frames import TCP_PORT_METADATA
     running = start_kvstore()
     client = tcp_client(running)
     assert list(client.get_blocks([h(b"a")])[0].message.found) == [False]
@@ -349,7 +349,7 @@ def test_forged_lengths_cost_the_server_no_memory(tmp_path):
 
 _DYING_CLIENT = """
 import socket, sys, time
-from pdserve.services.kvstore import tcp_frames as frames
+from pdserve.services.kvstore.transports.tcp import frames
 from pdserve.services.pb import kvstore_pb2 as pb
 host, port, what, hash_hex = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 sock = socket.create_connection((host, port))

@@ -12,7 +12,7 @@ from pdserve.cli.launcher import PlatformConfig, plan
 from pdserve.services.common.auth import INTERNAL_TOKEN_ENV, bearer_problem, internal_token, parse_tokens
 from pdserve.services.common.grpc_server import start_server
 from pdserve.services.common.security import ServerSecurity, add_server_tls_arguments, server_tls_from_args
-from pdserve.services.kvstore import ucx_frames as frames
+from pdserve.services.kvstore.transports.ucx import frames
 from pdserve.services.router.config import max_request_bytes
 from pdserve.services.router.fronts.http.config import HttpConfig
 

@@ -16,7 +16,7 @@ agree on it from the header alone, and a tail written again with other bytes is 
 object (Mooncake's put keeps the first bytes under a key).
 
 A worker on a store node's host may move its bytes through that node by shared memory
-instead (services/kvstore/mooncake_local.py).
+instead (services/kvstore/transports/mooncake/local.py).
 """
 from __future__ import annotations
 
@@ -40,12 +40,12 @@ _KEY_PREFIX = "pdserve/"
 # register the engine's buffers and never copy through it.
 LOCAL_BUFFER_BYTES = 16 << 20
 # What a worker's client keeps of the buffers its reads landed in, registered and mapped,
-# for the next reads (mooncake_transport.ReadBuffers): a read into fresh memory pays a page
+# for the next reads (transports/mooncake/buffers.py, ReadBuffers): a read into fresh memory pays a page
 # fault per 4 KiB, which cost more than the transfer here.
 READ_BUFFER_BYTES = 512 << 20
 # The nice value of the threads that wait for a worker's transfers: Mooncake's client polls
 # for completion without pause, and at this priority the polling leaves the cores to the
-# threads that move the bytes (mooncake_transport.py).
+# threads that move the bytes (transports/mooncake/client.py).
 TRANSFER_WAIT_NICE = 19
 
 

@@ -6,7 +6,7 @@
                              (checksum checked; promoted into memory by the store)
 
 Only full blocks (keys b"h:...") go to disk: tails are request-scoped, and leases live in
-memory only. The files and their format: services/kvstore/disk_files.py.
+memory only. The files and their format: services/kvstore/stores/disk_files.py.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import queue
 import threading
 from collections.abc import Callable
 
-from pdserve.services.kvstore.disk_files import BlockFiles
-from pdserve.services.kvstore.store import HASH_PREFIX, DiskStats, StoredBlock
+from pdserve.services.kvstore.stores.disk_files import BlockFiles
+from pdserve.services.kvstore.stores.base import HASH_PREFIX, DiskStats, StoredBlock
 
 logger = logging.getLogger(__name__)
 

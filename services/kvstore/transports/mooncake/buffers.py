@@ -1,7 +1,7 @@
 """The memory a Mooncake client's transfers land in and leave from, kept between calls:
 ReadBuffers (heap memory, each block registered with the client's transfer engine once)
 and ShmBuffers (shared memory a store node on this host maps, for its dummy client:
-services/kvstore/mooncake_local.py)."""
+services/kvstore/transports/mooncake/local.py)."""
 from __future__ import annotations
 
 import collections

@@ -22,7 +22,7 @@ class BlockTransport(abc.ABC):
 
     # Block bytes per PutBlocks message (at least one block each). The trade: a message of
     # one block is stored as it arrives; a message of many is copied apart by the memory
-    # store (memory_store._owned) but costs fewer messages.
+    # store (stores/memory.py, _owned) but costs fewer messages.
     put_batch_bytes: int = 0
 
     @abc.abstractmethod

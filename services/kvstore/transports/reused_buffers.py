@@ -5,7 +5,7 @@ maps an allocation that large afresh each time, so every byte written into it wo
 cost a page fault and the kernel zeroing the page: measured here, 22 ms to copy 47 MB into
 fresh memory against 2 ms into memory used before, more than the transfer itself (and on a
 VM whose freed pages go back to the host, 0.3-0.7 s of a core for 87 MB). Two users: the
-TCP client receives answers into them (tcp_client.py), and a CPU worker exports the KV it
+TCP client receives answers into them (transports/tcp/client.py), and a CPU worker exports the KV it
 puts into them (services/worker/runtime.py).
 
 A buffer is kept after use and handed out again once nothing views it: every view (a

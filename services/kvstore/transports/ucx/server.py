@@ -1,4 +1,4 @@
-"""The kvstore's UCX listener: Put and Get framed as in ucx_frames.py, answered by the
+"""The kvstore's UCX listener: Put and Get framed as in transports/ucx/frames.py, answered by the
 same handlers as gRPC. Store calls block (a lock, a Redis round trip), so they run in the
 UCX loop's thread pool and the loop keeps moving bytes for other connections.
 
@@ -14,12 +14,12 @@ import grpc
 
 from pdserve.services.common.auth import bearer_problem
 from pdserve.services.common.security import INTERNAL_TOKEN
-from pdserve.services.kvstore import ucx_frames as frames
-from pdserve.services.kvstore import ucx_runtime
+from pdserve.services.kvstore.transports.ucx import frames
+from pdserve.services.kvstore.transports.ucx import runtime as ucx_runtime
 from pdserve.services.kvstore.batch_codec import Decoded
 from pdserve.services.kvstore.errors import InvalidArgument, KVStoreError
 from pdserve.services.kvstore.handlers import KVStoreHandlers
-from pdserve.services.kvstore.ucx_runtime import ucxx  # imported there, after the environment it reads
+from pdserve.services.kvstore.transports.ucx.runtime import ucxx  # imported there, after the environment it reads
 from pdserve.services.pb import kvstore_pb2
 
 logger = logging.getLogger(__name__)

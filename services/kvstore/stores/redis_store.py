@@ -1,5 +1,5 @@
 """The BlockStore kept entirely in Redis (or Valkey): bytes, index, recency, pins, leases
-and counters all live there, and every operation is one Lua script (redis_scripts.py).
+and counters all live there, and every operation is one Lua script (stores/redis_scripts.py).
 
 Why everything and not just the bytes: several kvstore replicas can then serve the same
 blocks with the same semantics (a lease created through one replica pins blocks put
@@ -18,10 +18,10 @@ from collections.abc import Callable
 
 import redis
 
-from pdserve.services.kvstore import redis_scripts
+from pdserve.services.kvstore.stores import redis_scripts
 from pdserve.services.kvstore.errors import BackendUnavailable, LeaseNotFound
-from pdserve.services.kvstore.store import (NO_LEASE, NULL_EVENTS, WRITE_PENDING, BlockStore, StoredBlock, StoreEvents,
-                                    StoreStats, last_wins)
+from pdserve.services.kvstore.stores.base import (NO_LEASE, NULL_EVENTS, WRITE_PENDING, BlockStore, StoredBlock, StoreEvents,
+                                                  StoreStats, last_wins)
 
 DEFAULT_PREFIX = "pdserve:kv:"
 STAGING_TTL_MS = 60_000   # staged bytes of a Put whose script never ran (the replica died)
@@ -44,7 +44,7 @@ class RedisBlockStore(BlockStore):
 
     def put(self, blocks: list[StoredBlock], lease_id: str = "") -> int | None:
         """One round trip: the bytes are SET under staging keys, pipelined with the script
-        that moves them into place (redis_scripts.py); redis-py sends a large value from
+        that moves them into place (stores/redis_scripts.py); redis-py sends a large value from
         its buffer as it is, without joining it into the command."""
         blocks = last_wins(blocks)
         stage = self._prefix + b"s:" + uuid.uuid4().hex.encode() + b":"

@@ -1,4 +1,4 @@
-"""The kvstore's TCP listener: PutBlocks and GetBlocks framed as in tcp_frames.py, answered
+"""The kvstore's TCP listener: PutBlocks and GetBlocks framed as in transports/tcp/frames.py, answered
 by the same handlers as gRPC (so a read waits on a pending write exactly as GetBlocks
 does, and a put is validated and stored exactly as PutBlocks is).
 
@@ -25,11 +25,11 @@ import grpc
 from pdserve.services.common.auth import bearer_problem
 from pdserve.services.common.security import INTERNAL_TOKEN
 from pdserve.services.common.tls import ServerTLS
-from pdserve.services.kvstore import tcp_frames as frames
+from pdserve.services.kvstore.transports.tcp import frames
 from pdserve.services.kvstore.batch_codec import Decoded
 from pdserve.services.kvstore.errors import InvalidArgument, KVStoreError, KVStoreFullError
 from pdserve.services.kvstore.handlers import KVStoreHandlers
-from pdserve.services.kvstore.tcp_frames import BadFrame, Header
+from pdserve.services.kvstore.transports.tcp.frames import BadFrame, Header
 from pdserve.services.kvstore.validate import block_nbytes
 from pdserve.services.pb import kvstore_pb2 as pb
 

@@ -1,4 +1,4 @@
-"""PutBlocks and GetBlocks over TCP (tcp_frames.py), on a small pool of connections per client.
+"""PutBlocks and GetBlocks over TCP (transports/tcp/frames.py), on a small pool of connections per client.
 
 A put goes out as one PUT_BLOCKS frame: its header and message, then the payload tensor's
 memory itself, handed to sendmsg with no join. A get's answer is read straight into one
@@ -24,12 +24,12 @@ from collections.abc import Callable
 import grpc
 
 from pdserve.services.common.tls import ClientTLS
-from pdserve.services.kvstore import tcp_frames as frames
+from pdserve.services.kvstore.transports.tcp import frames
 from pdserve.services.kvstore.batch_codec import Decoded, OutBatch
 from pdserve.services.kvstore.errors import InvalidArgument, KVStoreError
-from pdserve.services.kvstore.reused_buffers import ReusedBuffers
-from pdserve.services.kvstore.tcp_frames import BadFrame
-from pdserve.services.kvstore.transport import BlockTransport
+from pdserve.services.kvstore.transports.reused_buffers import ReusedBuffers
+from pdserve.services.kvstore.transports.tcp.frames import BadFrame
+from pdserve.services.kvstore.transports.base import BlockTransport
 from pdserve.services.kvstore.validate import block_nbytes
 from pdserve.services.pb import kvstore_pb2 as pb
 

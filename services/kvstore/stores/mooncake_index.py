@@ -1,6 +1,6 @@
 """The kvstore's BlockStore when the bytes live in Mooncake Store: the memory store's
 index, leases and LRU over entries that hold a header and the size of bytes kept in the
-data plane (services/kvstore/mooncake_plane.py).
+data plane (services/kvstore/transports/mooncake/plane.py).
 
 The index is the authority on what the kvstore offers: a block it evicts (or a tail a
 lease drops) is removed from Mooncake too, off the store's lock, so the plane holds what
@@ -19,9 +19,9 @@ import threading
 from collections.abc import Callable
 import time
 
-from pdserve.services.kvstore.memory_store import MemoryBlockStore
-from pdserve.services.kvstore.mooncake_plane import MooncakeSettings, object_key
-from pdserve.services.kvstore.store import NULL_EVENTS, StoreEvents
+from pdserve.services.kvstore.stores.memory import MemoryBlockStore
+from pdserve.services.kvstore.transports.mooncake.plane import MooncakeSettings, object_key
+from pdserve.services.kvstore.stores.base import NULL_EVENTS, StoreEvents
 from pdserve.services.pb import kvstore_pb2
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """transport="mooncake": a worker's blocks go straight between its buffers and Mooncake
-Store (services/kvstore/mooncake_plane.py); the kvstore sees only their headers.
+Store (services/kvstore/transports/mooncake/plane.py); the kvstore sees only their headers.
 
     put_blocks: register the export buffer, batch_put_from every block under its object
                 key (replicated as the plane says), then PutBlocks(headers, bytes_in_data_plane)
@@ -11,7 +11,7 @@ Store (services/kvstore/mooncake_plane.py); the kvstore sees only their headers.
 The bytes are copied once, by Mooncake's transfer engine (its own threads), between the
 worker's memory and a store node's segment: no Python, no protobuf, no kvstore process.
 
-Reads land in buffers kept from one get to the next (ReadBuffers, mooncake_buffers.py):
+Reads land in buffers kept from one get to the next (ReadBuffers, transports/mooncake/buffers.py):
 registered with the transfer engine once, their pages already mapped. A fresh buffer per
 read cost more than the transfer itself here: the first write to each 4 KiB page faults
 (about 5 us a page on this machine, 55 ms for 45 MiB, against about 30 ms to move the
@@ -24,7 +24,7 @@ core from the threads that move the bytes (its own TCP thread, the store node's)
 cores are few. At nice 19 the poll runs when a core is free, and still within a
 scheduler period when none is: on 2 cores, transfers took 20-35 % less time.
 
-With a store node on this host (`local`, mooncake_local.py) no byte crosses TCP: the
+With a store node on this host (`local`, transports/mooncake/local.py) no byte crosses TCP: the
 worker is that node's dummy client. Its read buffers and the engine's export buffers
 (export_buffer) are shared memory the node maps (ShmBuffers); a put or get is
 one RPC naming offsets in them, and the node memcpys between them and its segment (or
@@ -48,12 +48,12 @@ import numpy as np
 
 from pdserve.services.kvstore.batch_codec import Decoded, OutBatch
 from pdserve.services.kvstore.errors import KVStoreError
-from pdserve.services.kvstore import mooncake_plane
-from pdserve.services.kvstore.mooncake_buffers import ReadBuffers, ShmBuffers, plane_call as _plane_call
-from pdserve.services.kvstore.mooncake_local import RPC_FAIL, LocalNode
-from pdserve.services.kvstore.mooncake_plane import (READ_BUFFER_BYTES, TRANSFER_FAIL, MooncakeSettings,
-                                             MooncakeUnavailable, object_key, replicate_config)
-from pdserve.services.kvstore.transport import BlockTransport, GrpcTransport
+from pdserve.services.kvstore.transports.mooncake import plane as mooncake_plane
+from pdserve.services.kvstore.transports.mooncake.buffers import ReadBuffers, ShmBuffers, plane_call as _plane_call
+from pdserve.services.kvstore.transports.mooncake.local import RPC_FAIL, LocalNode
+from pdserve.services.kvstore.transports.mooncake.plane import (READ_BUFFER_BYTES, TRANSFER_FAIL, MooncakeSettings,
+                                                                MooncakeUnavailable, object_key, replicate_config)
+from pdserve.services.kvstore.transports.base import BlockTransport, GrpcTransport
 from pdserve.services.kvstore.validate import block_nbytes, key_for_hash, key_for_tail
 from pdserve.services.pb import kvstore_pb2
 

@@ -1,4 +1,4 @@
-"""The disk tier's files (services/kvstore/disk_tier.py): full blocks as checksummed files
+"""The disk tier's files (services/kvstore/stores/disk_tier.py): full blocks as checksummed files
 in one folder, bounded in bytes, least recently used evicted first.
 
 One file per full block (keys b"h:..."), named by its key in hex, holding
@@ -29,7 +29,7 @@ import zlib
 from collections import OrderedDict
 from typing import BinaryIO
 
-from pdserve.services.kvstore.store import HASH_PREFIX, StoredBlock
+from pdserve.services.kvstore.stores.base import HASH_PREFIX, StoredBlock
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Put and Get over UCX (ucx_frames.py), on a pool of endpoints per client.
+"""Put and Get over UCX (transports/ucx/frames.py), on a pool of endpoints per client.
 
 One request at a time per endpoint, since frames of two requests must not interleave;
 a pool rather than one endpoint behind a lock, because a Get may wait on the server for
@@ -12,12 +12,12 @@ import threading
 
 import grpc
 
-from pdserve.services.kvstore import ucx_frames as frames
-from pdserve.services.kvstore import ucx_runtime
+from pdserve.services.kvstore.transports.ucx import frames
+from pdserve.services.kvstore.transports.ucx import runtime as ucx_runtime
 from pdserve.services.kvstore.batch_codec import BATCH_BYTES, Decoded, OutBatch
 from pdserve.services.kvstore.errors import KVStoreError
-from pdserve.services.kvstore.transport import BlockTransport
-from pdserve.services.kvstore.ucx_runtime import ucxx  # imported there, after the environment it reads
+from pdserve.services.kvstore.transports.base import BlockTransport
+from pdserve.services.kvstore.transports.ucx.runtime import ucxx  # imported there, after the environment it reads
 from pdserve.services.pb import kvstore_pb2
 
 CONNECT_TIMEOUT_S = 5.0
@@ -87,7 +87,7 @@ class UcxTransport(BlockTransport):
         return await exchange(slot[0])
 
     async def _greet(self, slot: list) -> None:
-        """The hello (ucx_frames.py); a refusal drops the endpoint, which the server closes."""
+        """The hello (transports/ucx/frames.py); a refusal drops the endpoint, which the server closes."""
         await slot[0].send(self._hello)
         reply = await slot[0].recv_obj()
         if frames.kind_of(reply) != frames.HELLO_OK:

@@ -8,7 +8,7 @@ Pinned blocks stay in the recency order (a get still refreshes them), so a block
 loses its last pin is evicted in the place its last use earned it. Skipping pins costs a
 scan over them; pins are held only by requests in flight between prefill and decode.
 
-With a disk tier (disk_tier.py) every full block put is also written to disk in the
+With a disk tier (stores/disk_tier.py) every full block put is also written to disk in the
 background, and a memory miss is read from disk (outside the lock) and promoted:
 
     put ──▶ memory ─ write_behind ─▶ disk      get/lookup ──▶ memory? ── no ──▶ disk? ──▶ promote
@@ -26,10 +26,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pdserve.services.kvstore.disk_tier import NO_DISK, BackingTier
+from pdserve.services.kvstore.stores.disk_tier import NO_DISK, BackingTier
 from pdserve.services.kvstore.errors import LeaseNotFound
-from pdserve.services.kvstore.store import (NO_LEASE, NULL_EVENTS, WRITE_DONE, WRITE_FAILED, WRITE_PENDING, BlockStore,
-                                    StoredBlock, StoreEvents, StoreStats, is_tail, last_wins)
+from pdserve.services.kvstore.stores.base import (NO_LEASE, NULL_EVENTS, WRITE_DONE, WRITE_FAILED, WRITE_PENDING, BlockStore,
+                                                  StoredBlock, StoreEvents, StoreStats, is_tail, last_wins)
 
 # How often a wait_write re-checks lease expiry: expiry runs on the store's clock, which
 # only moves when someone calls in, so a waiter looks at it itself now and then.

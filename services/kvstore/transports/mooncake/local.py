@@ -3,7 +3,7 @@ to that node as Mooncake's "dummy client" (setup_dummy). Its buffers are shared 
 (memfd) it hands to the node once (over the node's abstract Unix socket,
 `@mooncake_client_<port>.sock`); a put or get is then one RPC naming offsets in them, and
 the node copies between them and its segment with memcpy (MC_STORE_MEMCPY=1,
-cli/mooncake_procs.py). The transfers themselves: services/kvstore/mooncake_transport.py.
+cli/mooncake_procs.py). The transfers themselves: services/kvstore/transports/mooncake/client.py.
 
 Which node is "on this host" (local_store_nodes): one whose address this machine can bind;
 a loopback address only when the kvstore is on this machine too (it names its own nodes by
@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 
 from pdserve.services.common.address import split_host_port
-from pdserve.services.kvstore.mooncake_plane import MooncakeSettings, MooncakeUnavailable, replicate_config
+from pdserve.services.kvstore.transports.mooncake.plane import MooncakeSettings, MooncakeUnavailable, replicate_config
 
 logger = logging.getLogger(__name__)
 

@@ -72,7 +72,7 @@ class StoreStats:
 
 @dataclass(frozen=True)
 class DiskStats:
-    """A disk tier's (services/kvstore/disk_tier.py): gauges, then counters since start."""
+    """A disk tier's (services/kvstore/stores/disk_tier.py): gauges, then counters since start."""
     capacity_bytes: int
     used_bytes: int          # block data bytes in its files, counted as capacity counts them
     num_blocks: int
