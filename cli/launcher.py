@@ -72,7 +72,7 @@ class PlatformConfig:
     # "tcp": raw frames on a port of the kvstore's, received into pooled buffers; "grpc": the
     # kvstore's gRPC port. tcp by default: a decode worker receiving a 1,900-token prompt's
     # KV over gRPC spent ~1.5 s at half its core in the kernel (fresh receive buffers) while
-    # it decoded others; over TCP, next to nothing (docs/benchmarks.md, issue 33)
+    # it decoded others; over TCP, next to nothing (docs/benchmarks_history.md, issue 33)
     kv_transport: str = "tcp"                 # "tcp"/"ucx": the kvstore also serves it, workers move KV over it
     # "mooncake": block bytes in Mooncake Store (cli/mooncake_procs.py: a master and store
     # nodes), the kvstore their index and leases, the workers on transport "mooncake"

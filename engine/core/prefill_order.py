@@ -163,7 +163,7 @@ def keep_deadline(request: Request, clock: int, rates: StepRates, max_step_ms: f
 # how much slower a request that has lost its first token's deadline ages: newcomers still
 # on time overtake it until this many times its length in prompt work has been done for
 # others since it arrived (its length alone before: a lost long prompt then held back the
-# short ones arriving after it, which lost their first tokens too; docs/benchmarks.md)
+# short ones arriving after it, which lost their first tokens too; docs/benchmarks_history.md)
 LATE_AGING_DIVISOR = 4
 
 

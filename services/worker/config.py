@@ -76,7 +76,7 @@ SPECULATIVE_HELP = {
 # other workers come without a chunk size (a prefill request carries none): its own bound
 # is the default interactive class's ITL target (decide/config.py default_slo_classes): a
 # target, not a measurement (bench/serve_goodput.py --modes both measures it).
-# prefill and decode: measured, docs/benchmarks.md, issue 33
+# prefill and decode: measured, docs/benchmarks_history.md, issue 33
 DEFAULT_MAX_STEP_MS = {"prefill": 150.0, "decode": 0.0, "both": 100.0}
 
 ROLE_HELP = ("what this worker serves over its one engine: decode (default), DecodeWorker only; both, "

@@ -48,9 +48,9 @@ SAME_WORKER = "same_worker"
 # and prompts sent one after another keep the worker's steps full. At the whole room that mean
 # sits on the target and every misestimate (a chunk late in a long prompt costs more than its
 # first) breaks it: the 10% mix at 3.5 req/s lost 9-16% of its requests to TPOTs of
-# 150-190 ms against a 150 ms target (docs/benchmarks.md). Half keeps the mean halfway
-# between a step and the target. A prompt that fits one step's room takes the whole of it:
-# one gap at the target, once.
+# 150-190 ms against a 150 ms target (docs/benchmarks_history.md, issue 33's fourth
+# sitting). Half keeps the mean halfway between a step and the target. A prompt that fits
+# one step's room takes the whole of it: one gap at the target, once.
 DIRECT_ROOM_SHARE = 0.5
 # the share of the decode worker's TPOT room (WorkerLoad.tpot_stall_room_ms) a rescued
 # prompt's prefill may take: the room counts each stream's tokens up to max_tokens, and a

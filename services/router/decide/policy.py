@@ -224,6 +224,7 @@ def decode_load_tokens(w: WorkerView) -> float:
     direct path, colocated serving): MostRoomDecode's score at PREFILL_BACKLOG_SCALE tokens
     for a full batch, so that with no prefix to reuse both policies choose alike. Its
     backlog term keeps this router's in-flight prompt tokens for as long as the streams
-    run: measured on the goodput mix (docs/benchmarks.md), leaving them out sent new
-    streams to workers still decoding long prompts and lowered colocated goodput."""
+    run: measured on the goodput mix (docs/benchmarks_history.md, issue 13), leaving them
+    out sent new streams to workers still decoding long prompts and lowered colocated
+    goodput."""
     return PREFILL_BACKLOG_SCALE * decode_score(w)
