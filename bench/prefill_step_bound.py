@@ -24,6 +24,7 @@ from bench.report import emit_result
 from pdserve.engine import LLM, SamplingParams
 from pdserve.engine.config import DEFAULT_MODEL
 from pdserve.engine.engine_request import EngineRequest, RequestMode
+from pdserve.engine.slo import SLOTargets
 
 
 def main() -> int:
@@ -50,7 +51,7 @@ def main() -> int:
         core = llm.engine
         core.add_request(EngineRequest(f"p{next(submitted)}", [rng.randrange(100, vocab) for _ in range(args.prompt_len)],
                                        one_token, mode=RequestMode.PREFILL_ONLY,
-                                       min_class_ttft_s=args.min_class_ttft_ms / 1000))
+                                       slo=SLOTargets(min_class_ttft_s=args.min_class_ttft_ms / 1000)))
         steps = 0
         while core.has_unfinished_requests():
             core.step()

@@ -1,45 +1,43 @@
 """EngineCore: the step loop. schedule -> execute (one flat batch) -> sample -> update.
 
 It decides when a request ends (EOS, a stop token or string, a length limit, a complete
-grammar, a hand-off) and emits token ids; the output processor shapes them into text.
+grammar, a hand-off); its output processor turns the new tokens into text, and step()
+returns RequestOutputs with both. A request's checks: engine/validation.py; its n
+completions: engine/parallel_sampling.py; the load it reports: engine/load_report.py.
 """
 from __future__ import annotations
 
-import copy
 import logging
-import math
 import time
 from collections.abc import Callable
 
 import torch
 
 from pdserve.engine.config import EngineConfig
-from pdserve.engine.core.block_hash import check_cache_salt
 from pdserve.engine.core.kv_cache_manager import KVCacheManager
 from pdserve.engine.core.kv_events import KVEvents
 from pdserve.engine.core.scheduler import Scheduler
-from pdserve.engine.core.tpot_room import tpot_stall_room_s
-from pdserve.engine.dtypes import torch_dtype
 from pdserve.engine.engine_request import EngineRequest
+from pdserve.engine.engine_setup import (engine_info, make_drafting, model_naming, pick_attention_backend,
+                                         resolve_scheduler_config, size_kv_cache)
 from pdserve.engine.errors import InvalidRequestError
 from pdserve.engine.executor.start import start_executor
+from pdserve.engine.kv_export import KVExporter
+from pdserve.engine.kv_transfer import KVPayload
+from pdserve.engine.load_report import engine_stats
 from pdserve.engine.model.loader import LoadedModel, parse_dtype
 from pdserve.engine.model.source import resolve_model
 from pdserve.engine.output_processor import OutputProcessor
-from pdserve.engine.parallel_sampling import Families, child_params, child_req_id, validate_fork
 from pdserve.engine.outputs import RequestOutput
+from pdserve.engine.parallel_sampling import Families, family_requests
 from pdserve.engine.request import Request, RequestMode, RequestStatus
-from pdserve.engine.sampling_params import SamplingParams, resolve_bad_words
-from pdserve.engine.kv_transfer import KVPayload
-from pdserve.engine.cached_kv_export import export_cached_blocks
-from pdserve.engine.stats import EngineStats, HostTierStats
-from pdserve.engine.structured.manager import NoStructuredOutputs, StructuredOutputManager
-from pdserve.engine.engine_setup import (engine_info, log_kv_cache, make_drafting, memory_profile, model_naming,
-                                 pick_attention_backend, resolve_max_model_len, resolve_scheduler_config)
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.stats import EngineStats
 from pdserve.engine.step_rates import StepRates
-from pdserve.engine.validation import validate_mode, validate_request, validate_token_ids, validate_transfer
+from pdserve.engine.structured.manager import NoStructuredOutputs, StructuredOutputManager
+from pdserve.engine.validation import check_engine_request
 from pdserve.engine.worker.host_malloc import keep_freed_memory
-from pdserve.engine.worker.kv_cache import allocate_kv_caches, bytes_per_block, num_host_kv_slots, num_kv_blocks
+from pdserve.engine.worker.kv_cache import allocate_kv_caches
 from pdserve.engine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -57,14 +55,9 @@ class EngineCore:
         self.loaded = self.executor.loaded  # with t x p ranks rank 0's part; arch and tokenizer whole
         self.tokenizer = self.loaded.tokenizer
         arch, cache = self.loaded.arch, config.cache
-        kv_arch = self.executor.kv_arch  # a rank's layers and KV heads only: the budget is per rank
-        profile = memory_profile(config, self.executor, backend, self.dtype, device)  # None on the CPU
-        num_blocks = num_kv_blocks(cache, kv_arch, self.dtype, device, config.parallel.world_size, profile)
-        self.max_model_len = resolve_max_model_len(config, self.loaded, num_blocks)
-        log_kv_cache(num_blocks, cache.block_size, bytes_per_block(kv_arch, cache.block_size, self.dtype),
-                     self.max_model_len, config.parallel.world_size)
+        size = size_kv_cache(config, self.executor, self.loaded, backend, self.dtype, device)
+        num_blocks, num_host_slots, self.max_model_len = size.num_blocks, size.num_host_slots, size.max_model_len
         self.model_key, self.root_hash = model_naming(self.source, self.dtype, arch, cache.block_size)
-        num_host_slots = num_host_kv_slots(cache, kv_arch, self.dtype, config.parallel.world_size)
         self.kv_manager = KVCacheManager(num_blocks, cache.block_size, self.root_hash,
                                          cache.enable_prefix_caching, window=arch.max_window,
                                          num_host_slots=num_host_slots)
@@ -73,7 +66,7 @@ class EngineCore:
                                    self.step_rates)
         if device.type == "cpu":
             keep_freed_memory()
-        kv_caches = allocate_kv_caches(num_blocks, kv_arch, cache.block_size, self.dtype, device)
+        kv_caches = allocate_kv_caches(num_blocks, self.executor.kv_arch, cache.block_size, self.dtype, device)
         self.executor.start_kv(num_blocks, kv_caches, backend, num_host_slots)
         self.runner = ModelRunner(self.loaded.model, kv_caches, cache.block_size, backend, device, config.seed,
                                   executor=self.executor, eos_token_ids=self.loaded.eos_token_ids)
@@ -85,7 +78,7 @@ class EngineCore:
         self.outputs = OutputProcessor(self.tokenizer)
         self.families = Families()  # requests with n > 1 (parallel_sampling.py)
         self._aborted: list[RequestOutput] = []
-        self._export_allocator: Callable[[int], torch.Tensor | None] | None = None  # set_kv_export_allocator
+        self.exporter = KVExporter(self.kv_manager, self.runner, self.info.kv_layout)
         self.grammars: StructuredOutputManager | NoStructuredOutputs = NoStructuredOutputs(self._build_structured)
         self.drafting = make_drafting(config, self.source.path, self.loaded, self.executor.holds_whole_model,
                                       self.dtype, num_blocks, self.max_model_len)
@@ -112,39 +105,15 @@ class EngineCore:
     # ---- requests --------------------------------------------------------------------
     def add_request(self, new: EngineRequest) -> None:
         """Validate and queue a request; a bad one raises InvalidRequestError and changes nothing."""
-        info = self.info
-        validate_request(new.req_id, new.prompt_token_ids, new.params, info.max_model_len, info.vocab_size,
-                         self.outputs.req_ids)
-        params = resolve_bad_words(new.params, self.tokenizer)  # the tokenizer is here: each engine resolves
-        validate_token_ids(params, info.vocab_size)
-        validate_mode(new.mode, new.output_token_ids)
-        validate_transfer(new.prompt_token_ids, new.output_token_ids, new.kv_import, info.kv_block_shape,
-                          info.vocab_size)
-        if new.prefill_chunk_tokens < 0:
-            raise InvalidRequestError("prefill_chunk_tokens",
-                                      f"must be >= 0 (0: no cap), got {new.prefill_chunk_tokens}")
-        for name in ("ttft_budget_s", "min_class_ttft_s", "itl_target_s"):
-            value = getattr(new, name)
-            if not (value >= 0 and math.isfinite(value)):
-                raise InvalidRequestError(name, f"must be a finite number >= 0 (0: none), got {value}")
-        if (problem := check_cache_salt(new.cache_salt)) is not None:
-            raise InvalidRequestError("cache_salt", problem)
-        params, kv_import = _prompt_logprobs_rule(params, new.mode, new.kv_import)
-        validate_fork(new.req_id, params, new.mode, len(new.output_token_ids), self.outputs.req_ids)
+        new = check_engine_request(new, self.info, self.tokenizer, self.outputs.req_ids)
         # n > 1: n requests sharing the prompt, queued together, the first first (parallel_sampling.py)
-        for index, child in enumerate(child_params(params)):
-            request = Request(child_req_id(new.req_id, index), new.prompt_token_ids, child, self.loaded.eos_token_ids,
-                              output_token_ids=new.output_token_ids, kv_import=kv_import if index == 0 else None,
-                              mode=new.mode, priority=new.priority, prefill_chunk_tokens=new.prefill_chunk_tokens,
-                              cache_salt=new.cache_salt, index=index, parent_req_id=new.req_id,
-                              ttft_budget_s=new.ttft_budget_s, itl_target_s=new.itl_target_s,
-                              min_class_ttft_s=new.min_class_ttft_s)
+        for request in family_requests(new, self.loaded.eos_token_ids):
             self.outputs.add(request, new.prompt)
-            if child.structured_outputs is not None:
+            if request.sampling_params.structured_outputs is not None:
                 self.structured.add(request)  # the scheduler gets it once its grammar is compiled
             else:
                 self.scheduler.add_request(request)
-        self.families.add(new.req_id, params.n)
+        self.families.add(new.req_id, new.params.n)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """The checks of add_request, without queueing anything."""
@@ -231,7 +200,7 @@ class EngineCore:
     def _finish(self, request: Request, status: RequestStatus, matched_stop: str | None) -> RequestOutput:
         handoff = status == RequestStatus.FINISHED_HANDOFF
         # before its blocks are freed; n > 1: the first completion to hand off exports the shared prompt's
-        kv_export = self._export_kv(request) if handoff and self.families.takes_kv_export(request) else None
+        kv_export = self.exporter.handoff(request) if handoff and self.families.takes_kv_export(request) else None
         if not handoff and matched_stop is None:  # (a stop string's text is already cut at the match)
             self.outputs.flush(request.req_id)
         self.scheduler.finish_requests([request.req_id], status)
@@ -255,46 +224,15 @@ class EngineCore:
         self.families.finished(request)
         return self.outputs.finish(request, kv_export)
 
-    def _export_kv(self, request: Request) -> KVPayload:
-        """The KV of every computed token (the prompt; the token just sampled has none yet)."""
-        bs, num_tokens = self.config.cache.block_size, request.num_computed_tokens
-        block_ids = self.kv_manager.get_block_ids(request.req_id)[:-(-num_tokens // bs)]
-        return KVPayload(num_tokens, self.runner.export_blocks(block_ids, self._export_out(len(block_ids))),
-                         list(self.kv_manager.block_hashes(request, num_tokens // bs)))
-
     def export_cached_blocks(self, block_hashes: list[bytes]) -> KVPayload | None:
         """The KV of the leading run of `block_hashes` still in the prefix cache (full
         blocks, every token's KV computed), e.g. a finished request's prompt and answer;
         None when not even the first is held. See engine/cached_kv_export.py."""
-        return export_cached_blocks(self.kv_manager, self.runner, block_hashes, self._export_out)
+        return self.exporter.cached(block_hashes)
 
     def set_kv_export_allocator(self, allocate: Callable[[int], torch.Tensor | None] | None) -> None:
-        """Where exported KV goes: `allocate(nbytes)` gives host memory (a uint8 tensor of at
-        least nbytes, e.g. a buffer the caller's data plane sends from in place, so the
-        export is the only copy) or None (the engine allocates, as without one). Called on
-        the engine's thread, once per export; an allocator that raises is logged and the
-        engine allocates."""
-        self._export_allocator = allocate
-
-    def _export_out(self, num_blocks: int) -> torch.Tensor | None:
-        allocate = self._export_allocator
-        if allocate is None or num_blocks == 0:
-            return None
-        layout = self.info.kv_layout
-        nbytes = num_blocks * layout.block_nbytes
-        try:
-            buffer = allocate(nbytes)
-        except Exception as e:  # the caller's memory is an optimisation: the export goes on without it
-            logger.warning("the KV export allocator failed (%s); the engine allocates", e)
-            return None
-        if buffer is None:
-            return None
-        if buffer.dtype != torch.uint8 or buffer.device.type != "cpu" or buffer.numel() < nbytes \
-                or not buffer.is_contiguous():
-            logger.warning("the KV export allocator gave %s %s on %s for %d bytes (not host uint8 that long); "
-                           "the engine allocates", tuple(buffer.shape), buffer.dtype, buffer.device, nbytes)
-            return None
-        return buffer[:nbytes].view(torch_dtype(layout.dtype)).view(num_blocks, *layout.block_shape)
+        """Where exported KV goes: engine/kv_export.py."""
+        self.exporter.set_allocator(allocate)
 
     # ---- introspection ---------------------------------------------------------------
     def num_local_prefix_blocks(self, block_hashes: list[bytes]) -> int:
@@ -307,34 +245,5 @@ class EngineCore:
         return self.kv_manager.pool.take_kv_events()
 
     def stats(self) -> EngineStats:
-        scheduler, kv = self.scheduler, self.kv_manager
-        return EngineStats(
-            num_running=len(scheduler.running),
-            num_waiting=len(scheduler.waiting) + self.grammars.num_pending,
-            num_queued_prefill_tokens=scheduler.num_queued_prefill_tokens(),
-            num_free_kv_blocks=kv.num_free_blocks, num_total_kv_blocks=kv.pool.num_blocks,
-            num_preemptions=scheduler.num_preemptions, num_prefix_queried_tokens=kv.num_queried_tokens,
-            num_prefix_hit_tokens=kv.num_hit_tokens,
-            host=HostTierStats(kv.num_host_queried_tokens, kv.num_host_hit_tokens, kv.host.num_offloaded_blocks,
-                               kv.host.num_onloaded_blocks, kv.host.num_used_slots, kv.host.num_slots),
-            prefill_tokens_per_s=self.step_rates.prefill_tokens_per_s,
-            decode_step_ms=self.step_rates.decode_step_s * 1000,
-            queued_prefill=scheduler.queued_prefill(), max_step_ms=scheduler.step_ms(),
-            tpot_stall_room_ms=1000 * tpot_stall_room_s(scheduler.running, time.monotonic(),
-                                                        self.step_rates.decode_step_s, self.max_model_len),
-            spec=self.drafting.stats)
-
-
-def _prompt_logprobs_rule(params: SamplingParams, mode: RequestMode,
-                          kv_import: KVPayload | None) -> tuple[SamplingParams, KVPayload | None]:
-    """The engine that computes a prompt computes its logprobs. A decode-only request
-    continues a prompt computed elsewhere (its prefill worker sent them): it computes none
-    and may read what KV it is given. Any other request with prompt_logprobs computes every
-    prompt token: an imported prefix would, like a prefix hit, leave its tokens without any."""
-    if params.prompt_logprobs is None:
-        return params, kv_import
-    if mode != RequestMode.DECODE_ONLY:
-        return params, None
-    params = copy.copy(params)
-    params.prompt_logprobs = None
-    return params, kv_import
+        return engine_stats(self.scheduler, self.step_rates, self.grammars.num_pending, self.drafting.stats,
+                            self.max_model_len)

@@ -21,7 +21,7 @@ from pdserve.engine.model.loader import LoadedModel, load_model
 from pdserve.engine.model.source import ModelSource, resolve_model
 from pdserve.engine.spec_decode.drafting import Drafting, NoDrafting
 from pdserve.engine.spec_decode.ngram import NgramProposer
-from pdserve.engine.worker.kv_cache import bytes_per_block
+from pdserve.engine.worker.kv_cache import bytes_per_block, num_host_kv_slots, num_kv_blocks
 
 if TYPE_CHECKING:
     from pdserve.engine.executor.base import Executor
@@ -90,6 +90,26 @@ def resolve_max_model_len(config: EngineConfig, loaded: LoadedModel, num_blocks:
         logger.warning("max_model_len lowered from %d to %d tokens: the KV cache holds %d blocks",
                        wanted, capacity, num_blocks)
     return min(wanted, capacity)
+
+
+@dataclasses.dataclass(frozen=True)
+class KVCacheSize:
+    num_blocks: int       # device blocks per rank
+    num_host_slots: int   # the host tier's blocks (0: no tier)
+    max_model_len: int    # the context, capped by what the blocks hold
+
+
+def size_kv_cache(config: EngineConfig, executor: Executor, loaded: LoadedModel, backend: AttentionBackend,
+                  dtype: torch.dtype, device: torch.device) -> KVCacheSize:
+    """How many KV blocks each rank gets (memory left after profiling a step on a GPU, the
+    configured budget on the CPU), logged; a rank holds its layers and KV heads only."""
+    cache, kv_arch, num_ranks = config.cache, executor.kv_arch, config.parallel.world_size
+    profile = memory_profile(config, executor, backend, dtype, device)  # None on the CPU
+    num_blocks = num_kv_blocks(cache, kv_arch, dtype, device, num_ranks, profile)
+    max_model_len = resolve_max_model_len(config, loaded, num_blocks)
+    log_kv_cache(num_blocks, cache.block_size, bytes_per_block(kv_arch, cache.block_size, dtype), max_model_len,
+                 num_ranks)
+    return KVCacheSize(num_blocks, num_host_kv_slots(cache, kv_arch, dtype, num_ranks), max_model_len)
 
 
 def resolve_scheduler_config(config: SchedulerConfig, max_model_len: int) -> SchedulerConfig:

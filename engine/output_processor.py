@@ -35,9 +35,9 @@ class OutputProcessor:
         # the output covers the whole completion, tokens produced elsewhere included
         # (keyed by the engine's req_id; labelled with the caller's and the completion's index)
         self._outputs[request.req_id] = RequestOutput(
-            request.parent_req_id, prompt, list(request.prompt_token_ids), token_ids=list(request.output_token_ids),
+            request.family.parent_req_id, prompt, list(request.prompt_token_ids), token_ids=list(request.output_token_ids),
             logprobs=[] if params.logprobs is not None else None, arrival_time=time.monotonic(),
-            index=request.index)
+            index=request.family.index)
         detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.stop,
                                        params.include_stop_str_in_output, params.min_tokens,
                                        params.skip_special_tokens)

@@ -33,10 +33,12 @@ share that prompt.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
+from pdserve.engine.engine_request import EngineRequest
 from pdserve.engine.errors import InvalidRequestError
-from pdserve.engine.request import Request, RequestMode, RequestStatus
+from pdserve.engine.request import FamilyMember, Request, RequestMode, RequestStatus
 from pdserve.engine.sampling_params import SamplingParams
 
 
@@ -59,6 +61,15 @@ def child_params(params: SamplingParams) -> list[SamplingParams]:
     return children
 
 
+def family_requests(new: EngineRequest, eos_token_ids: frozenset[int]) -> list[Request]:
+    """The engine's requests for `new`: its n completions sharing the prompt, the first first
+    (it alone imports the KV it was given); just one for n = 1."""
+    return [Request(dataclasses.replace(new, req_id=child_req_id(new.req_id, index), params=child,
+                                        kv_import=new.kv_import if index == 0 else None),
+                    eos_token_ids, FamilyMember(index, new.req_id))
+            for index, child in enumerate(child_params(new.params))]
+
+
 def validate_fork(req_id: str, params: SamplingParams, mode: RequestMode, num_output_tokens: int,
                   active_req_ids) -> None:
     """n > 1 forks a prompt: a request that continues a completion (decode-only, or one
@@ -76,7 +87,7 @@ def waits_for_sibling(request: Request, first: Request | None, block_size: int) 
     """Whether a sibling (index > 0) should stay queued: its first sibling is running and
     has not yet allocated the prompt's full blocks, which this one would otherwise compute
     again (each prefill chunk of the first registers its full blocks at allocation)."""
-    if request.index == 0 or first is None or first.status != RequestStatus.RUNNING:
+    if request.family.index == 0 or first is None or first.status != RequestStatus.RUNNING:
         return False  # the first is queued behind it (preempted after it), or gone: compute
     if request.skip_reading_prefix_cache:
         return False
@@ -108,7 +119,7 @@ class Families:
 
     def takes_kv_export(self, request: Request) -> bool:
         """At a hand-off: whether this completion exports the prompt's KV (the first to hand off)."""
-        family = self._families.get(request.parent_req_id)
+        family = self._families.get(request.family.parent_req_id)
         if family is None:
             return True
         exported, family.kv_exported = family.kv_exported, True
@@ -116,8 +127,8 @@ class Families:
 
     def finished(self, request: Request) -> None:
         """A completion's final output is out; the family is forgotten with its last."""
-        family = self._families.get(request.parent_req_id)
+        family = self._families.get(request.family.parent_req_id)
         if family is not None:
             family.num_open -= 1
             if family.num_open == 0:
-                del self._families[request.parent_req_id]
+                del self._families[request.family.parent_req_id]

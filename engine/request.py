@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import enum
 import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from pdserve.engine.kv_transfer import KVPayload
-from pdserve.engine.sampling_params import SamplingParams
+if TYPE_CHECKING:  # engine_request.py imports RequestMode from here
+    from pdserve.engine.engine_request import EngineRequest
 
 
 class RequestStatus(enum.Enum):
@@ -39,67 +41,89 @@ class RequestMode(enum.Enum):
     DECODE_ONLY = "decode_only"
 
 
+@dataclass(frozen=True)
+class FamilyMember:
+    """Which completion of a request added with SamplingParams.n > 1 this one is
+    (engine/parallel_sampling.py): completion `index` of `parent_req_id`, whose first
+    completion has that req_id. A request with n = 1 is completion 0 of itself."""
+    index: int
+    parent_req_id: str
+
+
+@dataclass
+class PrefillClocks:
+    """Where the request stands in srpt's prefill order (engine/core/prefill_order.py),
+    on the scheduler's work clock (prompt tokens it has scheduled)."""
+    # the aging origin: the clock when this request arrived, moved on by each chunk of its
+    # own, so that the clock's lead over it is the prompt work done for other requests meanwhile
+    aging: int = 0
+    # its TTFT budget as a clock reading (prefill_order.keep_deadline); None: no deadline kept
+    deadline: int | None = None
+    latest_start: int = 0
+
+
+@dataclass
+class DraftState:
+    """Speculative decoding: this step's draft tokens, proposed before scheduling, and the
+    verifications in a row that kept no draft and steps left without proposing: a request
+    whose text the proposer cannot guess stops paying for verification (spec_decode/drafting.py)."""
+    token_ids: list[int] = field(default_factory=list)
+    misses: int = 0
+    pause: int = 0
+
+
 class Request:
-    def __init__(self, req_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                 eos_token_ids: frozenset[int] = frozenset(), arrival_time: float | None = None,
-                 output_token_ids: list[int] = (), kv_import: KVPayload | None = None,
-                 mode: RequestMode = RequestMode.COLOCATED, priority: int = 0, prefill_chunk_tokens: int = 0,
-                 cache_salt: str = "", index: int = 0, parent_req_id: str | None = None,
-                 ttft_budget_s: float = 0.0, itl_target_s: float = 0.0, min_class_ttft_s: float = 0.0):
-        self.req_id = req_id
-        # SamplingParams.n > 1: completion `index` of the request added as `parent_req_id`,
-        # whose first completion has that req_id (engine/parallel_sampling.py); n = 1: 0, req_id
-        self.index = index
-        self.parent_req_id = req_id if parent_req_id is None else parent_req_id
-        self.prompt_token_ids = list(prompt_token_ids)
-        self.sampling_params = sampling_params
+    """A request inside the engine core: what the caller asked (`entry`, an EngineRequest,
+    with this completion's own req_id and SamplingParams when n > 1), its tokens, progress
+    and status, and each feature's state in a named part."""
+
+    def __init__(self, entry: EngineRequest, eos_token_ids: frozenset[int] = frozenset(),
+                 family: FamilyMember | None = None, arrival_time: float | None = None):
+        self.entry = entry
+        self.req_id = entry.req_id
+        self.prompt_token_ids = list(entry.prompt_token_ids)
+        self.sampling_params = entry.params
+        self.mode = entry.mode
+        self.slo = entry.slo
         self.eos_token_ids = eos_token_ids
+        self.family = family if family is not None else FamilyMember(0, entry.req_id)
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.status = RequestStatus.WAITING
-        self.all_token_ids: list[int] = list(prompt_token_ids) + list(output_token_ids)
+        self.all_token_ids: list[int] = self.prompt_token_ids + list(entry.output_token_ids)
         # KV computed elsewhere for the first kv_import.num_tokens tokens, loaded on admission
-        self.kv_import = kv_import
-        self.mode = mode
-        self.priority = priority  # lower is more urgent; FCFS within a priority
-        self.prefill_chunk_tokens = prefill_chunk_tokens  # at most this many prompt tokens a step; 0: no cap
+        self.kv_import = entry.kv_import
         self.first_scheduled_time: float | None = None
-        # srpt's aging origin: the scheduler's work clock (prompt tokens it has scheduled) when
-        # this request arrived, moved on by each chunk of its own, so that the clock's lead
-        # over it is the prompt work done for other requests meanwhile
-        self.aging_clock = 0
-        # the time left to its first token when it was sent (a prefill worker's request: the
-        # router's class target less the time already spent); 0: none. srpt turns it into
-        # `deadline_clock` (prefill_order.keep_deadline); None: no deadline kept
-        self.ttft_budget_s = ttft_budget_s
-        # the tightest TTFT target of its router's SLO classes (0: none): what a newcomer
-        # may need, so how long steps may last (engine/core/step_bound.py)
-        self.min_class_ttft_s = min_class_ttft_s
-        self.deadline_clock: int | None = None
-        self.latest_start_clock = 0
-        # the mean inter-token time its stream keeps (the router's class target; 0: none), and
+        self.clocks = PrefillClocks()
         # when it had its first tokens: those given (a decode-only or resumed request) on
         # arrival, else its first one here (engine/core/tpot_room.py)
-        self.itl_target_s = itl_target_s
         self.tpot_anchor: tuple[float, int] | None = (
-            (self.arrival_time, len(output_token_ids)) if len(output_token_ids) else None)
+            (self.arrival_time, len(entry.output_token_ids)) if entry.output_token_ids else None)
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit at first scheduling; -1 until then
         self.num_preemptions = 0
-        # mixed into the first block hash: only requests with the same salt share cached KV
-        self.cache_salt = cache_salt
         # vLLM's rule: a request that wants its prompt's logprobs computes every prompt token,
         # so it reads no cached prefix (its own blocks are still cached for others)
-        self.skip_reading_prefix_cache = sampling_params.prompt_logprobs is not None
+        self.skip_reading_prefix_cache = entry.params.prompt_logprobs is not None
         self.block_hashes: list[bytes] = []
         self.stop_reason: int | str | None = None
         # structured outputs: the matcher (engine/structured), once the grammar is compiled
         self.grammar = None
-        # speculative decoding: this step's draft tokens, proposed before scheduling
-        self.spec_token_ids: list[int] = []
-        # verifications in a row that kept no draft, and steps left without proposing: a
-        # request whose text the proposer cannot guess stops paying for verification
-        self.spec_misses = 0
-        self.spec_pause = 0
+        self.draft = DraftState()
+
+    @property
+    def priority(self) -> int:
+        """Lower is more urgent; FCFS within a priority."""
+        return self.entry.priority
+
+    @property
+    def prefill_chunk_tokens(self) -> int:
+        """At most this many prompt tokens a step; 0: no cap."""
+        return self.entry.prefill_chunk_tokens
+
+    @property
+    def cache_salt(self) -> str:
+        """Mixed into the first block hash: only requests with the same salt share cached KV."""
+        return self.entry.cache_salt
 
     @property
     def num_prompt_tokens(self) -> int:

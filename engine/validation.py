@@ -1,9 +1,19 @@
 """Checks on a request before it enters the engine; each failure names its field."""
 from __future__ import annotations
 
+import copy
+import dataclasses
+from typing import TYPE_CHECKING
+
+from pdserve.engine.core.block_hash import check_cache_salt
+from pdserve.engine.engine_request import EngineRequest
 from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.parallel_sampling import validate_fork
 from pdserve.engine.request import RequestMode
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.sampling_params import SamplingParams, resolve_bad_words
+
+if TYPE_CHECKING:  # info.py imports validate_request from here
+    from pdserve.engine.info import EngineInfo
 
 MAX_LOGPROBS = 20
 
@@ -78,3 +88,38 @@ def validate_transfer(prompt_token_ids, output_token_ids, kv_import, block_shape
     if tuple(kv_import.blocks.shape) != (num_blocks, *block_shape):
         raise InvalidRequestError("kv_import", f"blocks have shape {tuple(kv_import.blocks.shape)}, "
                                                f"expected {(num_blocks, *block_shape)}")
+
+
+def check_engine_request(new: EngineRequest, info: EngineInfo, tokenizer, active_req_ids) -> EngineRequest:
+    """Every check of EngineCore.add_request; a bad request raises InvalidRequestError naming
+    its field. Returns the request as the engine runs it: bad words resolved into token ids
+    with the tokenizer (each engine has its own), and the prompt-logprobs rule applied."""
+    validate_request(new.req_id, new.prompt_token_ids, new.params, info.max_model_len, info.vocab_size,
+                     active_req_ids)
+    params = resolve_bad_words(new.params, tokenizer)
+    validate_token_ids(params, info.vocab_size)
+    validate_mode(new.mode, new.output_token_ids)
+    validate_transfer(new.prompt_token_ids, new.output_token_ids, new.kv_import, info.kv_block_shape,
+                      info.vocab_size)
+    if new.prefill_chunk_tokens < 0:
+        raise InvalidRequestError("prefill_chunk_tokens", f"must be >= 0 (0: no cap), got {new.prefill_chunk_tokens}")
+    new.slo.validate()
+    if (problem := check_cache_salt(new.cache_salt)) is not None:
+        raise InvalidRequestError("cache_salt", problem)
+    params, kv_import = _prompt_logprobs_rule(params, new.mode, new.kv_import)
+    validate_fork(new.req_id, params, new.mode, len(new.output_token_ids), active_req_ids)
+    return dataclasses.replace(new, params=params, kv_import=kv_import)
+
+
+def _prompt_logprobs_rule(params: SamplingParams, mode: RequestMode, kv_import):
+    """The engine that computes a prompt computes its logprobs. A decode-only request
+    continues a prompt computed elsewhere (its prefill worker sent them): it computes none
+    and may read what KV it is given. Any other request with prompt_logprobs computes every
+    prompt token: an imported prefix would, like a prefix hit, leave its tokens without any."""
+    if params.prompt_logprobs is None:
+        return params, kv_import
+    if mode != RequestMode.DECODE_ONLY:
+        return params, None
+    params = copy.copy(params)
+    params.prompt_logprobs = None
+    return params, kv_import

@@ -122,12 +122,12 @@ class ShortestRemainingFirst(PrefillOrder):
 
     def rank(self, request, clock):
         needed = num_prefill_needed(request)
-        for_others = clock - request.aging_clock
-        if request.deadline_clock is None:
+        for_others = clock - request.clocks.aging
+        if request.clocks.deadline is None:
             return needed - for_others  # no deadline: by length
-        if request.deadline_clock - clock < needed:  # lost: it yields to those still on time
+        if request.clocks.deadline - clock < needed:  # lost: it yields to those still on time
             return needed - for_others // LATE_AGING_DIVISOR
-        return min(needed - for_others, request.latest_start_clock - clock)
+        return min(needed - for_others, request.clocks.latest_start - clock)
 
 
 def deadline_tokens(ttft_budget_s: float, tokens_per_s: float, max_step_ms: float) -> int | None:
@@ -154,10 +154,10 @@ def keep_deadline(request: Request, clock: int, rates: StepRates, max_step_ms: f
     docstring), when deadline_tokens finds one to keep; one it cannot meet is kept too,
     and makes it late from the start."""
     needed = num_prefill_needed(request)
-    budget = deadline_tokens(request.ttft_budget_s, rates.prefill_tokens_per_s, max_step_ms)
+    budget = deadline_tokens(request.slo.ttft_budget_s, rates.prefill_tokens_per_s, max_step_ms)
     if budget is not None:
-        request.deadline_clock = clock + budget
-        request.latest_start_clock = clock + budget - needed
+        request.clocks.deadline = clock + budget
+        request.clocks.latest_start = clock + budget - needed
 
 
 # how much slower a request that has lost its first token's deadline ages: newcomers still

@@ -83,8 +83,8 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """Queue behind every waiting request of the same or a more urgent priority."""
         self.requests[request.req_id] = request
-        request.aging_clock = self.clock
-        self.step_bound.note_arrival(request.min_class_ttft_s)
+        request.clocks.aging = self.clock
+        self.step_bound.note_arrival(request.slo.min_class_ttft_s)
         self.order.on_arrival(request, self.clock, self.rates, self.step_ms())
         if not self.waiting or self.waiting[-1].priority <= request.priority:
             self.waiting.append(request)
@@ -188,7 +188,7 @@ class Scheduler:
         if num_new == 0:  # does not fit unsplit: it waits, the decodes behind it need not
             return True
         # drafts ride along a decode, within the budget; they never start a prefix-cache entry
-        drafts, request.spec_token_ids = request.spec_token_ids, []
+        drafts, request.draft.token_ids = request.draft.token_ids, []
         if not is_decode(request):
             drafts = []
         drafts = drafts[:budget.num_tokens - num_new]
@@ -222,7 +222,7 @@ class Scheduler:
         out.num_scheduled_tokens.pop(request.req_id, None)
         out.scheduled_cached_reqs = [c for c in out.scheduled_cached_reqs if c.req_id != request.req_id]
         out.spec_token_ids.pop(request.req_id, None)
-        request.spec_token_ids = []
+        request.draft.token_ids = []
 
     def _schedule_prefills(self, out: SchedulerOutput, budget: StepBudget) -> None:
         """The running requests the first pass left, and the waiting ones, in the order's
@@ -252,7 +252,7 @@ class Scheduler:
             return False
         # n > 1: siblings stay queued until their first has the prompt's blocks; passed over,
         # since the first progresses among the running and the rest of the queue need not wait
-        if self.kv.enable_prefix_caching and waits_for_sibling(request, self.requests.get(request.parent_req_id),
+        if self.kv.enable_prefix_caching and waits_for_sibling(request, self.requests.get(request.family.parent_req_id),
                                                                self.kv.block_size):
             return True
         hits, num_hit_tokens = self.kv.get_computed_blocks(request)
@@ -314,7 +314,7 @@ class Scheduler:
             if request.prefill_chunk_tokens:
                 budget.num_capped_prefill_tokens = max(0, _capped_room(request, budget) - num_new)
             self.clock += num_new
-            request.aging_clock += num_new
+            request.clocks.aging += num_new
         budget.num_tokens -= num_new
         request.num_computed_tokens += num_new
 

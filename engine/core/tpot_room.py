@@ -29,13 +29,13 @@ from pdserve.engine.request import Request
 def stream_room_s(request: Request, now: float, step_s: float, max_model_len: int) -> float | None:
     """The request's room in seconds; None when it keeps no TPOT target (none given, no
     first token yet, or no token left to come)."""
-    if request.itl_target_s <= 0 or request.tpot_anchor is None:
+    if request.slo.itl_target_s <= 0 or request.tpot_anchor is None:
         return None
     anchor_time, anchor_tokens = request.tpot_anchor
     most = min(request.sampling_params.max_tokens, max_model_len - request.num_prompt_tokens)
     if most <= request.num_output_tokens:
         return None
-    budget = request.itl_target_s * (most - anchor_tokens)
+    budget = request.slo.itl_target_s * (most - anchor_tokens)
     return budget - (now - anchor_time) - (most - request.num_output_tokens) * step_s
 
 

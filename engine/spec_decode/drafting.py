@@ -33,12 +33,12 @@ class Drafting:
             drafts = self.proposer.propose([want for _, want in wanted])
             for request, want in wanted:
                 # a guided request keeps the drafts its grammar allows (structured outputs)
-                request.spec_token_ids = StructuredOutputManager.check_drafts(
+                request.draft.token_ids = StructuredOutputManager.check_drafts(
                     request, list(drafts.get(want.req_id, ()))[:want.max_drafts])
 
     def _wanted(self, request: Request) -> DraftRequest | None:
-        if request.spec_pause > 0:
-            request.spec_pause -= 1
+        if request.draft.pause > 0:
+            request.draft.pause -= 1
             return None
         room = min(self.num_speculative_tokens, request.sampling_params.max_tokens - request.num_output_tokens - 1,
                    self.max_model_len - request.num_tokens - 1)
@@ -59,8 +59,8 @@ class Drafting:
                 self.stats = self.stats.plus(len(drafts), accepted)
                 request = requests.get(req_id)
                 if request is not None:
-                    request.spec_misses = 0 if accepted else request.spec_misses + 1
-                    request.spec_pause = min(2 ** request.spec_misses, 16) if request.spec_misses else 0
+                    request.draft.misses = 0 if accepted else request.draft.misses + 1
+                    request.draft.pause = min(2 ** request.draft.misses, 16) if request.draft.misses else 0
 
     def finish(self, req_id: str) -> None:
         self.proposer.finish(req_id)

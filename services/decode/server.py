@@ -23,6 +23,7 @@ from pdserve.engine.engine_request import EngineRequest
 from pdserve.engine.errors import EngineDeadError
 from pdserve.engine.kv_transfer import KVPayload
 from pdserve.engine.request import RequestMode
+from pdserve.engine.slo import SLOTargets
 from pdserve.services.common.convert import logprob_to_proto, prompt_logprobs_to_proto
 from pdserve.services.decode.read_plan import ReadPlan, ReadRefusal, plan_read
 from pdserve.services.pb import common_pb2, decode_pb2_grpc
@@ -59,7 +60,7 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
             stream = self.loop.submit(EngineRequest(
                 req.req_id, req.prompt_token_ids, req.params, mode=mode, output_token_ids=first, kv_import=kv_import,
                 priority=req.priority, prefill_chunk_tokens=request.prefill_chunk_tokens, cache_salt=req.cache_salt,
-                itl_target_s=request.itl_target_ms / 1000))
+                slo=SLOTargets(itl_target_s=request.itl_target_ms / 1000)))
         except InvalidRequestError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except EngineDeadError:

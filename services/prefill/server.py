@@ -35,6 +35,7 @@ from pdserve.engine.errors import EngineDeadError
 from pdserve.engine import RequestOutput
 from pdserve.engine.kv_transfer import KVPayload
 from pdserve.engine.request import RequestMode, RequestStatus
+from pdserve.engine.slo import NO_SLO, SLOTargets
 from pdserve.services.common.convert import logprob_to_proto, prompt_logprobs_to_proto
 from pdserve.services.kvstore.client import KVStoreClient
 from pdserve.services.pb import common_pb2, prefill_pb2, prefill_pb2_grpc
@@ -82,7 +83,7 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
             # what is left of it once admitted and its prefix read: the engine's deadline
             # (none left and none given rank alike: by length)
             budget_s = max(0.0, budget_ms / 1000 - (now() - req.start)) if budget_ms else 0.0
-            finals = self._run(req, imported, context, budget_s, request.min_class_ttft_ms / 1000)
+            finals = self._run(req, imported, context, SLOTargets(budget_s, request.min_class_ttft_ms / 1000))
             final = finals[0]
             response = self._response(req, finals)
             # n > 1: the first completion to hand off carries the shared prompt's KV, one write for all
@@ -144,13 +145,12 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         return payload, payload.end_block
 
     def _run(self, req: AdmittedRequest, imported: KVPayload | None, context,
-             ttft_budget_s: float = 0.0, min_class_ttft_s: float = 0.0) -> list[RequestOutput]:
+             slo: SLOTargets = NO_SLO) -> list[RequestOutput]:
         """The final output of each of the request's n completions, by index."""
         try:
             stream = self.loop.submit(EngineRequest(
                 req.req_id, req.prompt_token_ids, req.params, mode=RequestMode.PREFILL_ONLY, kv_import=imported,
-                priority=req.priority, cache_salt=req.cache_salt, ttft_budget_s=ttft_budget_s,
-                min_class_ttft_s=min_class_ttft_s))
+                priority=req.priority, cache_salt=req.cache_salt, slo=slo))
         except EngineDeadError:
             self.abort_if_engine_dead(context)
             raise

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pdserve.engine.core.scheduler_output import SchedulerOutput
 from pdserve.engine.request import Request, RequestMode
+from pdserve.engine.engine_request import EngineRequest
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.spec_decode.drafting import Drafting, NoDrafting
 from pdserve.engine.spec_decode.proposer import DraftRequest, NoProposer, Proposer
@@ -13,7 +14,7 @@ from pdserve.engine.worker.cuda_graphs import NoDecodeGraphs
 
 def decoding(req_id: str, max_tokens: int = 50) -> Request:
     """A running request whose every token but the last sampled one is computed."""
-    request = Request(req_id, [1, 2, 3], SamplingParams(max_tokens=max_tokens), output_token_ids=[4])
+    request = Request(EngineRequest(req_id, [1, 2, 3], SamplingParams(max_tokens=max_tokens), output_token_ids=[4]))
     request.num_computed_tokens = request.num_tokens - 1
     return request
 
@@ -42,7 +43,7 @@ def test_no_drafting_leaves_requests_without_drafts_and_counts_nothing():
     drafting, request = NoDrafting(), decoding("r")
     drafting.propose([request])
     drafting.count({}, {"r": [5]}, {"r": request})
-    assert request.spec_token_ids == [] and drafting.stats == SpecDecodeStats()
+    assert request.draft.token_ids == [] and drafting.stats == SpecDecodeStats()
     assert isinstance(drafting.proposer, NoProposer)
 
 
@@ -53,7 +54,7 @@ def test_drafting_caps_drafts_at_max_tokens_and_skips_prefill_only():
     handoff.mode = RequestMode.PREFILL_ONLY
     drafting.propose([near_end, handoff])
     assert [(r.req_id, r.max_drafts) for r in proposer.seen] == [("a", 1)]
-    assert near_end.spec_token_ids == [7] and handoff.spec_token_ids == []
+    assert near_end.draft.token_ids == [7] and handoff.draft.token_ids == []
 
 
 def test_drafting_is_off_past_disable_by_batch_size():
@@ -67,9 +68,9 @@ def test_counts_and_the_pause_after_a_step_that_kept_no_draft():
     drafting.count({"r": [7, 8]}, {"r": [7, 8, 9]}, {"r": request})   # both kept
     drafting.count({"r": [7, 8]}, {"r": [5]}, {"r": request})         # none kept
     assert drafting.stats == SpecDecodeStats(num_proposed_tokens=4, num_accepted_tokens=2, num_verifications=2)
-    assert request.spec_misses == 1 and request.spec_pause == 2
+    assert request.draft.misses == 1 and request.draft.pause == 2
     drafting.propose([request])  # paused: one step fewer to wait, no drafts
-    assert request.spec_pause == 1 and request.spec_token_ids == []
+    assert request.draft.pause == 1 and request.draft.token_ids == []
 
 
 def test_engine_stats_reads_the_spec_counts_by_their_flat_names():

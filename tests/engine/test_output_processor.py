@@ -5,6 +5,7 @@ from __future__ import annotations
 from pdserve.engine.output_processor import OutputProcessor
 from pdserve.engine.outputs import TokenLogprob
 from pdserve.engine.request import Request, RequestStatus
+from pdserve.engine.engine_request import EngineRequest
 from pdserve.engine.sampling_params import SamplingParams
 
 
@@ -21,7 +22,7 @@ def ids(text: str) -> list[int]:
 
 def started(params: SamplingParams, prompt: str = "Q:", output: str = "") -> tuple[OutputProcessor, Request]:
     processor = OutputProcessor(CharTokenizer())
-    request = Request("r", ids(prompt), params, output_token_ids=ids(output))
+    request = Request(EngineRequest("r", ids(prompt), params, output_token_ids=ids(output)))
     processor.add(request, prompt)
     return processor, request
 

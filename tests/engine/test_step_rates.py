@@ -10,6 +10,7 @@ from pdserve.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from pdserve.engine.engine_core import EngineCore
 from pdserve.engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
 from pdserve.engine.engine_request import EngineRequest
+from pdserve.engine.slo import SLOTargets
 
 
 def test_pure_decode_steps_measure_the_decode_step():
@@ -91,17 +92,19 @@ def test_a_request_can_ask_for_smaller_prefill_chunks_with_the_same_tokens(engin
     with pytest.raises(InvalidRequestError, match="prefill_chunk_tokens"):
         engine.add_request(EngineRequest("bad", prompt, SamplingParams(max_tokens=1), prefill_chunk_tokens=-1))
     for bad in (-1.0, float("nan"), float("inf")):
-        with pytest.raises(InvalidRequestError, match="ttft_budget_s"):
-            engine.add_request(EngineRequest("bad", prompt, SamplingParams(max_tokens=1), ttft_budget_s=bad))
-        with pytest.raises(InvalidRequestError, match="itl_target_s"):
-            engine.add_request(EngineRequest("bad", prompt, SamplingParams(max_tokens=1), itl_target_s=bad))
+        with pytest.raises(InvalidRequestError, match="slo.ttft_budget_s"):
+            engine.add_request(EngineRequest("bad", prompt, SamplingParams(max_tokens=1),
+                                             slo=SLOTargets(ttft_budget_s=bad)))
+        with pytest.raises(InvalidRequestError, match="slo.itl_target_s"):
+            engine.add_request(EngineRequest("bad", prompt, SamplingParams(max_tokens=1),
+                                             slo=SLOTargets(itl_target_s=bad)))
 
 
 def test_engine_reports_the_tpot_room_of_its_streams(engine):
     """A stream with an ITL target counts once it has its first token: its room is what
     its target leaves over the tokens still to come, less their steps; none before."""
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-    engine.add_request(EngineRequest("paced", list(range(3, 40)), params, itl_target_s=1.0))
+    engine.add_request(EngineRequest("paced", list(range(3, 40)), params, slo=SLOTargets(itl_target_s=1.0)))
     assert engine.stats().tpot_stall_room_ms == math.inf  # still prefilling
     while engine.scheduler.requests["paced"].num_output_tokens < 4:
         engine.step()

@@ -10,13 +10,14 @@ from pdserve.engine.core.block_hash import hash_block_tokens, hash_full_blocks, 
 from pdserve.engine.core.block_pool import BlockPool
 from pdserve.engine.core.kv_cache_manager import NO_HITS, KVCacheManager
 from pdserve.engine.request import Request
+from pdserve.engine.engine_request import EngineRequest
 from pdserve.engine.sampling_params import SamplingParams
 
 ROOT = model_fingerprint("m", "float32", 2, 2, 16, 4)
 
 
 def _request(req_id: str, tokens: list[int]) -> Request:
-    return Request(req_id, tokens, SamplingParams(max_tokens=4))
+    return Request(EngineRequest(req_id, tokens, SamplingParams(max_tokens=4)))
 
 
 def test_hash_chains_from_parent_and_is_stable_across_processes():

@@ -11,6 +11,7 @@ from pdserve.engine.core.kv_cache_manager import KVCacheManager, PrefixHits
 from pdserve.engine.core.kv_events import KVEventKind, KVEventLog, KVTier
 from pdserve.engine.core.scheduler import Scheduler
 from pdserve.engine.request import Request, RequestStatus
+from pdserve.engine.engine_request import EngineRequest
 from pdserve.engine.sampling_params import SamplingParams
 
 ROOT = model_fingerprint("m", "float32", 2, 2, 16, 4)
@@ -20,7 +21,7 @@ H = [bytes([i]) * 32 for i in range(10)]  # stand-in hashes for the tier alone
 
 
 def _request(req_id: str, tokens: list[int]) -> Request:
-    return Request(req_id, tokens, SamplingParams(max_tokens=4))
+    return Request(EngineRequest(req_id, tokens, SamplingParams(max_tokens=4)))
 
 
 def _tier(num_slots: int) -> tuple[HostTier, KVEventLog]:

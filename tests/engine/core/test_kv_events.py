@@ -6,6 +6,7 @@ from pdserve.engine.core.block_hash import hash_full_blocks, model_fingerprint
 from pdserve.engine.core.kv_cache_manager import KVCacheManager
 from pdserve.engine.core.kv_events import KVEventKind, KVEventLog, KVTier
 from pdserve.engine.request import Request
+from pdserve.engine.engine_request import EngineRequest
 from pdserve.engine.sampling_params import SamplingParams
 
 ROOT = model_fingerprint("m", "float32", 2, 2, 16, 4)
@@ -14,7 +15,7 @@ DEVICE = KVTier.DEVICE
 
 
 def _request(req_id: str, tokens: list[int]) -> Request:
-    return Request(req_id, tokens, SamplingParams(max_tokens=4))
+    return Request(EngineRequest(req_id, tokens, SamplingParams(max_tokens=4)))
 
 
 def _replay(held: set[bytes], kv: KVCacheManager) -> set[bytes]:

@@ -10,6 +10,8 @@ from pdserve.engine.core.kv_cache_manager import KVCacheManager
 from pdserve.engine.core.prefill_order import LATE_AGING_DIVISOR, NO_RANK_LIMIT, rank_on_arrival
 from pdserve.engine.core.scheduler import Scheduler
 from pdserve.engine.request import Request
+from pdserve.engine.slo import SLOTargets
+from pdserve.engine.engine_request import EngineRequest
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.stats import QueuedPrefill
 from pdserve.engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
@@ -26,8 +28,8 @@ def _scheduler(num_blocks=256, block_size=4, rates=None, **cfg) -> Scheduler:
 def _add(s: Scheduler, req_id: str, n: int, max_tokens: int = 1, priority: int = 0,
          ttft_budget_s: float = 0.0) -> Request:
     base = 1000 * (len(s.requests) + s.clock + 1)  # distinct prompts: no prefix-cache sharing
-    r = Request(req_id, list(range(base, base + n)), SamplingParams(max_tokens=max_tokens), priority=priority,
-                ttft_budget_s=ttft_budget_s)
+    r = Request(EngineRequest(req_id, list(range(base, base + n)), SamplingParams(max_tokens=max_tokens),
+                              priority=priority, slo=SLOTargets(ttft_budget_s=ttft_budget_s)))
     s.add_request(r)
     return r
 
@@ -263,7 +265,7 @@ def test_a_deadline_missed_on_the_way_no_longer_holds_newer_prompts_back():
 def test_the_deadline_needs_a_measured_rate():
     s = _scheduler(max_num_batched_tokens=8, rates=StepRates())
     r = _add(s, "long", 40, ttft_budget_s=5.6)
-    assert r.deadline_clock is None and s.order.rank(r, s.clock) == 40
+    assert r.clocks.deadline is None and s.order.rank(r, s.clock) == 40
 
 
 def test_a_newcomers_rank_under_a_deadline():

@@ -6,7 +6,8 @@ from pdserve.engine.core.block_hash import model_fingerprint
 from pdserve.engine.core.kv_cache_manager import KVCacheManager
 from pdserve.engine.core.scheduler import Scheduler
 from pdserve.engine.core.scheduler_output import ModelRunnerOutput
-from pdserve.engine.request import Request, RequestStatus
+from pdserve.engine.request import FamilyMember, Request, RequestStatus
+from pdserve.engine.engine_request import EngineRequest
 from pdserve.engine.sampling_params import SamplingParams
 
 
@@ -17,7 +18,7 @@ def _scheduler(num_blocks=64, block_size=4, **cfg) -> Scheduler:
 
 def _add(s: Scheduler, req_id: str, n: int, max_tokens: int = 8) -> Request:
     base = 1000 * len(s.requests)  # distinct prompts: no prefix-cache sharing between them
-    r = Request(req_id, list(range(base, base + n)), SamplingParams(max_tokens=max_tokens))
+    r = Request(EngineRequest(req_id, list(range(base, base + n)), SamplingParams(max_tokens=max_tokens)))
     s.add_request(r)
     return r
 
@@ -93,12 +94,12 @@ def test_urgent_priority_jumps_the_waiting_queue_but_not_preempted():
     s = _scheduler(max_num_seqs=1)
     _add(s, "running", 2)
     _step(s)
-    batch = [Request(f"b{i}", [1, 2], SamplingParams(), priority=1) for i in range(2)]
+    batch = [Request(EngineRequest(f"b{i}", [1, 2], SamplingParams(), priority=1)) for i in range(2)]
     for r in batch:
         s.add_request(r)
-    s.add_request(Request("i0", [3, 4], SamplingParams(), priority=0))
-    s.add_request(Request("b2", [5, 6], SamplingParams(), priority=1))
-    s.add_request(Request("i1", [7, 8], SamplingParams(), priority=0))
+    s.add_request(Request(EngineRequest("i0", [3, 4], SamplingParams(), priority=0)))
+    s.add_request(Request(EngineRequest("b2", [5, 6], SamplingParams(), priority=1)))
+    s.add_request(Request(EngineRequest("i1", [7, 8], SamplingParams(), priority=0)))
     assert [r.req_id for r in s.waiting] == ["i0", "i1", "b0", "b1", "b2"]
 
 
@@ -138,7 +139,7 @@ def test_siblings_of_n_wait_for_the_first_chunks_then_hit_its_blocks():
     s = _scheduler(block_size=4, max_num_batched_tokens=100, long_prefill_token_threshold=4)
     prompt = list(range(500, 510))
     for i, req_id in enumerate(["fan", "fan#1", "fan#2"]):
-        s.add_request(Request(req_id, prompt, SamplingParams(max_tokens=4), index=i, parent_req_id="fan"))
+        s.add_request(Request(EngineRequest(req_id, prompt, SamplingParams(max_tokens=4)), family=FamilyMember(i, "fan")))
     _add(s, "other", 3)
     assert _step(s).num_scheduled_tokens == {"fan": 4, "other": 3}
     assert [r.req_id for r in s.waiting] == ["fan#1", "fan#2"]

@@ -9,6 +9,8 @@ from pdserve.engine.core.kv_cache_manager import KVCacheManager
 from pdserve.engine.core.scheduler import Scheduler
 from pdserve.engine.core.step_bound import STEP_SHARE_OF_TTFT, TARGET_MEMORY_S, StepBound
 from pdserve.engine.request import Request
+from pdserve.engine.slo import SLOTargets
+from pdserve.engine.engine_request import EngineRequest
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.step_rates import MIN_PREFILL_TOKENS_FOR_RATE, StepRates
 
@@ -74,8 +76,8 @@ def _scheduler(clock: _Clock, rates: StepRates) -> Scheduler:
 
 def _add(s: Scheduler, req_id: str, n: int, min_class_ttft_s: float, max_tokens: int = 1) -> Request:
     base = 1000 * (len(s.requests) + s.clock + 1)
-    r = Request(req_id, list(range(base, base + n)), SamplingParams(max_tokens=max_tokens),
-                min_class_ttft_s=min_class_ttft_s)
+    r = Request(EngineRequest(req_id, list(range(base, base + n)), SamplingParams(max_tokens=max_tokens),
+                              slo=SLOTargets(min_class_ttft_s=min_class_ttft_s)))
     s.add_request(r)
     return r
 

@@ -9,6 +9,8 @@ import pytest
 from pdserve.engine import SamplingParams
 from pdserve.engine.core.tpot_room import stream_room_s, tpot_stall_room_s
 from pdserve.engine.request import Request
+from pdserve.engine.slo import SLOTargets
+from pdserve.engine.engine_request import EngineRequest
 
 MAX_LEN = 2048
 
@@ -16,8 +18,9 @@ MAX_LEN = 2048
 def _stream(max_tokens: int, given: int = 0, produced: int = 0, itl_target_s: float = 0.15,
             arrival: float = 100.0, prompt_len: int = 10) -> Request:
     """A stream that arrived at `arrival` with `given` tokens, then produced `produced` more."""
-    request = Request("r", list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens),
-                      arrival_time=arrival, output_token_ids=[5] * given, itl_target_s=itl_target_s)
+    request = Request(EngineRequest("r", list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens),
+                                    output_token_ids=[5] * given, slo=SLOTargets(itl_target_s=itl_target_s)),
+                      arrival_time=arrival)
     for _ in range(produced):
         request.append_output_token(7)
     return request
