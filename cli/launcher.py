@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 from pdserve.services.common.defaults import (DEFAULT_MODEL, DRAIN_TIMEOUT_S, HOST, KVSTORE_PORT, METRICS_BASE_PORT, PREFILL_PORT,
-                                      ROUTER_HTTP_PORT, ROUTER_PORT)
+                                              ROUTER_HTTP_PORT, ROUTER_PORT)
 from pdserve.services.common.address import split_host_port
 from pdserve.services.common.auth import INTERNAL_TOKEN_ENV
 from pdserve.services.common.grpc_server import is_serving

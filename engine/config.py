@@ -103,7 +103,7 @@ class SchedulerConfig:
     # A step's time bound: its prompt tokens are at most what the measured prefill rate
     # (engine/step_rates.py) computes in this time beside the step's decodes, never fewer
     # than one block (Scheduler._step_budget). 0: token budgets only (the engine's default;
-    # pdserve prefill's is 250). Needs chunked prefill; until a rate is measured, the token
+    # pdserve prefill's is 150, --role both's 100). Needs chunked prefill; until a rate is measured, the token
     # budgets alone apply.
     max_step_ms: float = 0.0
 

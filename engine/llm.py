@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from tqdm.auto import tqdm
 
 from pdserve.engine.chat import (DEFAULT_OPTIONS, TemplateOptions, encode_chat_prompt, load_chat_template,
-                         render_chat_prompt, with_chat_template)
+                                 render_chat_prompt, with_chat_template)
 from pdserve.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from pdserve.engine.core.block_hash import check_cache_salt
 from pdserve.engine.engine_core import EngineCore

@@ -39,7 +39,7 @@ from pdserve.engine.config import SchedulerConfig
 from pdserve.engine.core.kv_cache_manager import KVCacheManager
 from pdserve.engine.kv_transfer import KVLoad
 from pdserve.engine.core.scheduler_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
-                                          SchedulerOutput)
+                                                  SchedulerOutput)
 from pdserve.engine.core.prefill_order import is_decode, prefill_order, summarize_queue
 from pdserve.engine.core.step_bound import StepBound
 from pdserve.engine.parallel_sampling import waits_for_sibling

@@ -11,7 +11,7 @@ from pdserve.engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S
 from pdserve.services.common.defaults import DEFAULT_MODEL, HOST, ROUTER_PORT
 from pdserve.services.common.security import API_KEY, ClientSecurity, ServerSecurity
 from pdserve.services.router.decide.config import (DEFAULT_SLO_CLASS, PATH_POLICIES, PLACEMENTS, PathConfig,  # noqa: F401
-                                           RoutingConfig, SaturationConfig, SLOClass, default_slo_classes)
+                                                   RoutingConfig, SaturationConfig, SLOClass, default_slo_classes)
 
 # The public gRPC port's message bound, unless --max-request-bytes says otherwise: a larger
 # Generate request is refused (RESOURCE_EXHAUSTED) before it is parsed or tokenized.

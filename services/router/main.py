@@ -10,7 +10,7 @@ from pdserve.services.common.process import configure_logging, wait_for_shutdown
 from pdserve.services.common.security import internal_client_security, server_tls_from_args
 from pdserve.services.router import security
 from pdserve.services.router.config import (DEFAULT_SLO_CLASS, PLACEMENTS, PathConfig, RouterConfig, SaturationConfig,
-                                    default_slo_classes, load_slo_classes)
+                                            default_slo_classes, load_slo_classes)
 from pdserve.services.router.decide.paths import PATH_POLICIES
 from pdserve.services.router.fronts.http.config import HttpConfig
 from pdserve.services.router.fronts.http.parsing import REASONING_PARSERS, TOOL_PARSERS

@@ -8,7 +8,7 @@ import os
 
 from pdserve.services.common.auth import parse_tokens
 from pdserve.services.common.security import (API_KEY, ServerSecurity, add_internal_client_arguments,
-                                      add_internal_token_argument, add_server_tls_arguments, server_tls_from_args)
+                                              add_internal_token_argument, add_server_tls_arguments, server_tls_from_args)
 from pdserve.services.router.config import BYTES_PER_TOKEN, REQUEST_SLACK_BYTES
 from pdserve.services.router.fronts.http.config import API_KEY_ENV
 

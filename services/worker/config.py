@@ -15,8 +15,8 @@ from pdserve.engine.spec_decode.config import SpeculativeConfig
 from pdserve.services.common import defaults
 from pdserve.services.common.address import split_host_port
 from pdserve.services.common.security import (ClientSecurity, ServerSecurity, add_internal_client_arguments,
-                                      add_internal_token_argument, add_server_tls_arguments,
-                                      internal_client_security, internal_server_security)
+                                              add_internal_token_argument, add_server_tls_arguments,
+                                              internal_client_security, internal_server_security)
 from pdserve.services.common.sizes import parse_bytes
 from pdserve.services.worker.parallel_args import add_parallel_arguments, parallel_config_from_args
 

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 
 from pdserve.autoscale.controller import Autoscaler, PoolScaler, format_decision, pools_from_values
 from pdserve.autoscale.pod_metrics import (MetricSpec, PodMetricSource, histogram_quantile, metric_specs,
-                                            parse_duration)
+                                           parse_duration)
 from pdserve.services.worker.metrics import WorkerMetrics
 
 VALUES = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "pdserve" / "values.yaml"

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from pdserve.autoscale.hpa import (DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, HPASpec, ScalingPolicy, ScalingRules,
-                                    load_hpa_specs)
+                                   load_hpa_specs)
 from tests.deploy.chart import FULLNAME, VALUES, Manifests, _merge, render, render_text, values
 
 TESTS_CLI = Path(__file__).resolve().parents[1] / "cli"

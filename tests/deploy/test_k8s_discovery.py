@@ -11,7 +11,7 @@ from kubernetes import client
 
 from pdserve.services.router.state.discovery import DECODE, PREFILL
 from pdserve.services.router.state.k8s_discovery import (KubernetesDiscovery, add_discovery_arguments, current_namespace,
-                                                 discovery_from_args, kubernetes_discovery, ready_addresses)
+                                                         discovery_from_args, kubernetes_discovery, ready_addresses)
 from pdserve.services.router.state.workers import WorkerRegistry
 from tests.deploy.fake_apiserver import FakeApiServer, endpoint_slice
 

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels.paged_attention import (_tanh, paged_decode_attention, paged_decode_attention_ref,
-                                     paged_prefill_attention, paged_prefill_attention_ref)
+                                             paged_prefill_attention, paged_prefill_attention_ref)
 
 TOLERANCES = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2.5e-2}
 

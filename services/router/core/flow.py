@@ -36,7 +36,7 @@ from pdserve.services.router.core.calls import RETRYABLE, WORKER_DOWN, WorkerCal
 from pdserve.services.router.core.cancel import Cancellation
 from pdserve.services.router.core.choices import SharedLease, completion, merged
 from pdserve.services.router.core.migration import (MAX_MIGRATIONS, IncompleteStream, StreamFailure, migration_reason,
-                                            resumed_request)
+                                                    resumed_request)
 from pdserve.services.router.core.pools import Need, Pool
 from pdserve.services.router.core.request import RoutedRequest
 from pdserve.services.router.core.stream import ResponseStream

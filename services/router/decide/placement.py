@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from pdserve.services.router.decide.config import RoutingConfig
 from pdserve.services.router.decide.policy import (CountedPolicy, KVAwarePlacement, LeastQueuedPrefill, MostRoomDecode,
-                                           PrefixAffinityPrefill, WorkerPolicy, decode_load_tokens,
-                                           prefill_load_tokens)
+                                                   PrefixAffinityPrefill, WorkerPolicy, decode_load_tokens,
+                                                   prefill_load_tokens)
 from pdserve.services.router.decide.views import DECODE, PREFILL, PrefixIndex
 
 def placement_policies(cfg: RoutingConfig, index: PrefixIndex, colocated: bool,

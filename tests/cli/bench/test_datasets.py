@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from pdserve.cli.bench.datasets import (FIRST_TOKEN_ID, DatasetConfig, LengthDist, load_requests, mooncake_requests,
-                                     random_requests, sharegpt_requests, shared_prefix_requests)
+                                        random_requests, sharegpt_requests, shared_prefix_requests)
 
 
 def test_length_distributions():

@@ -3,7 +3,7 @@ kvstore's fingerprint from a block header is the engine's root hash."""
 from __future__ import annotations
 
 from pdserve.engine.core.block_hash import (check_cache_salt, hash_block_tokens, hash_full_blocks, kv_layout_fingerprint,
-                                    model_fingerprint)
+                                            model_fingerprint)
 
 ROOT = model_fingerprint("m", "torch.float32", 2, 2, 16, 4)
 TOKENS = list(range(12))

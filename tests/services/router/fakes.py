@@ -14,7 +14,7 @@ import grpc
 
 from pdserve.services.common.grpc_server import RunningServer, ServiceSpec, start_server
 from pdserve.services.pb import (common_pb2, decode_pb2_grpc, kvstore_pb2, kvstore_pb2_grpc,
-                         prefill_pb2, prefill_pb2_grpc)
+                                 prefill_pb2, prefill_pb2_grpc)
 from pdserve.services.router.config import PathConfig, RouterConfig
 from pdserve.services.router.server import RunningRouter, serve
 

@@ -12,7 +12,7 @@ from pdserve.services.router.core.admission import AdmissionGate
 from pdserve.services.router.core.cancel import Cancellation
 from pdserve.services.router.core.pools import Need, Pool
 from pdserve.services.router.decide.policy import (KV_HIT, KV_HOST_HIT, KV_LOAD, LEAST_LOADED, CountedPolicy, KVAwarePlacement,
-                                           MostRoomDecode, decode_load_tokens, kv_saved_tokens, prefill_load_tokens)
+                                                   MostRoomDecode, decode_load_tokens, kv_saved_tokens, prefill_load_tokens)
 from pdserve.services.router.decide.saturation import SaturationPolicy
 from pdserve.services.router.decide.views import PrefixMatch
 from pdserve.services.router.decide.views import WorkerView

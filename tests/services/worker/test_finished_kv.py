@@ -15,7 +15,7 @@ from pdserve.engine.kv_transfer import KVLayout, KVPayload
 from pdserve.services.kvstore.errors import KVStoreFullError
 from pdserve.services.worker.config import WorkerConfig, add_worker_arguments, worker_config_from_args
 from pdserve.services.worker.finished_kv import (ByteBudget, FinishedKVWriter, FinishedRequest, NoFinishedKVWriter,
-                                         finished_kv_writer, num_blocks_with_kv)
+                                                 finished_kv_writer, num_blocks_with_kv)
 from pdserve.services.worker.kv_integrity import refusal
 from pdserve.services.worker.metrics import WorkerMetrics
 

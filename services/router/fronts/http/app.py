@@ -30,7 +30,7 @@ from pdserve.services.router.fronts.http.auth import ApiKeyGuard
 from pdserve.services.router.fronts.http.backend import Backend
 from pdserve.services.router.fronts.http.config import HttpConfig
 from pdserve.services.router.fronts.http.errors import (ApiError, from_invalid, from_router, install_handlers, model_not_found,
-                                                server_error)
+                                                        server_error)
 from pdserve.services.router.fronts.http.fields import IgnoredFields
 from pdserve.services.router.fronts.http.limits import BodyLimit
 from pdserve.services.router.fronts.http.logprobs import TokenText

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pdserve.services.pb import common_pb2
 from pdserve.services.router.fronts.http.choice_text import ChoiceText, PlainText, WithReasoning
 from pdserve.services.router.fronts.http.logprobs import (ChatLogprobs, LegacyLogprobs, TokenIdText, TokenText,
-                                                  prompt_logprobs_json)
+                                                          prompt_logprobs_json)
 from pdserve.services.router.fronts.http.tool_calls import AutoCalls, tool_call_reply
 from pdserve.services.router.fronts.http.translate import Job
 

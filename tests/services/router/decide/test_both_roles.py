@@ -7,7 +7,7 @@ import pytest
 
 from pdserve.services.router.config import PathConfig, SLOClass
 from pdserve.services.router.decide.paths import (DIRECT, DISAGGREGATED, KVSTORE_DOWN, SAME_WORKER, AdaptivePaths, PathChoice,
-                                          PoolsNow, ThresholdPaths, prefill_rate_beside_decodes)
+                                                  PoolsNow, ThresholdPaths, prefill_rate_beside_decodes)
 from pdserve.services.router.decide.views import WorkerView
 
 CLASSES = {"interactive": SLOClass(ttft_ms=1000, itl_ms=100), "batch": SLOClass(ttft_ms=30000, itl_ms=1000, priority=1)}

@@ -8,7 +8,7 @@ import pytest
 
 from pdserve.services.router.config import PathConfig, SLOClass
 from pdserve.services.router.decide.paths import (DIRECT, DISAGGREGATED, NO_PREFILL_WORKER, AdaptivePaths, ColocatedPaths,
-                                          PathChoice, PoolsNow, ThresholdPaths)
+                                                  PathChoice, PoolsNow, ThresholdPaths)
 from pdserve.services.router.decide.saturation import prefill_work_ahead
 from pdserve.services.router.decide.views import QueuedPrefill, WorkerView
 

@@ -20,7 +20,7 @@ import re
 from collections.abc import Collection
 
 from pdserve.services.router.fronts.http.parsing.tool_parser import (
-    Segment, ToolCall, ToolParser, call_from_json, held_suffix, skip_space)
+                                                                     Segment, ToolCall, ToolParser, call_from_json, held_suffix, skip_space)
 
 MARKER, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,256}")
