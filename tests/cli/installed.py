@@ -46,6 +46,11 @@ class Installed:
         return subprocess.run([self.pdserve, *args], cwd=self.workdir, env=self.env(**env),
                               capture_output=True, text=True, timeout=timeout)
 
+    def run_python(self, code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """`python -c code` in the environment, from outside the checkout."""
+        return subprocess.run([self.python, "-c", code], cwd=self.workdir, env=self.env(),
+                              capture_output=True, text=True, timeout=timeout)
+
 
 def build_wheel(out_dir: Path) -> Path:
     """`pip wheel .` of a clean copy of the checkout, as of a fresh clone with the working

@@ -82,8 +82,7 @@ def test_pdserve_help_works_from_any_directory_and_loads_no_torch(installed):
     probe = ("import sys\nfrom pdserve.cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
              "print(sorted(m for m in ('torch', 'grpc', 'fastapi', 'transformers') if m in sys.modules), "
              "file=sys.stderr)")
-    loaded = subprocess.run([installed.python, "-c", probe], cwd=installed.workdir, env=installed.env(),
-                            capture_output=True, text=True, timeout=60)
+    loaded = installed.run_python(probe, timeout=60)
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stderr.strip().splitlines()[-1] == "[]"
 
@@ -108,8 +107,7 @@ def test_a_command_whose_module_cannot_import_fails_alone_naming_it(installed):
              "from pdserve.cli.main import main\n"
              "print(main(['profile', '--help']))\n"
              "try:\n    main(['up', '--help'])\nexcept SystemExit as e:\n    print('up', e.code)\n")
-    out = subprocess.run([installed.python, "-c", probe], cwd=installed.workdir, env=installed.env(),
-                         capture_output=True, text=True, timeout=120)
+    out = installed.run_python(probe)
     lines = out.stdout.splitlines()
     assert (lines[0], lines[1].startswith("usage: pdserve up "), lines[-1]) == ("2", True, "up 0"), out.stdout
     (error,) = out.stderr.strip().splitlines()
@@ -163,8 +161,7 @@ def test_pdserve_works_beside_hugging_faces_kernels_package(installed, generated
     probe = ("import kernels, pdserve.kernels.cpu\n"
              "from transformers.utils.import_utils import is_kernels_available\n"
              "print(kernels.__file__, hasattr(kernels, 'get_kernel'), is_kernels_available(), pdserve.kernels.cpu.__file__)")
-    out = subprocess.run([beside.python, "-c", probe], cwd=beside.workdir, env=beside.env(),
-                         capture_output=True, text=True, timeout=120)
+    out = beside.run_python(probe)
     assert out.returncode == 0, out.stderr
     theirs, has_get_kernel, available, ours = out.stdout.split()
     site = str(beside.prefix)
