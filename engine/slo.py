@@ -3,6 +3,7 @@ inside the engine (seconds). On the wire they are one proto message, SLOTargets,
 milliseconds (services/common/slo.py converts, in one place)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, fields
 
@@ -30,6 +31,12 @@ class SLOTargets:
                     or not (value >= 0 and math.isfinite(value)):
                 raise InvalidRequestError(field_prefix + f.name, f"must be a finite number >= 0 (0: none), "
                                                                   f"got {value!r}")
+
+    def spent(self, seconds: float) -> SLOTargets:
+        """The targets once `seconds` of the TTFT budget have gone by (none left and none
+        given alike: 0, the prefill order then ranks it by length alone)."""
+        left = max(0.0, self.ttft_budget_s - seconds) if self.ttft_budget_s else 0.0
+        return dataclasses.replace(self, ttft_budget_s=left)
 
 
 NO_SLO = SLOTargets()

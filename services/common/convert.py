@@ -1,13 +1,35 @@
 """Between protobuf messages and the engine's dataclasses."""
 from __future__ import annotations
 
+import math
+
+from pdserve.engine.errors import InvalidRequestError
 from pdserve.engine.outputs import PromptLogprobs, TokenLogprob
 from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.slo import SLOTargets
 from pdserve.engine.structured import StructuredOutputsParams
 from pdserve.services.pb import common_pb2
 
 _OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "repetition_penalty",
              "presence_penalty", "frequency_penalty", "min_tokens", "prompt_logprobs", "skip_special_tokens")
+
+
+_SLO_FIELDS = ("ttft_budget_ms", "min_class_ttft_ms", "itl_target_ms")  # SLOTargets' order
+
+
+def slo_from_proto(msg: common_pb2.SLOTargets) -> SLOTargets:
+    """Milliseconds on the wire, seconds in the engine; a value that is negative, NaN or
+    infinite raises InvalidRequestError naming the field as the caller sent it (slo.<field>)."""
+    ms = [getattr(msg, name) for name in _SLO_FIELDS]
+    for name, value in zip(_SLO_FIELDS, ms):
+        if not (value >= 0 and math.isfinite(value)):
+            raise InvalidRequestError(f"slo.{name}", f"must be a finite number >= 0 (0: none), got {value}")
+    return SLOTargets(*(value / 1000 for value in ms))
+
+
+def slo_to_proto(slo: SLOTargets) -> common_pb2.SLOTargets:
+    return common_pb2.SLOTargets(ttft_budget_ms=slo.ttft_budget_s * 1000, min_class_ttft_ms=slo.min_class_ttft_s * 1000,
+                                 itl_target_ms=slo.itl_target_s * 1000)
 
 
 def sampling_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int = 16) -> SamplingParams:

@@ -23,7 +23,6 @@ from pdserve.engine.engine_request import EngineRequest
 from pdserve.engine.errors import EngineDeadError
 from pdserve.engine.kv_transfer import KVPayload
 from pdserve.engine.request import RequestMode
-from pdserve.engine.slo import SLOTargets
 from pdserve.services.common.convert import logprob_to_proto, prompt_logprobs_to_proto
 from pdserve.services.decode.read_plan import ReadPlan, ReadRefusal, plan_read
 from pdserve.services.pb import common_pb2, decode_pb2_grpc
@@ -34,7 +33,7 @@ from pdserve.services.worker.finished_kv import FinishedRequest, finished_kv_wri
 from pdserve.services.worker.kv_wire import payload_from_batches
 from pdserve.services.worker.metrics import WorkerMetrics
 from pdserve.services.worker.runtime import RunningWorker, WorkerService, serve_worker
-from pdserve.services.worker.servicer import AdmittedRequest, WorkerServicer, abort_unless_non_negative, now
+from pdserve.services.worker.servicer import AdmittedRequest, WorkerServicer, now, slo_of
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
 
     def _decode(self, request, context):
         req = self.admit(request, context)
-        abort_unless_non_negative(context, "itl_target_ms", request.itl_target_ms)
+        slo = slo_of(context, request.slo)
         first = _tokens_given(request, context)
         continuation = bool(first)
         kv_import, kv_read_s = self._pull_kv(request, req, first) if continuation else (None, 0.0)
@@ -60,7 +59,7 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
             stream = self.loop.submit(EngineRequest(
                 req.req_id, req.prompt_token_ids, req.params, mode=mode, output_token_ids=first, kv_import=kv_import,
                 priority=req.priority, prefill_chunk_tokens=request.prefill_chunk_tokens, cache_salt=req.cache_salt,
-                slo=SLOTargets(itl_target_s=request.itl_target_ms / 1000)))
+                slo=slo))
         except InvalidRequestError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except EngineDeadError:

@@ -196,6 +196,16 @@ class QueuedPrefill(_message.Message):
     num_tokens: int
     def __init__(self, priority: _Optional[int] = ..., min_rank_tokens: _Optional[int] = ..., max_rank_tokens: _Optional[int] = ..., num_requests: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
+class SLOTargets(_message.Message):
+    __slots__ = ("ttft_budget_ms", "min_class_ttft_ms", "itl_target_ms")
+    TTFT_BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_CLASS_TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    ITL_TARGET_MS_FIELD_NUMBER: _ClassVar[int]
+    ttft_budget_ms: float
+    min_class_ttft_ms: float
+    itl_target_ms: float
+    def __init__(self, ttft_budget_ms: _Optional[float] = ..., min_class_ttft_ms: _Optional[float] = ..., itl_target_ms: _Optional[float] = ...) -> None: ...
+
 class GetLoadRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

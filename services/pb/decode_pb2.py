@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as pdserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/decode.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\"\xe2\x02\n\rDecodeRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x1b\n\x0e\x66irst_token_id\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12\'\n\tkv_handle\x18\x06 \x01(\x0b\x32\x14.pdserve.v1.KVHandle\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12\x1c\n\x14prefill_chunk_tokens\x18\t \x01(\r\x12\x12\n\ncache_salt\x18\n \x01(\t\x12\x18\n\x10output_token_ids\x18\x0b \x03(\x05\x12\t\n\x01n\x18\x0c \x01(\r\x12\x14\n\x0cshared_lease\x18\r \x01(\x08\x12\x15\n\ritl_target_ms\x18\x0e \x01(\x02\x42\x11\n\x0f_first_token_idJ\x04\x08\x04\x10\x05J\x04\x08\x07\x10\x08\x32\x92\x01\n\x0c\x44\x65\x63odeWorker\x12\x43\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12=\n\x07GetLoad\x12\x1a.pdserve.v1.GetLoadRequest\x1a\x16.pdserve.v1.WorkerLoadb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/decode.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\"\xf6\x02\n\rDecodeRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x1b\n\x0e\x66irst_token_id\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12\'\n\tkv_handle\x18\x06 \x01(\x0b\x32\x14.pdserve.v1.KVHandle\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12\x1c\n\x14prefill_chunk_tokens\x18\t \x01(\r\x12\x12\n\ncache_salt\x18\n \x01(\t\x12\x18\n\x10output_token_ids\x18\x0b \x03(\x05\x12\t\n\x01n\x18\x0c \x01(\r\x12\x14\n\x0cshared_lease\x18\r \x01(\x08\x12#\n\x03slo\x18\x0f \x01(\x0b\x32\x16.pdserve.v1.SLOTargetsB\x11\n\x0f_first_token_idJ\x04\x08\x04\x10\x05J\x04\x08\x07\x10\x08J\x04\x08\x0e\x10\x0f\x32\x92\x01\n\x0c\x44\x65\x63odeWorker\x12\x43\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12=\n\x07GetLoad\x12\x1a.pdserve.v1.GetLoadRequest\x1a\x16.pdserve.v1.WorkerLoadb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,7 +33,7 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.decode_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DECODEREQUEST']._serialized_start=65
-  _globals['_DECODEREQUEST']._serialized_end=419
-  _globals['_DECODEWORKER']._serialized_start=422
-  _globals['_DECODEWORKER']._serialized_end=568
+  _globals['_DECODEREQUEST']._serialized_end=439
+  _globals['_DECODEWORKER']._serialized_start=442
+  _globals['_DECODEWORKER']._serialized_end=588
 # @@protoc_insertion_point(module_scope)

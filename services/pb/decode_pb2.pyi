@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("req_id", "prompt_token_ids", "sampling", "first_token_id", "kv_handle", "priority", "prefill_chunk_tokens", "cache_salt", "output_token_ids", "n", "shared_lease", "itl_target_ms")
+    __slots__ = ("req_id", "prompt_token_ids", "sampling", "first_token_id", "kv_handle", "priority", "prefill_chunk_tokens", "cache_salt", "output_token_ids", "n", "shared_lease", "slo")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -20,7 +20,7 @@ class DecodeRequest(_message.Message):
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     SHARED_LEASE_FIELD_NUMBER: _ClassVar[int]
-    ITL_TARGET_MS_FIELD_NUMBER: _ClassVar[int]
+    SLO_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
@@ -32,5 +32,5 @@ class DecodeRequest(_message.Message):
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
     n: int
     shared_lease: bool
-    itl_target_ms: float
-    def __init__(self, req_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., first_token_id: _Optional[int] = ..., kv_handle: _Optional[_Union[_common_pb2.KVHandle, _Mapping]] = ..., priority: _Optional[int] = ..., prefill_chunk_tokens: _Optional[int] = ..., cache_salt: _Optional[str] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., n: _Optional[int] = ..., shared_lease: _Optional[bool] = ..., itl_target_ms: _Optional[float] = ...) -> None: ...
+    slo: _common_pb2.SLOTargets
+    def __init__(self, req_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., first_token_id: _Optional[int] = ..., kv_handle: _Optional[_Union[_common_pb2.KVHandle, _Mapping]] = ..., priority: _Optional[int] = ..., prefill_chunk_tokens: _Optional[int] = ..., cache_salt: _Optional[str] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., n: _Optional[int] = ..., shared_lease: _Optional[bool] = ..., slo: _Optional[_Union[_common_pb2.SLOTargets, _Mapping]] = ...) -> None: ...

@@ -8,24 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("req_id", "prompt_token_ids", "sampling", "priority", "cache_salt", "n", "ttft_budget_ms", "min_class_ttft_ms")
+    __slots__ = ("req_id", "prompt_token_ids", "sampling", "priority", "cache_salt", "n", "slo")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
-    TTFT_BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
-    MIN_CLASS_TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    SLO_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     priority: int
     cache_salt: str
     n: int
-    ttft_budget_ms: float
-    min_class_ttft_ms: float
-    def __init__(self, req_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., n: _Optional[int] = ..., ttft_budget_ms: _Optional[float] = ..., min_class_ttft_ms: _Optional[float] = ...) -> None: ...
+    slo: _common_pb2.SLOTargets
+    def __init__(self, req_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., n: _Optional[int] = ..., slo: _Optional[_Union[_common_pb2.SLOTargets, _Mapping]] = ...) -> None: ...
 
 class FirstToken(_message.Message):
     __slots__ = ("token_id", "text", "finish_reason", "logprob")

@@ -44,7 +44,7 @@ from pdserve.services.worker.engine_loop import EngineLoop
 from pdserve.services.worker.kv_wire import payload_from_batches, payload_to_put
 from pdserve.services.worker.metrics import WorkerMetrics
 from pdserve.services.worker.runtime import RunningWorker, WorkerService, serve_worker
-from pdserve.services.worker.servicer import AdmittedRequest, WorkerServicer, abort_unless_non_negative, now
+from pdserve.services.worker.servicer import AdmittedRequest, WorkerServicer, now, slo_of
 
 logger = logging.getLogger(__name__)
 _HANDOFF = RequestStatus.FINISHED_HANDOFF.value
@@ -67,9 +67,7 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
 
     def _prefill(self, request: prefill_pb2.PrefillRequest, context) -> prefill_pb2.PrefillResponse:
         req = self.admit(request, context)
-        budget_ms = request.ttft_budget_ms
-        abort_unless_non_negative(context, "ttft_budget_ms", budget_ms)
-        abort_unless_non_negative(context, "min_class_ttft_ms", request.min_class_ttft_ms)
+        slo = slo_of(context, request.slo)
         # the last prompt token is always computed here: it samples the first token
         hashes = self.loop.info.prompt_block_hashes(req.prompt_token_ids, req.cache_salt)[
             : (len(req.prompt_token_ids) - 1) // self.block_size]
@@ -80,10 +78,8 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
             # a request wanting its prompt's logprobs computes every prompt token: nothing to read
             wanted = hashes if req.params.prompt_logprobs is None else []
             imported, num_in_store = self._import_prefix(wanted, lease_id)
-            # what is left of it once admitted and its prefix read: the engine's deadline
-            # (none left and none given rank alike: by length)
-            budget_s = max(0.0, budget_ms / 1000 - (now() - req.start)) if budget_ms else 0.0
-            finals = self._run(req, imported, context, SLOTargets(budget_s, request.min_class_ttft_ms / 1000))
+            # what is left of its TTFT budget once admitted and its prefix read: the engine's deadline
+            finals = self._run(req, imported, context, slo.spent(now() - req.start))
             final = finals[0]
             response = self._response(req, finals)
             # n > 1: the first completion to hand off carries the shared prompt's KV, one write for all

@@ -4,7 +4,6 @@ aborted request and the worker's one kvstore client."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -14,8 +13,9 @@ import grpc
 from pdserve.engine import InvalidRequestError, RequestOutput, SamplingParams
 from pdserve.engine.core.block_hash import check_cache_salt
 from pdserve.engine.request import RequestStatus
+from pdserve.engine.slo import SLOTargets
 from pdserve.engine.stats import EngineStats
-from pdserve.services.common.convert import sampling_from_proto
+from pdserve.services.common.convert import sampling_from_proto, slo_from_proto
 from pdserve.services.kvstore.client import KVStoreClient
 from pdserve.services.pb import common_pb2
 from pdserve.services.worker.config import WorkerConfig
@@ -39,11 +39,13 @@ class AdmittedRequest:
     cache_salt: str = ""  # shares cached KV only with requests of the same salt
 
 
-def abort_unless_non_negative(context: grpc.ServicerContext, name: str, value: float) -> None:
-    """A request's optional float field (0: none) must be a finite number >= 0: INVALID_ARGUMENT
-    naming the field as the caller sent it otherwise."""
-    if not (value >= 0 and math.isfinite(value)):
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: must be a finite number >= 0 (0: none), got {value}")
+def slo_of(context: grpc.ServicerContext, msg: common_pb2.SLOTargets) -> SLOTargets:
+    """A request's SLO targets; INVALID_ARGUMENT naming the field as the caller sent it
+    (slo.itl_target_ms) when one is negative, NaN or infinite."""
+    try:
+        return slo_from_proto(msg)
+    except InvalidRequestError as e:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
 
 def load_to_proto(stats: EngineStats, max_num_seqs: int, draining: bool) -> common_pb2.WorkerLoad:

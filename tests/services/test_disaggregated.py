@@ -154,9 +154,9 @@ def _prefill_direct(worker, prompt, req_id: str, max_tokens: int = MAX_TOKENS):
 def test_a_bad_ttft_budget_or_target_is_invalid_argument(cluster, offline, field, value):
     with channel(cluster.prefills[0].address) as ch, pytest.raises(grpc.RpcError) as e:
         prefill_pb2_grpc.PrefillWorkerStub(ch).Prefill(prefill_pb2.PrefillRequest(
-            req_id="bad-budget", prompt_token_ids=LONG[0], **{field: value},
+            req_id="bad-budget", prompt_token_ids=LONG[0], slo=common_pb2.SLOTargets(**{field: value}),
             sampling=common_pb2.SamplingParams(temperature=0, max_tokens=MAX_TOKENS)))
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and e.value.details().startswith(f"slo.{field}: ")
     # one token: it ends on the prefill worker, no KV handed over
     assert _prefill_direct(cluster.prefills[0], LONG[0], "after", max_tokens=1).first_token_id == \
         offline[tuple(LONG[0])].token_ids[0]
@@ -170,19 +170,20 @@ def test_the_ttft_budget_reaches_the_engine_less_the_time_spent_on_the_worker_th
     monkeypatch.setattr(worker.servicer.loop, "submit", lambda r: sent.append(r) or submit(r))
     with channel(worker.address) as ch:
         prefill_pb2_grpc.PrefillWorkerStub(ch).Prefill(prefill_pb2.PrefillRequest(
-            req_id="budget", prompt_token_ids=LONG[0], ttft_budget_ms=4000.0, min_class_ttft_ms=6000.0,
+            req_id="budget", prompt_token_ids=LONG[0],
+            slo=common_pb2.SLOTargets(ttft_budget_ms=4000.0, min_class_ttft_ms=6000.0),
             sampling=common_pb2.SamplingParams(temperature=0, max_tokens=1)))
     (request,) = sent
-    assert 3.0 < request.ttft_budget_s < 4.0 and request.min_class_ttft_s == 6.0
+    assert 3.0 < request.slo.ttft_budget_s < 4.0 and request.slo.min_class_ttft_s == 6.0
 
 
 @pytest.mark.parametrize("target_ms", [-1.0, float("nan"), float("inf")])
 def test_a_bad_itl_target_is_invalid_argument(cluster, offline, target_ms):
     with channel(cluster.decodes[0].address) as ch, pytest.raises(grpc.RpcError) as e:
         list(decode_pb2_grpc.DecodeWorkerStub(ch).Decode(decode_pb2.DecodeRequest(
-            req_id="bad-target", prompt_token_ids=SHORT[0], itl_target_ms=target_ms,
+            req_id="bad-target", prompt_token_ids=SHORT[0], slo=common_pb2.SLOTargets(itl_target_ms=target_ms),
             sampling=common_pb2.SamplingParams(temperature=0, max_tokens=MAX_TOKENS))))
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "itl_target_ms" in e.value.details()
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and e.value.details().startswith("slo.itl_target_ms: ")
     assert _tokens(_generate(cluster.router.address, SHORT[0])) == offline[tuple(SHORT[0])].token_ids
 
 
@@ -195,7 +196,7 @@ def test_each_decode_carries_its_class_itl_target_to_the_engine(cluster, monkeyp
     for prompt, slo in ((SHORT[0], "interactive"), (LONG[0], "interactive"), (LONG[1], "batch")):
         _generate(cluster.router.address, prompt, slo_class=slo)
     itl_ms = {name: c.itl_ms for name, c in default_slo_classes().items()}  # the cluster's router
-    assert [r.itl_target_s for r in sent] == [itl_ms["interactive"] / 1000, itl_ms["interactive"] / 1000,
+    assert [r.slo.itl_target_s for r in sent] == [itl_ms["interactive"] / 1000, itl_ms["interactive"] / 1000,
                                               itl_ms["batch"] / 1000]
 
 

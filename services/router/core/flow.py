@@ -102,7 +102,7 @@ class GenerateFlow:
     def _direct(self, req, outs: list[ResponseStream], cancel, time_left):
         decode_req = decode_pb2.DecodeRequest(req_id=req.req_id, prompt_token_ids=req.prompt_token_ids,
                                               sampling=req.sampling, priority=req.slo.priority,
-                                              itl_target_ms=req.slo.itl_ms,
+                                              slo=req.decode_slo(),
                                               prefill_chunk_tokens=req.prefill_chunk_tokens, cache_salt=req.cache_salt,
                                               n=req.n)
         if req.n > 1:
@@ -125,7 +125,7 @@ class GenerateFlow:
                 return
             decode_req = decode_pb2.DecodeRequest(
                 req_id=req.req_id, prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
-                priority=req.slo.priority, itl_target_ms=req.slo.itl_ms, first_token_id=reply.first_token_id,
+                priority=req.slo.priority, slo=req.decode_slo(), first_token_id=reply.first_token_id,
                 kv_handle=reply.kv_handle, cache_salt=req.cache_salt)
             for msg in self._decode(req, decode_req, 0, out, cancel, time_left, avoid=prefilled_on):
                 taken = True
@@ -160,7 +160,7 @@ class GenerateFlow:
         req = out.req
         decode_req = decode_pb2.DecodeRequest(
             req_id=req.req_id, prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
-            priority=req.slo.priority, itl_target_ms=req.slo.itl_ms, first_token_id=reply.choices[req.index].token_id,
+            priority=req.slo.priority, slo=req.decode_slo(), first_token_id=reply.choices[req.index].token_id,
             kv_handle=reply.kv_handle, cache_salt=req.cache_salt, shared_lease=True)
         read = False
         try:
@@ -231,8 +231,7 @@ class GenerateFlow:
         """The prefill's reply and the worker that gave it."""
         request = prefill_pb2.PrefillRequest(req_id=req.req_id, prompt_token_ids=req.prompt_token_ids,
                                              sampling=req.sampling, priority=req.slo.priority,
-                                             cache_salt=req.cache_salt, n=req.n,
-                                             min_class_ttft_ms=self.min_class_ttft_ms)
+                                             cache_salt=req.cache_salt, n=req.n)
         failed: list[str] = []
         last_error: RouterError | None = None
         for attempt in range(MAX_ATTEMPTS):
@@ -243,7 +242,7 @@ class GenerateFlow:
                 self.pools[DECODE].require_reachable()
                 out.dispatched()
                 # the class's TTFT target less the time spent here (queued, a failed attempt)
-                request.ttft_budget_ms = max(0.0, req.slo.ttft_ms - 1000 * (time.monotonic() - out.arrival))
+                request.slo.CopyFrom(req.prefill_slo(self.min_class_ttft_ms, time.monotonic() - out.arrival))
                 return self.calls.prefill(slot.address, request, time_left(), cancel), slot.address
             except grpc.RpcError as e:
                 last_error = self._failure(PREFILL, slot.address, e, can_retry=attempt + 1 < MAX_ATTEMPTS)

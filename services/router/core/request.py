@@ -26,7 +26,8 @@ from pdserve.engine import InvalidRequestError, SamplingParams
 from pdserve.engine.core.block_hash import MAX_CACHE_SALT_CHARS
 from pdserve.engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S
 from pdserve.engine.validation import MAX_LOGPROBS, validate_token_ids
-from pdserve.services.common.convert import sampling_to_proto
+from pdserve.engine.slo import SLOTargets
+from pdserve.services.common.convert import sampling_to_proto, slo_to_proto
 from pdserve.services.pb import common_pb2
 from pdserve.services.router.config import SLOClass
 from pdserve.services.router.core.grammar_check import GrammarCheck
@@ -84,6 +85,15 @@ class RoutedRequest:
     # completion as a request of its own has n 1 and its index among them
     n: int = 1
     index: int = 0
+
+    def prefill_slo(self, min_class_ttft_ms: float, waited_s: float) -> common_pb2.SLOTargets:
+        """A prefill worker's targets: its class's TTFT target less `waited_s` spent here
+        (queued, a failed attempt), and the tightest TTFT target of the router's classes."""
+        return slo_to_proto(SLOTargets(self.slo.ttft_ms / 1000, min_class_ttft_ms / 1000).spent(waited_s))
+
+    def decode_slo(self) -> common_pb2.SLOTargets:
+        """A decode worker's: the ITL target its stream keeps."""
+        return slo_to_proto(SLOTargets(itl_target_s=self.slo.itl_ms / 1000))
 
 
 class RequestValidator:

@@ -27,8 +27,8 @@ class SLOClass:
     short_prompt_tokens: int | None = None  # this class's direct-path threshold (None: the router's)
 
     def __post_init__(self) -> None:
-        # finite: each travels to the workers (ttft_ms as PrefillRequest.min_class_ttft_ms,
-        # itl_ms as DecodeRequest.itl_target_ms), which refuse inf and NaN
+        # finite: each travels to the workers (in SLOTargets: ttft_ms as min_class_ttft_ms,
+        # itl_ms as itl_target_ms), which refuse inf and NaN
         _require_finite_non_negative(self, ("ttft_ms", "itl_ms", "max_queue_ms"))
 
 
