@@ -6,6 +6,7 @@ import logging
 
 from pdserve.services.common.address import parse_addresses
 from pdserve.services.common.defaults import DRAIN_TIMEOUT_S, KVSTORE_ADDRESS
+from pdserve.services.common.numbers import number_arg, port_arg
 from pdserve.services.common.process import configure_logging, wait_for_shutdown
 from pdserve.services.common.security import internal_client_security, server_tls_from_args
 from pdserve.services.router import security
@@ -17,6 +18,8 @@ from pdserve.services.router.fronts.http.parsing import REASONING_PARSERS, TOOL_
 from pdserve.services.router.state.k8s_discovery import add_discovery_arguments, discovery_from_args
 
 logger = logging.getLogger(__name__)
+_drain_timeout = number_arg(float, "a number of seconds", low=0)
+_port_or_off = port_arg(note="or off")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,21 +105,9 @@ def add_output_parser_arguments(parser: argparse.ArgumentParser) -> None:
                         help="chat outputs' <think>...</think> go to reasoning_content")
 
 
-def _drain_timeout(value: str) -> float:
-    seconds = float(value)
-    if not seconds >= 0:
-        raise argparse.ArgumentTypeError(f"{value}: must be a number of seconds >= 0")
-    return seconds
-
-
 def port_or_off(value: str) -> int | None:
     """A port, or None for 'off' (`pdserve up --http-port` parses the same way)."""
-    if value.lower() in ("off", "none"):
-        return None
-    port = int(value)
-    if not 0 <= port < 65536:
-        raise argparse.ArgumentTypeError(f"{value}: not a port")
-    return port
+    return None if value.lower() in ("off", "none") else _port_or_off(value)
 
 
 def config_from_args(args) -> RouterConfig:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 
 from pdserve.engine.config import SCHEDULING_POLICIES, EngineConfig, SchedulerConfig
@@ -14,6 +13,7 @@ from pdserve.engine.errors import InvalidRequestError
 from pdserve.engine.spec_decode.config import SpeculativeConfig
 from pdserve.services.common import defaults
 from pdserve.services.common.address import split_host_port
+from pdserve.services.common.numbers import number_arg
 from pdserve.services.common.security import (ClientSecurity, ServerSecurity, add_internal_client_arguments,
                                       add_internal_token_argument, add_server_tls_arguments,
                                       internal_client_security, internal_server_security)
@@ -241,36 +241,11 @@ def _max_step_ms(args) -> float:
     return args.max_step_ms
 
 
-def _max_step_ms_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number of milliseconds >= 0 (0: no time bound), got {text!r}")
-    return value
-
-
-def gpu_memory_utilization_arg(text: str) -> float:
-    """A fraction in (0, 1] (pdserve up's flag parses the same way)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"gpu_memory_utilization: must be in (0, 1], got {text!r}")
-    return value
-
-
-def kv_offloading_size_arg(text: str) -> float:
-    """GiB >= 0 (0: off), as vLLM's --kv-offloading-size (pdserve up's flag parses the same way)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number of GiB >= 0 (0: off), got {text!r}")
-    return value
+_max_step_ms_arg = number_arg(float, "a number of milliseconds", low=0, note="0: no time bound")
+# a fraction in (0, 1], named as the engine's field names it (pdserve up's flag parses the same way)
+gpu_memory_utilization_arg = number_arg(float, "", low=0, low_open=True, high=1, field="gpu_memory_utilization")
+# GiB >= 0 (0: off), as vLLM's --kv-offloading-size (pdserve up's flag parses the same way)
+kv_offloading_size_arg = number_arg(float, "a number of GiB", low=0, note="0: off")
 
 
 def _kv_offloading_bytes(args) -> int | None:

@@ -6,6 +6,7 @@ import argparse
 
 from pdserve.engine.errors import InvalidRequestError
 from pdserve.engine.executor.config import ParallelConfig
+from pdserve.services.common.numbers import number_arg
 
 _PARALLEL = ParallelConfig()
 # the flags `pdserve up` reads back from a worker's command line (cli/launcher.py: cores per rank)
@@ -13,25 +14,8 @@ TENSOR_PARALLEL_FLAGS = ("--tensor-parallel-size", "-tp")
 PIPELINE_PARALLEL_FLAGS = ("--pipeline-parallel-size", "-pp")
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (argparse puts the flag's name in front of the message)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
-    return value
+positive_int = number_arg(int, low=1)
+positive_seconds = number_arg(float, "a number of seconds", low=0, low_open=True)
 
 
 def layer_split(text: str) -> tuple[int, ...]:
@@ -56,7 +40,7 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pipeline stages, each a contiguous run of layers; the worker runs T x P processes")
     parser.add_argument("--pipeline-layer-split", type=layer_split, default=_PARALLEL.pipeline_layer_split,
                         metavar="N,N,...", help="layers per pipeline stage, e.g. 20,12 (default: an even split)")
-    parser.add_argument("--collective-timeout-s", type=positive_float, default=_PARALLEL.collective_timeout_s,
+    parser.add_argument("--collective-timeout-s", type=positive_seconds, default=_PARALLEL.collective_timeout_s,
                         help="a collective (or the start-up rendezvous) that takes longer stops the engine with "
                              "an error: a dead or hung rank never hangs the worker")
 
