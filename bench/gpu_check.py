@@ -531,27 +531,16 @@ def check_triton_kernels(ctx: Ctx):
 
 def hf_model(ctx: Ctx, dtype):
     """transformers' model of ctx.model on ctx's device."""
+    from bench.hf_greedy import load_reference
     from pdserve.engine.model.source import resolve_model
-    from tests.engine.hf_reference import load_hf_model
-    model = load_hf_model(resolve_model(ctx.model).path, dtype)
-    model.generation_config.eos_token_id = None  # every asked-for token, as ignore_eos does
-    return model.to(ctx.device)
+    return load_reference(resolve_model(ctx.model).path, dtype, ctx.device)
 
 
 def hf_greedy_with_top(model, prompts, max_new_tokens: int, device: str):
-    """transformers' greedy tokens and top-N sets, one prompt at a time (no padding), as
-    tests/engine/hf_reference.py runs it."""
-    import torch
-    tokens, tops = [], []
-    with torch.inference_mode():
-        for ids in prompts:
-            out = model.generate(torch.tensor([ids], device=device),
-                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
-                                 max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
-                                 output_logits=True, return_dict_in_generate=True)
-            tokens.append(out.sequences[0, len(ids):].tolist())
-            tops.append([set(step[0].float().topk(TOP_N).indices.tolist()) for step in out.logits])
-    return tokens, tops
+    """transformers' greedy tokens and each step's top-N set."""
+    from bench.hf_greedy import greedy_with_logits
+    tokens, logits = greedy_with_logits(model, prompts, max_new_tokens, device)
+    return tokens, [[set(step.topk(TOP_N).indices.tolist()) for step in steps] for steps in logits]
 
 
 def hf_teacher_forced_logprobs(model, prompts, continuations, device: str) -> list[list[float]]:

@@ -202,19 +202,10 @@ def hf_reference(path: str, dtype: str, prompts: list[list[int]], new_tokens: in
     """transformers' model (kept: the engine then shares the device with it), its greedy
     tokens one prompt at a time (no padding) and each step's log-softmax (float32, on the CPU)."""
     import torch
-    from tests.engine.hf_reference import load_hf_model
-    model = load_hf_model(path, getattr(torch, dtype)).to(device)
-    model.generation_config.eos_token_id = None  # every asked-for token, as ignore_eos does
-    tokens, logprobs = [], []
-    with torch.inference_mode():
-        for ids in prompts:
-            out = model.generate(torch.tensor([ids], device=device),
-                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
-                                 max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
-                                 output_logits=True, return_dict_in_generate=True)
-            tokens.append(out.sequences[0, len(ids):].tolist())
-            logprobs.append(torch.stack([s[0].float().log_softmax(-1) for s in out.logits]).cpu())
-    return model, tokens, logprobs
+    from bench.hf_greedy import greedy_with_logits, load_reference
+    model = load_reference(path, getattr(torch, dtype), device)
+    tokens, logits = greedy_with_logits(model, prompts, new_tokens, device)
+    return model, tokens, [steps.log_softmax(-1) for steps in logits]
 
 
 def llm_kwargs(size: Size) -> dict:
