@@ -1,4 +1,4 @@
-"""transformers as the yardstick the GPU checks hold the engine to (bench/gpu_check.py,
+"""transformers as the yardstick the GPU checks hold the engine to (bench/gpu_check/,
 bench/gpu_models.py): its model of a checkpoint with every asked-for token kept, and its
 greedy run, one prompt at a time (no padding), as tests/engine/hf_reference.py runs it."""
 from __future__ import annotations
