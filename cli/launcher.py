@@ -153,76 +153,115 @@ def shared_service_cpus(roles: list[str], cpu_sets: list[list[int]]) -> list[int
 
 
 def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
+    """Every process of the platform and its command line, in start order within each stage:
+    the kvstore, the workers, the router, then Mooncake's master and store nodes."""
+    roles = worker_roles(cfg)
+    cpu_sets = split_cpus(available_cpus, len(roles), cfg.cpus_per_worker,
+                          [worker_ranks((*cfg.worker_args, *_pool_args(cfg, role))) for role in roles])
+    workers = _worker_specs(cfg, roles, cpu_sets)
+    kvstore, router = _kvstore_spec(cfg), _router_spec(cfg, workers, roles)
+    if cfg.autoscale is None:  # an autoscaler places later workers on any core
+        kvstore.cpus, router.cpus = shared_service_cpus(roles, cpu_sets), shared_service_cpus(roles, cpu_sets)
+    specs = [kvstore, *workers, router, *_mooncake_specs(cfg)]
+    for spec in specs:
+        spec.env[INTERNAL_TOKEN_ENV] = cfg.internal_token
+        if cfg.kvstore_backend == "mooncake":  # its glog INFO lines (every connection, segment) would drown the rest
+            spec.env.setdefault("GLOG_minloglevel", "1")
+    return specs
+
+
+def worker_roles(cfg: PlatformConfig) -> list[str]:
+    """Each worker's role, in port order: prefill, decode, then both-role workers."""
+    return ["prefill"] * cfg.num_prefill + ["decode"] * cfg.num_decode + ["both"] * cfg.num_both
+
+
+def _cli() -> list[str]:
     # -P: the working directory stays off sys.path, so a child runs the installed package
     # (a folder named like one of its packages where `pdserve up` was started cannot shadow it)
-    cli = [sys.executable, "-P", "-m", "pdserve.cli.main"]
-    kvstore = f"{cfg.host}:{cfg.kvstore_port}"
+    return [sys.executable, "-P", "-m", "pdserve.cli.main"]
+
+
+def _kvstore_address(cfg: PlatformConfig) -> str:
+    return f"{cfg.host}:{cfg.kvstore_port}"
+
+
+def _kvstore_spec(cfg: PlatformConfig) -> ProcessSpec:
     # TCP or UCX on a free port: workers ask the kvstore for it (gRPC metadata on Stats)
     mooncake = cfg.kvstore_backend == "mooncake"
     kv_port = [] if mooncake else {"ucx": ["--ucx-port", "0"], "tcp": ["--tcp-port", "0"]}.get(cfg.kv_transport, [])
-    kv_transport = "mooncake" if mooncake else cfg.kv_transport
     backend = cfg.mooncake.kvstore_args(cfg.host, cfg.kvstore_capacity_bytes) if mooncake else \
         ["--capacity-bytes", str(cfg.kvstore_capacity_bytes)]
     if cfg.kvstore_disk_dir is not None:
         backend = [*backend, "--disk-dir", cfg.kvstore_disk_dir,
                    "--disk-capacity-bytes", str(cfg.kvstore_disk_capacity_bytes)]
-    specs = [ProcessSpec(KVSTORE, [*cli, "kvstore", "--host", cfg.host, "--port", str(cfg.kvstore_port),
-                                     "--metrics-port", str(cfg.metrics_base_port), *kv_port, *backend], kvstore,
-                         cfg.metrics_base_port)]
-    roles = ["prefill"] * cfg.num_prefill + ["decode"] * cfg.num_decode + ["both"] * cfg.num_both
-    decode_args = (*cfg.worker_args, *cfg.decode_args)
-    pool_args = {"prefill": (*cfg.worker_args, *cfg.prefill_args), "decode": decode_args, "both": decode_args}
-    cpu_sets = split_cpus(available_cpus, len(roles), cfg.cpus_per_worker,
-                          [worker_ranks(pool_args[role]) for role in roles])
-    addresses: dict[str, list[str]] = {"prefill": [], "decode": [], "both": []}
-    revision = ["--revision", cfg.revision] if cfg.revision is not None else []
-    # the workers label their vllm: metrics with the name clients use
-    served_names = ["--served-model-name", *cfg.served_model_names] if cfg.served_model_names else []
-    offloading = ["--kv-offloading-size", str(cfg.kv_offloading_size)] if cfg.kv_offloading_size else []
+    argv = [*_cli(), "kvstore", "--host", cfg.host, "--port", str(cfg.kvstore_port),
+            "--metrics-port", str(cfg.metrics_base_port), *kv_port, *backend]
+    return ProcessSpec(KVSTORE, argv, _kvstore_address(cfg), cfg.metrics_base_port)
+
+
+def _pool_args(cfg: PlatformConfig, role: str) -> tuple[str, ...]:
+    """A pool's own arguments, after --worker-args: workers that decode share the decode pool's."""
+    return cfg.prefill_args if role == "prefill" else cfg.decode_args
+
+
+def _worker_specs(cfg: PlatformConfig, roles: list[str], cpu_sets: list[list[int]]) -> list[ProcessSpec]:
+    """One per worker, named by role and its index in that role (prefill-0, decode-1, both-0);
+    ports and metrics ports from the base ports on, in `roles` order."""
+    numbered = {role: 0 for role in roles}
+    specs = []
     for i, (role, cpus) in enumerate(zip(roles, cpu_sets)):
-        port, metrics_port = cfg.worker_base_port + i, cfg.metrics_base_port + 1 + i
-        name = f"{role}-{len(addresses[role])}"
-        addresses[role].append(f"{cfg.host}:{port}")
-        specs.append(ProcessSpec(name, [*cli, *WORKER_COMMANDS[role], "--model", cfg.model, "--host", cfg.host,
-                                        "--port", str(port), "--metrics-port", str(metrics_port), "--kvstore", kvstore,
-                                        "--kvstore-transport", kv_transport,
-                                        "--threads", str(len(cpus)), *revision,
-                                        "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
-                                        *offloading, *served_names, *cfg.worker_args,
-                                        *(cfg.prefill_args if role == "prefill" else cfg.decode_args)],
-                                 f"{cfg.host}:{port}", metrics_port, cpus))
-    router_metrics = cfg.metrics_base_port + 1 + len(roles)
-    # a worker of both roles is in both pools (the router never hands a prompt to itself)
-    prefill_pool, decode_pool = addresses["prefill"] + addresses["both"], addresses["decode"] + addresses["both"]
-    router = [*cli, ROUTER, "--model", cfg.model, "--host", cfg.host, "--port", str(cfg.router_port),
-              "--metrics-port", str(router_metrics), "--kvstore", kvstore,
-              "--path-policy", cfg.path_policy, "--short-prompt-tokens", str(cfg.short_prompt_tokens),
-              "--decode", ",".join(decode_pool)]
-    if prefill_pool:  # none: colocated, the decode workers prefill every prompt
-        router += ["--prefill", ",".join(prefill_pool)]
-    router += ["--http-port", "off" if cfg.http_port is None else str(cfg.http_port), *revision]
-    router += served_names
-    if cfg.chat_template is not None:
-        router += ["--chat-template", cfg.chat_template]
-    router += _output_parser_args(cfg)
-    router += cfg.router_args
-    router += router_discovery_args(cfg.autoscale)
-    specs.append(ProcessSpec(ROUTER, router, f"{cfg.host}:{cfg.router_port}", router_metrics, stage=2))
-    if cfg.autoscale is None:  # an autoscaler places later workers on any core
-        service_cpus = shared_service_cpus(roles, cpu_sets)
-        for spec in specs:
-            if spec.name in (KVSTORE, ROUTER):
-                spec.cpus = list(service_cpus)
-    if mooncake:
-        specs += [ProcessSpec(name, argv, address, metrics_port, health="tcp", stage=stage,
-                              env=dict(MooncakePlan.NODE_ENV) if name.startswith("store-") else {})
-                  for name, argv, address, metrics_port, stage in
-                  cfg.mooncake.processes(cfg.host, cfg.kvstore_capacity_bytes)]
-    for spec in specs:
-        spec.env[INTERNAL_TOKEN_ENV] = cfg.internal_token
-        if mooncake:  # Mooncake's glog INFO lines (every connection, every segment) would drown the rest
-            spec.env.setdefault("GLOG_minloglevel", "1")
+        name, numbered[role] = f"{role}-{numbered[role]}", numbered[role] + 1
+        specs.append(_worker_spec(cfg, role, name, cfg.worker_base_port + i, cfg.metrics_base_port + 1 + i, cpus))
     return specs
+
+
+def _worker_spec(cfg: PlatformConfig, role: str, name: str, port: int, metrics_port: int,
+                 cpus: list[int]) -> ProcessSpec:
+    kv_transport = "mooncake" if cfg.kvstore_backend == "mooncake" else cfg.kv_transport
+    offloading = ["--kv-offloading-size", str(cfg.kv_offloading_size)] if cfg.kv_offloading_size else []
+    argv = [*_cli(), *WORKER_COMMANDS[role], "--model", cfg.model, "--host", cfg.host,
+            "--port", str(port), "--metrics-port", str(metrics_port), "--kvstore", _kvstore_address(cfg),
+            "--kvstore-transport", kv_transport, "--threads", str(len(cpus)), *_revision_args(cfg),
+            "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
+            *offloading, *_served_name_args(cfg), *cfg.worker_args, *_pool_args(cfg, role)]
+    return ProcessSpec(name, argv, f"{cfg.host}:{port}", metrics_port, cpus)
+
+
+def _router_spec(cfg: PlatformConfig, workers: list[ProcessSpec], roles: list[str]) -> ProcessSpec:
+    metrics_port = cfg.metrics_base_port + 1 + len(workers)
+    # a worker of both roles is in both pools (the router never hands a prompt to itself)
+    prefill_pool = [w.address for w, role in zip(workers, roles) if role in ("prefill", "both")]
+    decode_pool = [w.address for w, role in zip(workers, roles) if role in ("decode", "both")]
+    argv = [*_cli(), ROUTER, "--model", cfg.model, "--host", cfg.host, "--port", str(cfg.router_port),
+            "--metrics-port", str(metrics_port), "--kvstore", _kvstore_address(cfg),
+            "--path-policy", cfg.path_policy, "--short-prompt-tokens", str(cfg.short_prompt_tokens),
+            "--decode", ",".join(decode_pool)]
+    if prefill_pool:  # none: colocated, the decode workers prefill every prompt
+        argv += ["--prefill", ",".join(prefill_pool)]
+    argv += ["--http-port", "off" if cfg.http_port is None else str(cfg.http_port), *_revision_args(cfg)]
+    argv += _served_name_args(cfg)
+    if cfg.chat_template is not None:
+        argv += ["--chat-template", cfg.chat_template]
+    argv += [*_output_parser_args(cfg), *cfg.router_args, *router_discovery_args(cfg.autoscale)]
+    return ProcessSpec(ROUTER, argv, f"{cfg.host}:{cfg.router_port}", metrics_port, stage=2)
+
+
+def _mooncake_specs(cfg: PlatformConfig) -> list[ProcessSpec]:
+    if cfg.kvstore_backend != "mooncake":
+        return []
+    return [ProcessSpec(name, argv, address, metrics_port, health="tcp", stage=stage,
+                        env=dict(MooncakePlan.NODE_ENV) if name.startswith("store-") else {})
+            for name, argv, address, metrics_port, stage in
+            cfg.mooncake.processes(cfg.host, cfg.kvstore_capacity_bytes)]
+
+
+def _revision_args(cfg: PlatformConfig) -> list[str]:
+    return ["--revision", cfg.revision] if cfg.revision is not None else []
+
+
+def _served_name_args(cfg: PlatformConfig) -> list[str]:
+    """The router's, and the workers' too: they label their vllm: metrics with the name clients use."""
+    return ["--served-model-name", *cfg.served_model_names] if cfg.served_model_names else []
 
 
 def _output_parser_args(cfg: PlatformConfig) -> list[str]:

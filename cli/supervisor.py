@@ -11,13 +11,14 @@ taken by someone else). Only Ctrl-C/SIGTERM of `pdserve up` itself stops everyth
 """
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Protocol, TextIO
+
+from pdserve.engine.process_exit import describe_exit
 
 
 class Supervised(Protocol):
@@ -130,12 +131,3 @@ class Supervisor:
     def _log(self, message: str) -> None:
         print(f"pdserve up: {message}", file=self.out, flush=True)
 
-
-def describe_exit(code: int) -> str:
-    """Popen's returncode as a person reads it: 'code 1', 'killed by SIGKILL'."""
-    if code < 0:
-        try:
-            return f"code {code}, killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"code {code}, killed by signal {-code}"
-    return f"code {code}"

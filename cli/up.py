@@ -10,35 +10,17 @@ from pdserve.cli.autoscale import add_autoscale_arguments, autoscale_config_from
 from pdserve.cli.launcher import PlatformConfig, run_platform
 from pdserve.cli.mooncake_procs import MooncakePlan
 from pdserve.engine.chat import load_chat_template
-from pdserve.services.router.decide.paths import PATH_POLICIES
+from pdserve.services.common.sizes import parse_bytes
 from pdserve.services.router.fronts.http.config import HttpConfig
-from pdserve.services.router.main import add_output_parser_arguments, port_or_off
-from pdserve.services.worker.config import gpu_memory_utilization_arg, kv_offloading_size_arg, speculative_config_arg
-from pdserve.services.kvstore.main import parse_bytes
-from pdserve.services.worker.parallel_args import positive_int
+from pdserve.services.router.main import add_api_arguments, add_path_arguments, add_port_arguments
+from pdserve.services.worker.config import add_memory_arguments, add_model_arguments, add_speculative_argument
+from pdserve.services.worker.parallel_args import add_parallel_size_arguments, positive_int
 
 
 def add_arguments(p) -> None:
-    # PlatformConfig's defaults are the flags' defaults: one place per setting
-    p.add_argument("--model", default=PlatformConfig.model,
-                   help="HF folder, .gguf file, alias, or org/name from the local Hugging Face cache")
-    p.add_argument("--revision", default=PlatformConfig.revision,
-                   help="with --model org/name: the branch, tag or commit in the cache (default: main)")
-    p.add_argument("--gpu-memory-utilization", type=gpu_memory_utilization_arg,
-                   default=PlatformConfig.gpu_memory_utilization, metavar="FRACTION",
-                   help="every worker's share of its GPU's whole memory, weights and activations included "
-                        "(ignored on the CPU; see `pdserve decode --help`)")
-    p.add_argument("--kv-offloading-size", type=kv_offloading_size_arg, default=PlatformConfig.kv_offloading_size,
-                   metavar="GiB", help="every worker's host tier: host memory keeping the KV blocks its cache "
-                                       "evicts, copied back on a prefix hit before the kvstore is asked (vLLM's "
-                                       "flag; see `pdserve decode --help`). Default: off")
-    p.add_argument("--served-model-name", nargs="+", default=list(PlatformConfig.served_model_names),
-                   metavar="NAME", help="the router's: the name(s) clients use, the first reported "
-                                        "(default: --model)")
-    p.add_argument("--chat-template", default=PlatformConfig.chat_template, metavar="FILE",
-                   help="the router's: a Jinja chat template file (or the template itself) in place of the "
-                        "tokenizer's")
-    add_output_parser_arguments(p)  # the router's --tool-call-parser, --enable-auto-tool-choice, --reasoning-parser
+    # the flags the router or the workers take are declared by them (their defaults are
+    # PlatformConfig's too); up's own default to PlatformConfig's: one place per setting
+    add_model_arguments(p.add_argument_group("the model (the workers' and the router's)"))
     p.add_argument("--prefill", type=int, default=None,
                    help="number of prefill workers (0: colocated, each decode worker prefills its own prompts; "
                         f"default: {PlatformConfig.num_prefill}, 0 with --both)")
@@ -52,17 +34,21 @@ def add_arguments(p) -> None:
                         "workers' --decode-* parallel sizes and --speculative-config. Alone, or beside "
                         "--prefill/--decode workers (default: 0)")
     p.add_argument("--host", default=PlatformConfig.host)
-    p.add_argument("--port", type=int, default=PlatformConfig.router_port, help="the router's gRPC port")
-    p.add_argument("--http-port", type=port_or_off, default=PlatformConfig.http_port,
-                   help="the router's OpenAI-compatible HTTP port ('off': none)")
     p.add_argument("--kvstore-port", type=int, default=PlatformConfig.kvstore_port)
     p.add_argument("--worker-base-port", type=int, default=PlatformConfig.worker_base_port)
     p.add_argument("--metrics-base-port", type=int, default=PlatformConfig.metrics_base_port)
     p.add_argument("--cpus-per-worker", type=int, default=PlatformConfig.cpus_per_worker)
-    p.add_argument("--path-policy", choices=PATH_POLICIES, default=PlatformConfig.path_policy,
-                   help="how the router chooses each request's path (see `pdserve router --help`)")
-    p.add_argument("--short-prompt-tokens", type=int, default=PlatformConfig.short_prompt_tokens,
-                   help="the threshold path policy's direct-path limit")
+    _add_kvstore_arguments(p)
+    p.add_argument("--worker-args", default="",
+                   help="extra arguments for every worker, one string (e.g. '--no-chunked-prefill')")
+    p.add_argument("--router-args", default="",
+                   help="extra arguments for the router, one string (e.g. '--slo-config slo.json')")
+    add_autoscale_arguments(p)  # --autoscale, --autoscale-values, --autoscale-sync-s
+    _add_passed_on_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _add_kvstore_arguments(p) -> None:
     p.add_argument("--kv-transport", "--kvstore-transport", dest="kv_transport", choices=("grpc", "tcp", "ucx"),
                    default=None,
                    help=f"how KV blocks move between workers and the kvstore (default {PlatformConfig.kv_transport}; "
@@ -86,22 +72,22 @@ def add_arguments(p) -> None:
     p.add_argument("--mooncake-base-port", type=int, default=MooncakePlan.base_port,
                    help="with --kvstore-backend mooncake: the master's RPC port; its metadata server, "
                         "metrics and the store nodes take the next ones")
-    p.add_argument("--speculative-config", type=speculative_config_arg, default=None, metavar="JSON",
-                   help="speculative decoding on the decode workers (colocated ones too; prefill workers never "
-                        "speculate), vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
-                        "(see `pdserve decode --help`)")
-    for pool in ("prefill", "decode"):  # after --worker-args on that pool's command lines (colocated: decode)
-        p.add_argument(f"--{pool}-tensor-parallel-size", type=positive_int, default=1, metavar="T",
-                       help=f"tensor parallel ranks of each {pool} worker")
-        p.add_argument(f"--{pool}-pipeline-parallel-size", type=positive_int, default=1, metavar="P",
-                       help=f"pipeline stages of each {pool} worker (it runs T x P processes, with T x P "
-                            "times the cores of a single-process worker)")
-    p.add_argument("--worker-args", default="",
-                   help="extra arguments for every worker, one string (e.g. '--no-chunked-prefill')")
-    p.add_argument("--router-args", default="",
-                   help="extra arguments for the router, one string (e.g. '--slo-config slo.json')")
-    add_autoscale_arguments(p)  # --autoscale, --autoscale-values, --autoscale-sync-s
-    p.set_defaults(func=run)
+
+
+def _add_passed_on_arguments(p) -> None:
+    """The workers' and the router's own flags, each declared by its service, under a heading
+    that says whose command lines they go to."""
+    add_memory_arguments(p.add_argument_group("every worker's (see `pdserve decode --help`)"))
+    add_speculative_argument(p.add_argument_group(
+        "the decode workers' (colocated and --both ones too; prefill workers never speculate)"), "decode")
+    # after --worker-args on that pool's command lines: a size given here stands
+    sizes = p.add_argument_group("each pool's workers' (colocated and --both ones take --decode-*)")
+    for pool in ("prefill", "decode"):
+        add_parallel_size_arguments(sizes, pool)
+    router = p.add_argument_group("the router's (see `pdserve router --help`)")
+    add_api_arguments(router)
+    add_port_arguments(router)
+    add_path_arguments(router)
 
 
 def worker_counts(args) -> tuple[int, int, int]:

@@ -9,7 +9,7 @@ so nothing of pdserve's lands in site-packages under a generic name (Hugging Fac
 import os as _os
 
 # Run from a checkout without installing it (the repository root on PYTHONPATH, as
-# bench/gpu_check.py runs on a machine that only has the working tree), this file sits in
+# bench/gpu_check/ runs on a machine that only has the working tree), this file sits in
 # the checkout's pdserve/ folder and the subpackages one folder up: look for them there too.
 # An installed pdserve (wheel or editable) has them beside it, or mapped, and is left alone.
 _HERE = _os.path.dirname(_os.path.abspath(__file__))

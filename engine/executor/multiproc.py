@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
-import signal
 import socket
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from pdserve.engine.kv_transfer import as_tensor
 from pdserve.engine.model.loader import LoadedModel, load_model, read_arch
 from pdserve.engine.model.shard import check_tensor_parallel
 from pdserve.engine.model.source import ModelSource
+from pdserve.engine.process_exit import killed_by
 
 logger = logging.getLogger(__name__)
 
@@ -216,12 +216,9 @@ class MultiProcExecutor(Executor):
 
 
 def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
+    """'was killed by SIGKILL', 'exited with code 1': the end of a sentence about a rank."""
+    name = killed_by(code)
+    return f"exited with code {code}" if name is None else f"was killed by {name}"
 
 
 def _free_port() -> int:

@@ -12,6 +12,7 @@ import re
 import sys
 
 from pdserve.services.common.defaults import KVSTORE_PORT
+from pdserve.services.common.numbers import number_arg, port_arg
 from pdserve.services.common.process import configure_logging, wait_for_shutdown
 from pdserve.services.common.security import add_internal_token_argument, add_server_tls_arguments, internal_server_security
 from pdserve.services.common.sizes import parse_bytes
@@ -20,16 +21,8 @@ from pdserve.services.kvstore.transports.mooncake import plane as mooncake_plane
 from pdserve.services.kvstore.errors import KVStoreError
 from pdserve.services.kvstore.server import KVStoreConfig, check_backend, serve
 
-def _port(text: str) -> int:
-    if not text.isdigit() or int(text) > 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 picks a free one)")
-    return int(text)
-
-
-def _positive_ms(text: str) -> int:
-    if not text.isdigit() or int(text) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of milliseconds")
-    return int(text)
+_port = port_arg(note="0 picks a free one")
+_positive_ms = number_arg(int, "a number of milliseconds", low=0, low_open=True)
 
 
 def _backend(text: str) -> str:

@@ -6,6 +6,7 @@ import logging
 
 from pdserve.services.common.address import parse_addresses
 from pdserve.services.common.defaults import DRAIN_TIMEOUT_S, KVSTORE_ADDRESS
+from pdserve.services.common.numbers import number_arg, port_arg
 from pdserve.services.common.process import configure_logging, wait_for_shutdown
 from pdserve.services.common.security import internal_client_security, server_tls_from_args
 from pdserve.services.router import security
@@ -17,6 +18,8 @@ from pdserve.services.router.fronts.http.parsing import REASONING_PARSERS, TOOL_
 from pdserve.services.router.state.k8s_discovery import add_discovery_arguments, discovery_from_args
 
 logger = logging.getLogger(__name__)
+_drain_timeout = number_arg(float, "a number of seconds", low=0)
+_port_or_off = port_arg(note="or off")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,13 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "Face cache (the workers' --model)")
     parser.add_argument("--revision", default=RouterConfig.revision,
                         help="with --model org/name: the branch, tag or commit in the cache (default: main)")
-    parser.add_argument("--served-model-name", nargs="+", default=list(RouterConfig.served_model_names),
-                        metavar="NAME", help="the name(s) clients use: /v1/models lists them, a request's `model` "
-                                             "must be one, responses report the first (default: --model)")
-    parser.add_argument("--chat-template", default=RouterConfig.chat_template, metavar="FILE",
-                        help="a Jinja chat template file (or the template itself) in place of the tokenizer's, "
-                             "for /v1/chat/completions")
-    add_output_parser_arguments(parser)
+    add_api_arguments(parser)
     parser.add_argument("--prefill", action="append", default=[], metavar="HOST:PORT",
                         help="prefill worker address (repeatable, or a comma-separated list); "
                              "none: colocated, the decode workers prefill every prompt. A worker of both roles "
@@ -42,19 +39,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode worker address (repeatable, or a comma-separated list)")
     parser.add_argument("--kvstore", default=KVSTORE_ADDRESS, help="KV cache service address (lease releases)")
     parser.add_argument("--host", default=RouterConfig.host)
-    parser.add_argument("--port", type=int, default=RouterConfig.port)
+    add_port_arguments(parser)
     parser.add_argument("--metrics-port", type=int, default=None, help="serve /metrics on this port")
-    parser.add_argument("--path-policy", choices=PATH_POLICIES, default=PathConfig.policy,
-                        help="how each request's path is chosen: 'adaptive' from the workers' measured "
-                             "rates and load, 'threshold' by --short-prompt-tokens, 'colocated' always direct")
+    add_path_arguments(parser)
     parser.add_argument("--min-direct-chunk-tokens", type=int, default=PathConfig.min_direct_chunk_tokens,
                         help="the adaptive policy: the smallest prefill chunk it asks of a decode worker")
     parser.add_argument("--rescue-step-ms", type=float, default=PathConfig.rescue_step_ms, metavar="MS",
                         help="the adaptive policy: a prompt the prefill pool would make late, taken by a decode "
                              "worker whose streams have the TPOT room for it, runs in steps of up to this long "
                              "(0: in the chunks the streams' ITL room allows)")
-    parser.add_argument("--short-prompt-tokens", type=int, default=RouterConfig.short_prompt_tokens,
-                        help="the threshold policy: prompts of at most this many tokens go straight to a decode worker")
     parser.add_argument("--placement", choices=PLACEMENTS, default=RouterConfig.placement,
                         help="how a pool's worker is chosen: 'kv' by the prompt prefix each worker holds "
                              "(its KV events) minus its load, 'affinity' by the first 16 tokens' hash, "
@@ -77,8 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests this router keeps outstanding on one worker at most")
     parser.add_argument("--retry-after-ms", type=int, default=RouterConfig.retry_after_ms,
                         help="the hint sent with RESOURCE_EXHAUSTED")
-    parser.add_argument("--http-port", type=port_or_off, default=HttpConfig.port,
-                        help="OpenAI-compatible HTTP API port, on --host ('off': gRPC only)")
     parser.add_argument("--grammar-compile-timeout-s", type=float, default=RouterConfig.grammar_compile_timeout_s,
                         help="structured outputs: a spec (JSON schema, regex, grammar) that takes longer to "
                              "compile is refused with INVALID_ARGUMENT / 400")
@@ -90,8 +81,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_discovery_arguments(parser)
 
 
+# The groups below are also `pdserve up`'s, which passes them on to the router: it declares
+# them through these functions, under a heading of their own in its --help.
+
+def add_api_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the APIs serve: the model's names, its chat template, vLLM's tool and reasoning parsers."""
+    parser.add_argument("--served-model-name", nargs="+", default=list(RouterConfig.served_model_names),
+                        metavar="NAME", help="the name(s) clients use: /v1/models lists them, a request's `model` "
+                                             "must be one, responses report the first (default: --model)")
+    parser.add_argument("--chat-template", default=RouterConfig.chat_template, metavar="FILE",
+                        help="a Jinja chat template file (or the template itself) in place of the tokenizer's, "
+                             "for /v1/chat/completions")
+    add_output_parser_arguments(parser)
+
+
 def add_output_parser_arguments(parser: argparse.ArgumentParser) -> None:
-    """vLLM's flags for tool calling and reasoning (`pdserve up` passes them to the router)."""
+    """vLLM's flags for tool calling and reasoning."""
     parser.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=HttpConfig.tool_call_parser,
                         help="the model's tool-call format, read out of chat outputs for tool_choice \"auto\" "
                              "(with --enable-auto-tool-choice)")
@@ -102,21 +107,24 @@ def add_output_parser_arguments(parser: argparse.ArgumentParser) -> None:
                         help="chat outputs' <think>...</think> go to reasoning_content")
 
 
-def _drain_timeout(value: str) -> float:
-    seconds = float(value)
-    if not seconds >= 0:
-        raise argparse.ArgumentTypeError(f"{value}: must be a number of seconds >= 0")
-    return seconds
+def add_port_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=RouterConfig.port, help="the gRPC API's port")
+    parser.add_argument("--http-port", type=port_or_off, default=HttpConfig.port,
+                        help="OpenAI-compatible HTTP API port, on --host ('off': gRPC only)")
+
+
+def add_path_arguments(parser: argparse.ArgumentParser) -> None:
+    """How each request's path is chosen (the adaptive policy's own knobs are the router's alone)."""
+    parser.add_argument("--path-policy", choices=PATH_POLICIES, default=PathConfig.policy,
+                        help="how each request's path is chosen: 'adaptive' from the workers' measured "
+                             "rates and load, 'threshold' by --short-prompt-tokens, 'colocated' always direct")
+    parser.add_argument("--short-prompt-tokens", type=int, default=RouterConfig.short_prompt_tokens,
+                        help="the threshold policy: prompts of at most this many tokens go straight to a decode worker")
 
 
 def port_or_off(value: str) -> int | None:
     """A port, or None for 'off' (`pdserve up --http-port` parses the same way)."""
-    if value.lower() in ("off", "none"):
-        return None
-    port = int(value)
-    if not 0 <= port < 65536:
-        raise argparse.ArgumentTypeError(f"{value}: not a port")
-    return port
+    return None if value.lower() in ("off", "none") else _port_or_off(value)
 
 
 def config_from_args(args) -> RouterConfig:

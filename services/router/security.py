@@ -7,10 +7,13 @@ import argparse
 import os
 
 from pdserve.services.common.auth import parse_tokens
+from pdserve.services.common.numbers import number_arg
 from pdserve.services.common.security import (API_KEY, ServerSecurity, add_internal_client_arguments,
                                               add_internal_token_argument, add_server_tls_arguments, server_tls_from_args)
 from pdserve.services.router.config import BYTES_PER_TOKEN, REQUEST_SLACK_BYTES
 from pdserve.services.router.fronts.http.config import API_KEY_ENV
+
+_positive_bytes = number_arg(int, "a number of bytes", low=0, low_open=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"require 'authorization: Bearer KEY' on the gRPC and HTTP APIs "
                              f"(default: ${API_KEY_ENV}; comma-separated: any of them)")
     add_server_tls_arguments(parser, "the public gRPC and HTTP ports")
-    parser.add_argument("--max-request-bytes", type=_positive_int, default=None,
+    parser.add_argument("--max-request-bytes", type=_positive_bytes, default=None,
                         help=f"the largest request accepted, a gRPC message or an HTTP body (default: {BYTES_PER_TOKEN} bytes per token "
                              f"of max_model_len + {REQUEST_SLACK_BYTES >> 20} MiB)")
     add_internal_token_argument(parser)
@@ -38,8 +41,3 @@ def public_security_from_args(args) -> ServerSecurity:
     return ServerSecurity(parse_tokens(api_key_from_args(args), "--api-key"), API_KEY, server_tls_from_args(args),
                           args.health_port)
 
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of bytes")
-    return int(text)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 
 from pdserve.engine.config import SCHEDULING_POLICIES, EngineConfig, SchedulerConfig
@@ -14,6 +13,7 @@ from pdserve.engine.errors import InvalidRequestError
 from pdserve.engine.spec_decode.config import SpeculativeConfig
 from pdserve.services.common import defaults
 from pdserve.services.common.address import split_host_port
+from pdserve.services.common.numbers import number_arg
 from pdserve.services.common.security import (ClientSecurity, ServerSecurity, add_internal_client_arguments,
                                               add_internal_token_argument, add_server_tls_arguments,
                                               internal_client_security, internal_server_security)
@@ -105,10 +105,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, rol
     if len(roles) > 1:
         parser.add_argument("--role", choices=roles, default=role, help=ROLE_HELP)
     parser.set_defaults(role=role)
-    parser.add_argument("--model", default=_ENGINE.model,
-                        help="HF folder, .gguf file, alias, or org/name from the local Hugging Face cache")
-    parser.add_argument("--revision", default=_ENGINE.revision,
-                        help="with --model org/name: the branch, tag or commit in the cache (default: main)")
+    add_model_arguments(parser)
     parser.add_argument("--served-model-name", nargs="+", default=list(_WORKER.served_model_names),
                         metavar="NAME", help="the name(s) clients use, as the router's: the first is the "
                         "model_name label of the vllm: metrics (default: --model)")
@@ -135,16 +132,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, rol
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=_ENGINE.cache.kv_cache_memory_bytes,
                         help="the KV cache's exact size per rank (default: from --gpu-memory-utilization on "
                              f"CUDA, {_ENGINE.cache.kv_cache_memory_fraction:g} of free memory on the CPU)")
-    parser.add_argument("--gpu-memory-utilization", type=gpu_memory_utilization_arg,
-                        default=_ENGINE.cache.gpu_memory_utilization, metavar="FRACTION",
-                        help="the share of the GPU's whole memory this worker may use, weights and activations "
-                             "included; the KV cache gets what is left (vLLM's). Ignored on the CPU and with "
-                             "--kv-cache-memory-bytes")
+    add_memory_arguments(parser)
     parser.add_argument("--no-prefix-caching", action="store_true")
-    parser.add_argument("--kv-offloading-size", type=kv_offloading_size_arg, default=None, metavar="GiB",
-                        help="host memory keeping the KV blocks the cache evicts, copied back on a prefix hit "
-                             "before the kvstore is asked (vLLM's flag, in GiB, the total over a worker's "
-                             "tensor/pipeline ranks; docs/kv_tiers.md). Needs prefix caching. Default: off")
     parser.add_argument("--max-num-seqs", type=int, default=_SCHEDULER.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
                         help=f"tokens per engine step (default {_SCHEDULER.max_num_batched_tokens}; with "
@@ -172,8 +161,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, rol
     parser.add_argument("--cuda-graph-batch-sizes", type=_batch_sizes, default=_ENGINE.cuda_graph_batch_sizes,
                         help="decode batch sizes captured as CUDA graphs at start-up, e.g. 1,2,4,8,16,32,64 "
                              "(--device cuda with --attention-backend triton; default: none, all steps eager)")
-    parser.add_argument("--speculative-config", type=speculative_config_arg, default=None, metavar="JSON",
-                        help=SPECULATIVE_HELP[role])
+    add_speculative_argument(parser, role)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for this worker")
     add_parallel_arguments(parser)
     parser.add_argument("--drain-timeout-s", type=float, default=_WORKER.drain_timeout_s,
@@ -187,6 +175,34 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, rol
     add_internal_token_argument(parser)
     add_server_tls_arguments(parser, "this worker's gRPC port")
     add_internal_client_arguments(parser)
+
+
+# The groups below are also `pdserve up`'s, which passes them on to its workers: it declares
+# them through these functions, under a heading of their own in its --help.
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=_ENGINE.model,
+                        help="HF folder, .gguf file, alias, or org/name from the local Hugging Face cache")
+    parser.add_argument("--revision", default=_ENGINE.revision,
+                        help="with --model org/name: the branch, tag or commit in the cache (default: main)")
+
+
+def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
+    """The GPU memory a worker may take and its host tier."""
+    parser.add_argument("--gpu-memory-utilization", type=gpu_memory_utilization_arg,
+                        default=_ENGINE.cache.gpu_memory_utilization, metavar="FRACTION",
+                        help="the share of the GPU's whole memory this worker may use, weights and activations "
+                             "included; the KV cache gets what is left (vLLM's). Ignored on the CPU and with "
+                             "--kv-cache-memory-bytes")
+    parser.add_argument("--kv-offloading-size", type=kv_offloading_size_arg, default=None, metavar="GiB",
+                        help="host memory keeping the KV blocks the cache evicts, copied back on a prefix hit "
+                             "before the kvstore is asked (vLLM's flag, in GiB, the total over a worker's "
+                             "tensor/pipeline ranks; docs/kv_tiers.md). Needs prefix caching. Default: off")
+
+
+def add_speculative_argument(parser: argparse.ArgumentParser, role: str = "decode") -> None:
+    parser.add_argument("--speculative-config", type=speculative_config_arg, default=None, metavar="JSON",
+                        help=SPECULATIVE_HELP[role])
 
 
 def worker_config_from_args(args) -> WorkerConfig:
@@ -241,36 +257,11 @@ def _max_step_ms(args) -> float:
     return args.max_step_ms
 
 
-def _max_step_ms_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number of milliseconds >= 0 (0: no time bound), got {text!r}")
-    return value
-
-
-def gpu_memory_utilization_arg(text: str) -> float:
-    """A fraction in (0, 1] (pdserve up's flag parses the same way)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"gpu_memory_utilization: must be in (0, 1], got {text!r}")
-    return value
-
-
-def kv_offloading_size_arg(text: str) -> float:
-    """GiB >= 0 (0: off), as vLLM's --kv-offloading-size (pdserve up's flag parses the same way)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number of GiB >= 0 (0: off), got {text!r}")
-    return value
+_max_step_ms_arg = number_arg(float, "a number of milliseconds", low=0, note="0: no time bound")
+# a fraction in (0, 1], named as the engine's field names it (pdserve up's flag parses the same way)
+gpu_memory_utilization_arg = number_arg(float, "", low=0, low_open=True, high=1, field="gpu_memory_utilization")
+# GiB >= 0 (0: off), as vLLM's --kv-offloading-size (pdserve up's flag parses the same way)
+kv_offloading_size_arg = number_arg(float, "a number of GiB", low=0, note="0: off")
 
 
 def _kv_offloading_bytes(args) -> int | None:

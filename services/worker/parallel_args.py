@@ -6,6 +6,7 @@ import argparse
 
 from pdserve.engine.errors import InvalidRequestError
 from pdserve.engine.executor.config import ParallelConfig
+from pdserve.services.common.numbers import number_arg
 
 _PARALLEL = ParallelConfig()
 # the flags `pdserve up` reads back from a worker's command line (cli/launcher.py: cores per rank)
@@ -13,25 +14,8 @@ TENSOR_PARALLEL_FLAGS = ("--tensor-parallel-size", "-tp")
 PIPELINE_PARALLEL_FLAGS = ("--pipeline-parallel-size", "-pp")
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (argparse puts the flag's name in front of the message)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
-    return value
+positive_int = number_arg(int, low=1)
+positive_seconds = number_arg(float, "a number of seconds", low=0, low_open=True)
 
 
 def layer_split(text: str) -> tuple[int, ...]:
@@ -47,18 +31,28 @@ def layer_split(text: str) -> tuple[int, ...]:
 
 
 def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(*TENSOR_PARALLEL_FLAGS, dest="tensor_parallel_size", type=positive_int,
+    add_parallel_size_arguments(parser)
+    parser.add_argument("--pipeline-layer-split", type=layer_split, default=_PARALLEL.pipeline_layer_split,
+                        metavar="N,N,...", help="layers per pipeline stage, e.g. 20,12 (default: an even split)")
+    parser.add_argument("--collective-timeout-s", type=positive_seconds, default=_PARALLEL.collective_timeout_s,
+                        help="a collective (or the start-up rendezvous) that takes longer stops the engine with "
+                             "an error: a dead or hung rank never hangs the worker")
+
+
+def add_parallel_size_arguments(parser: argparse.ArgumentParser, pool: str = "") -> None:
+    """-tp/--tensor-parallel-size and -pp/--pipeline-parallel-size; with a `pool`, `pdserve up`'s
+    --<pool>-tensor-parallel-size and --<pool>-pipeline-parallel-size for that pool's workers."""
+    tensor, pipeline = ((f"--{pool}-tensor-parallel-size",), (f"--{pool}-pipeline-parallel-size",)) if pool else (
+        TENSOR_PARALLEL_FLAGS, PIPELINE_PARALLEL_FLAGS)
+    dest = f"{pool}_" if pool else ""
+    parser.add_argument(*tensor, dest=f"{dest}tensor_parallel_size", type=positive_int,
                         default=_PARALLEL.tensor_parallel_size, metavar="T",
                         help="tensor parallel ranks per pipeline stage (attention heads and MLP split T ways; "
                              "T must divide the model's KV heads)")
-    parser.add_argument(*PIPELINE_PARALLEL_FLAGS, dest="pipeline_parallel_size", type=positive_int,
+    parser.add_argument(*pipeline, dest=f"{dest}pipeline_parallel_size", type=positive_int,
                         default=_PARALLEL.pipeline_parallel_size, metavar="P",
-                        help="pipeline stages, each a contiguous run of layers; the worker runs T x P processes")
-    parser.add_argument("--pipeline-layer-split", type=layer_split, default=_PARALLEL.pipeline_layer_split,
-                        metavar="N,N,...", help="layers per pipeline stage, e.g. 20,12 (default: an even split)")
-    parser.add_argument("--collective-timeout-s", type=positive_float, default=_PARALLEL.collective_timeout_s,
-                        help="a collective (or the start-up rendezvous) that takes longer stops the engine with "
-                             "an error: a dead or hung rank never hangs the worker")
+                        help="pipeline stages, each a contiguous run of layers; the worker runs T x P processes "
+                             "(under `pdserve up`, with T x P times the cores of a single-process worker)")
 
 
 def parallel_config_from_args(args) -> ParallelConfig:

@@ -1,9 +1,9 @@
-"""bench/gpu_check.py on a CPU machine: it refuses clearly without CUDA, lists its six checks,
+"""bench/gpu_check/ on a CPU machine: it refuses clearly without CUDA, lists its six checks,
 and its dry run passes the kernel check in Triton's interpreter and skips, saying why, every
 check that needs a GPU. The GPU run itself needs a lent CUDA machine (docs/benchmarks.md)."""
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -14,7 +14,6 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "gpu_check.py"
 CHECKS = ["triton_kernels", "engine_vs_transformers_bf16", "cuda_graphs_vs_eager", "pd_up_one_gpu",
           "decode_step_time", "offline_tokens_per_s"]
 GPU_ONLY = CHECKS[1:]
@@ -26,12 +25,9 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def gpu_check(monkeypatch):
-    spec = importlib.util.spec_from_file_location("gpu_check_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+def gpu_check():
+    """The package as `python -m bench.gpu_check` runs it (a test patching it uses monkeypatch)."""
+    return importlib.import_module("bench.gpu_check")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the script would run its checks")
@@ -100,3 +96,10 @@ def test_compare_greedy_tells_near_ties_from_real_divergences(gpu_check):
     assert c["agreed_prefix"] == 1
     one_sided = gpu_check.compare_greedy(ref[:2], ref_top[:2], got[:2])  # no top sets for `got`
     assert one_sided["not_near_ties"] == [] and one_sided["exact"] == 1
+
+
+def test_each_check_is_a_module_of_its_own_with_run(gpu_check):
+    assert list(gpu_check.CHECK_NAMES) == CHECKS
+    for name in CHECKS:
+        module = importlib.import_module(f"bench.gpu_check.checks.{name}")
+        assert callable(module.run) and module.__doc__.startswith(f"{name}: "), name
