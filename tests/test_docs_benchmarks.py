@@ -74,8 +74,9 @@ def commands_of(cell: str) -> list[str]:
     return re.findall(r"`([^`]+)`", cell)
 
 
-def _module_file(dotted: str) -> Path | None:
-    """`bench.serve_goodput` -> bench/serve_goodput.py; `pdserve.sim.autoscale` -> sim/autoscale.py."""
+def _module_file(dotted: str, run: bool = False) -> Path | None:
+    """`bench.serve_goodput` -> bench/serve_goodput.py; `pdserve.sim.autoscale` -> sim/autoscale.py.
+    A package is its __init__.py when imported, its __main__.py when run (`run`, `python -m`)."""
     parts = dotted.split(".")
     if parts[0] == "pdserve":
         parts = parts[1:]
@@ -84,7 +85,7 @@ def _module_file(dotted: str) -> Path | None:
     elif parts[0] != "bench":
         return None
     base = ROOT.joinpath(*parts)
-    for path in (base.with_suffix(".py"), base / "__main__.py", base / "__init__.py"):
+    for path in (base.with_suffix(".py"), *((base / "__main__.py",) if run else ()), base / "__init__.py"):
         if path.is_file():
             return path
     return None
@@ -153,7 +154,7 @@ def problems_of_command(command: str) -> list[str]:
     rest: list[str] = []
     if words[0] in PYTHONS:
         if len(words) > 2 and words[1] == "-m":
-            script, rest = _module_file(words[2]), words[3:]
+            script, rest = _module_file(words[2], run=True), words[3:]
             if script is None:
                 return [f"{command!r}: module {words[2]!r} is not a file of the repository"]
         elif len(words) > 1 and words[1].endswith(".py"):
@@ -167,7 +168,7 @@ def problems_of_command(command: str) -> list[str]:
         chosen = max((k for k in subcommands if tuple(words[1:1 + len(k)]) == k), key=len, default=None)
         if chosen is None:
             return [f"{command!r}: no `pdserve` subcommand {' '.join(words[1:3])!r} in cli/main.py"]
-        script, rest = _module_file(subcommands[chosen]), words[1 + len(chosen):]
+        script, rest = _module_file(subcommands[chosen], run=True), words[1 + len(chosen):]
         if script is None:
             return [f"{command!r}: subcommand module {subcommands[chosen]!r} is not a file of the repository"]
     else:
