@@ -3,8 +3,8 @@ Mixtral and Qwen3-MoE, running on the paged KV cache.
 
 One forward serves the whole flat batch of a step: tokens of every request side by side,
 positions and cache slots given per token, attention delegated to the backend. What tells
-the architectures apart is read from their configs into ModelArchConfig (engine/model/arch.py)
-and switched on here per layer:
+the architectures apart is read from their configs into ModelArchConfig (engine/model/arch.py,
+by each one's row of engine/model/arch_table.py) and switched on here per layer:
 
     layer_windows         a windowed layer attends the last W positions (Mistral, Gemma local layers)
     qk_norm               RMSNorm over each head's q and k before RoPE (Qwen3, Gemma 3)

@@ -13,7 +13,8 @@ from pdserve.engine.config import ModelArchConfig
 from pdserve.engine.dtypes import DTYPE_NAMES, torch_dtype
 from pdserve.engine.errors import ModelLoadError
 from pdserve.engine.model import weights as W
-from pdserve.engine.model.arch import GGUF_ARCHITECTURES, arch_from_gguf_metadata, arch_from_hf_config
+from pdserve.engine.model.arch import arch_from_gguf_metadata, arch_from_hf_config
+from pdserve.engine.model.arch_table import ARCHITECTURE_FEATURES
 from pdserve.engine.model.decoder import DecoderForCausalLM, TensorParallel
 from pdserve.engine.model.shard import ModelShard
 from pdserve.engine.model.source import ModelSource
@@ -50,7 +51,7 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: str, max_model_l
         meta = W.gguf_metadata(reader)
         arch = arch_from_gguf_metadata(meta, {t.name for t in reader.tensors}, source.path)
         model_shard = shard(arch) if shard is not None else ModelShard.whole(arch)
-        permuted = GGUF_ARCHITECTURES[meta["general.architecture"]][1]
+        permuted = ARCHITECTURE_FEATURES[arch.architecture].gguf_qk_permuted
         weights = W.iter_gguf(reader, source.path, arch.num_heads, arch.num_kv_heads, permuted, progress,
                               _stage_filter(model_shard))
         eos = {int(meta["tokenizer.ggml.eos_token_id"])} if "tokenizer.ggml.eos_token_id" in meta else set()
