@@ -33,7 +33,7 @@ import json
 from pdserve.services.router.fronts.http.choice_text import ChoiceText
 from pdserve.services.router.fronts.http.output_parsers import AutoTools
 from pdserve.services.router.fronts.http.parsing.stream import ToolCallStream
-from pdserve.services.router.fronts.http.parsing.tool_parser import call_id, parse_output
+from pdserve.services.router.fronts.http.parsing.tool_parser import call_id, json_text, parse_output, without_surrogates
 from pdserve.services.router.fronts.http.structured import ToolChoice
 
 
@@ -105,7 +105,10 @@ class RequiredCalls(ToolCallReply):
         items = parsed if self.parallel else [parsed]
         if not isinstance(items, list) or not all(_is_call(c) for c in items) or not items:
             return None
-        return [_call(i, c["name"], json.dumps(c["arguments"], ensure_ascii=False)) for i, c in enumerate(items)]
+        try:
+            return [_call(i, without_surrogates(c["name"]), json_text(c["arguments"])) for i, c in enumerate(items)]
+        except ValueError:  # NaN or Infinity: not JSON, so not a call
+            return None
 
 
 def _is_call(item) -> bool:

@@ -11,10 +11,9 @@ calls to known functions.
 from __future__ import annotations
 
 import ast
-import json
 from collections.abc import Collection
 
-from pdserve.services.router.fronts.http.parsing.tool_parser import Segment, ToolCall, ToolParser, skip_space
+from pdserve.services.router.fronts.http.parsing.tool_parser import Segment, ToolCall, ToolParser, json_text, skip_space
 
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 
@@ -54,7 +53,7 @@ def _call(node: ast.expr, names: Collection[str] | None) -> ToolCall | None:
         return None
     try:
         arguments = {k.arg: ast.literal_eval(_JsonNames().visit(k.value)) for k in node.keywords}
-        return ToolCall(node.func.id, json.dumps(arguments, ensure_ascii=False, allow_nan=False))
+        return ToolCall(node.func.id, json_text(arguments))
     except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
         return None  # not a literal, or not JSON (a set, bytes, inf)
 

@@ -67,6 +67,23 @@ def parse_output(parser: ToolParser, text: str, names: Collection[str] | None = 
     return ParsedOutput(None if calls and not content.strip() else content, calls)
 
 
+def json_text(obj) -> str:
+    """A call's arguments as the JSON text a reply carries, valid JSON and valid UTF-8 whatever
+    the model wrote; a number JSON cannot spell (NaN, Infinity) raises ValueError: the text is
+    not a JSON call."""
+    return without_surrogates(json.dumps(obj, ensure_ascii=False, allow_nan=False))
+
+
+def without_surrogates(text: str) -> str:
+    """UTF-16 surrogates are in a str only when a model wrote them as escapes ("\\ud800" in JSON
+    or a Python literal), which the reply's UTF-8 encoder cannot encode (an HTTP 500, an error
+    mid-stream). A pair becomes its character (JSON joins pairs, Python literals do not); a
+    lone one becomes U+FFFD, as a UTF-8 decoder replaces what it cannot decode."""
+    if text.isascii():
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
 def call_from_json(obj, names: Collection[str] | None) -> ToolCall | None:
     """{"name": N, "arguments" | "parameters": {...}} as a call; None when it is not one."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
@@ -82,7 +99,10 @@ def call_from_json(obj, names: Collection[str] | None) -> ToolCall | None:
     arguments = {} if arguments is None else arguments
     if not isinstance(arguments, dict):
         return None
-    return ToolCall(obj["name"], json.dumps(arguments, ensure_ascii=False))
+    try:
+        return ToolCall(without_surrogates(obj["name"]), json_text(arguments))
+    except ValueError:  # NaN or Infinity in it
+        return None
 
 
 def skip_space(text: str, at: int = 0) -> int:
