@@ -106,12 +106,12 @@ def check_engine_request(new: EngineRequest, info: EngineInfo, tokenizer, active
     new.slo.validate()
     if (problem := check_cache_salt(new.cache_salt)) is not None:
         raise InvalidRequestError("cache_salt", problem)
-    params, kv_import = _prompt_logprobs_rule(params, new.mode, new.kv_import)
+    params, kv_import = prompt_logprobs_rule(params, new.mode, new.kv_import)
     validate_fork(new.req_id, params, new.mode, len(new.output_token_ids), active_req_ids)
     return dataclasses.replace(new, params=params, kv_import=kv_import)
 
 
-def _prompt_logprobs_rule(params: SamplingParams, mode: RequestMode, kv_import):
+def prompt_logprobs_rule(params: SamplingParams, mode: RequestMode, kv_import):
     """The engine that computes a prompt computes its logprobs. A decode-only request
     continues a prompt computed elsewhere (its prefill worker sent them): it computes none
     and may read what KV it is given. Any other request with prompt_logprobs computes every

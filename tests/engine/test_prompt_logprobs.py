@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pdserve.engine import LLM, SamplingParams
-from pdserve.engine.engine_core import _prompt_logprobs_rule
+from pdserve.engine.validation import prompt_logprobs_rule
 from pdserve.engine.errors import InvalidRequestError
 from pdserve.engine.request import RequestMode
 from tests.engine.hf_reference import load_hf_model
@@ -100,12 +100,12 @@ def test_no_prefix_hits_for_prompt_logprobs_yet_its_blocks_are_cached(tiny, tiny
 def test_who_computes_them():
     params = SamplingParams(prompt_logprobs=2)
     imported = object()  # a KV payload: the rule only passes it on or drops it
-    assert _prompt_logprobs_rule(params, RequestMode.COLOCATED, imported) == (params, None)
-    assert _prompt_logprobs_rule(params, RequestMode.PREFILL_ONLY, imported) == (params, None)
-    decode_params, kv = _prompt_logprobs_rule(params, RequestMode.DECODE_ONLY, imported)
+    assert prompt_logprobs_rule(params, RequestMode.COLOCATED, imported) == (params, None)
+    assert prompt_logprobs_rule(params, RequestMode.PREFILL_ONLY, imported) == (params, None)
+    decode_params, kv = prompt_logprobs_rule(params, RequestMode.DECODE_ONLY, imported)
     assert decode_params.prompt_logprobs is None and kv is imported and params.prompt_logprobs == 2
     plain = SamplingParams()
-    assert _prompt_logprobs_rule(plain, RequestMode.COLOCATED, imported) == (plain, imported)
+    assert prompt_logprobs_rule(plain, RequestMode.COLOCATED, imported) == (plain, imported)
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, True])
