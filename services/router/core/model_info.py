@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pdserve.engine
+from pdserve import engine
 from pdserve.engine import load_tokenizer
 
 
