@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as pdserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdserve/v1/prefill.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\"\xd0\x01\n\x0ePrefillRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\t\n\x01n\x18\x07 \x01(\r\x12#\n\x03slo\x18\n \x01(\x0b\x32\x16.pdserve.v1.SLOTargetsJ\x04\x08\x04\x10\x05J\x04\x08\x08\x10\tJ\x04\x08\t\x10\n\"n\n\nFirstToken\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12)\n\x07logprob\x18\x04 \x01(\x0b\x32\x18.pdserve.v1.TokenLogprob\"\xd1\x02\n\x0fPrefillResponse\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\'\n\tkv_handle\x18\x05 \x01(\x0b\x32\x14.pdserve.v1.KVHandle\x12)\n\x07logprob\x18\x06 \x01(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12\x19\n\x11num_cached_tokens\x18\x07 \x01(\r\x12$\n\x07timings\x18\x08 \x01(\x0b\x32\x13.pdserve.v1.Timings\x12\x33\n\x0fprompt_logprobs\x18\t \x01(\x0b\x32\x1a.pdserve.v1.PromptLogprobs\x12\'\n\x07\x63hoices\x18\n \x03(\x0b\x32\x16.pdserve.v1.FirstToken2\x92\x01\n\rPrefillWorker\x12\x42\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse\x12=\n\x07GetLoad\x12\x1a.pdserve.v1.GetLoadRequest\x1a\x16.pdserve.v1.WorkerLoadb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdserve/v1/prefill.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\"\xd0\x01\n\x0ePrefillRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\t\n\x01n\x18\x07 \x01(\r\x12#\n\x03slo\x18\n \x01(\x0b\x32\x16.pdserve.v1.SLOTargetsJ\x04\x08\x04\x10\x05J\x04\x08\x08\x10\tJ\x04\x08\t\x10\n\"\x7f\n\nFirstToken\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12)\n\x07logprob\x18\x04 \x01(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12\x0f\n\x07handoff\x18\x05 \x01(\x08\"\xaf\x02\n\x0fPrefillResponse\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\'\n\tkv_handle\x18\x05 \x01(\x0b\x32\x14.pdserve.v1.KVHandle\x12\x19\n\x11num_cached_tokens\x18\x07 \x01(\r\x12$\n\x07timings\x18\x08 \x01(\x0b\x32\x13.pdserve.v1.Timings\x12\x33\n\x0fprompt_logprobs\x18\t \x01(\x0b\x32\x1a.pdserve.v1.PromptLogprobs\x12\'\n\x07\x63hoices\x18\n \x03(\x0b\x32\x16.pdserve.v1.FirstTokenJ\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05J\x04\x08\x06\x10\x07R\x0e\x66irst_token_idR\x04textR\rfinish_reasonR\x07logprob2\x92\x01\n\rPrefillWorker\x12\x42\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse\x12=\n\x07GetLoad\x12\x1a.pdserve.v1.GetLoadRequest\x1a\x16.pdserve.v1.WorkerLoadb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,9 +35,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREFILLREQUEST']._serialized_start=66
   _globals['_PREFILLREQUEST']._serialized_end=274
   _globals['_FIRSTTOKEN']._serialized_start=276
-  _globals['_FIRSTTOKEN']._serialized_end=386
-  _globals['_PREFILLRESPONSE']._serialized_start=389
-  _globals['_PREFILLRESPONSE']._serialized_end=726
-  _globals['_PREFILLWORKER']._serialized_start=729
-  _globals['_PREFILLWORKER']._serialized_end=875
+  _globals['_FIRSTTOKEN']._serialized_end=403
+  _globals['_PREFILLRESPONSE']._serialized_start=406
+  _globals['_PREFILLRESPONSE']._serialized_end=709
+  _globals['_PREFILLWORKER']._serialized_start=712
+  _globals['_PREFILLWORKER']._serialized_end=858
 # @@protoc_insertion_point(module_scope)

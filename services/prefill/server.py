@@ -16,11 +16,11 @@ instead, which it reaches later anyway (the router streams the first token first
 write that fails leaves the lease "failed": the decode recomputes what it cannot read.
 
 The engine ends each request after its first token (RequestMode.PREFILL_ONLY): with a
-real finish reason when that token ends it, else as a hand-off carrying the prompt's KV.
-With PrefillRequest.n > 1 the engine runs the prompt's n completions (its full blocks
-computed once, engine/parallel_sampling.py), each sampling its own first token
-(PrefillResponse.choices); the prompt's KV is written once, under one lease, and every
-decode that continues a completion reads that one handle.
+real finish reason when that token ends it, else as a hand-off carrying the prompt's KV
+(FirstToken.handoff on the wire). The engine runs the prompt's n completions (its full blocks
+computed once, engine/parallel_sampling.py), each sampling its own first token: one
+PrefillResponse.choices entry each, n = 1 included; the prompt's KV is written once, under
+one lease, and every decode that continues a completion reads that one handle.
 """
 from __future__ import annotations
 
@@ -80,7 +80,6 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
             imported, num_in_store = self._import_prefix(wanted, lease_id)
             # what is left of its TTFT budget once admitted and its prefix read: the engine's deadline
             finals = self._run(req, imported, context, slo.spent(now() - req.start))
-            final = finals[0]
             response = self._response(req, finals)
             # n > 1: the first completion to hand off carries the shared prompt's KV, one write for all
             kv_export = next((f.kv_export for f in finals if f.kv_export is not None), None)
@@ -159,19 +158,13 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         return finals
 
     def _response(self, req: AdmittedRequest, finals: list[RequestOutput]) -> prefill_pb2.PrefillResponse:
+        """One choice per completion, n = 1 included; the prompt's parts are completion 0's."""
         final = finals[0]
-        # on the wire, no finish reason means "a decode worker goes on"
-        finish = "" if final.finish_reason == _HANDOFF else final.finish_reason
-        response = prefill_pb2.PrefillResponse(
-            req_id=req.req_id, first_token_id=final.token_ids[0], text=final.text, finish_reason=finish,
-            num_cached_tokens=final.num_cached_tokens)
-        if final.logprobs:
-            response.logprob.CopyFrom(logprob_to_proto(final.logprobs[0]))
+        response = prefill_pb2.PrefillResponse(req_id=req.req_id, num_cached_tokens=final.num_cached_tokens,
+                                               choices=[_first_token(f) for f in finals])
         if final.prompt_logprobs is not None:
             response.prompt_logprobs.CopyFrom(prompt_logprobs_to_proto(final.prompt_logprobs,
                                                                        req.params.prompt_logprobs))
-        if len(finals) > 1:
-            response.choices.extend(_first_token(f) for f in finals)
         return response
 
     def _hand_over(self, req_id: str, payload: KVPayload, num_in_store: int, lease_id: str) -> common_pb2.KVHandle:
@@ -235,8 +228,9 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
 
 
 def _first_token(final: RequestOutput) -> prefill_pb2.FirstToken:
-    first = prefill_pb2.FirstToken(token_id=final.token_ids[0], text=final.text,
-                                   finish_reason="" if final.finish_reason == _HANDOFF else final.finish_reason)
+    handoff = final.finish_reason == _HANDOFF  # the engine's name for it; on the wire, its own field
+    first = prefill_pb2.FirstToken(token_id=final.token_ids[0], text=final.text, handoff=handoff,
+                                   finish_reason="" if handoff else final.finish_reason)
     if final.logprobs:
         first.logprob.CopyFrom(logprob_to_proto(final.logprobs[0]))
     return first

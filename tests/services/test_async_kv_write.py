@@ -52,8 +52,8 @@ def test_the_first_token_does_not_wait_and_the_decode_waits_for_the_write(cluste
     reply = _prefill_direct(prefill, prompt, "slow")
     assert time.monotonic() - start < WRITE_DELAY_S  # answered while the write sleeps
     assert reply.kv_handle.lease_id and reply.timings.kv_write_s < WRITE_DELAY_S / 2
-    msgs = _decode_direct(decode, prompt, reply.first_token_id, reply.kv_handle, "slow")
-    assert [reply.first_token_id] + _tokens(msgs) == offline[tuple(prompt)]
+    msgs = _decode_direct(decode, prompt, reply.choices[0].token_id, reply.kv_handle, "slow")
+    assert [reply.choices[0].token_id] + _tokens(msgs) == offline[tuple(prompt)]
     # it read every block once written: nothing recomputed, and the read took the wait
     assert decode.servicer.metrics.kvstore_imported._value.get() == len(prompt)
     assert decode.servicer.metrics.recompute._value.get() == 0
@@ -68,8 +68,8 @@ def test_a_failed_write_is_recomputed_with_the_same_tokens(cluster, offline, mon
     monkeypatch.setattr(prefill.servicer.kvstore, "put_blocks", full)
     prompt = LONG[0]
     reply = _prefill_direct(prefill, prompt, "fails")
-    msgs = _decode_direct(decode, prompt, reply.first_token_id, reply.kv_handle, "fails")
-    assert [reply.first_token_id] + _tokens(msgs) == offline[tuple(prompt)]
+    msgs = _decode_direct(decode, prompt, reply.choices[0].token_id, reply.kv_handle, "fails")
+    assert [reply.choices[0].token_id] + _tokens(msgs) == offline[tuple(prompt)]
     assert prefill.servicer.metrics.kv_write_failures._value.get() == 1
     num_blocks = len(reply.kv_handle.block_hashes) + bool(reply.kv_handle.tail_key)
     assert decode.servicer.metrics.recompute._value.get() == num_blocks
@@ -79,7 +79,7 @@ def test_a_failed_write_is_recomputed_with_the_same_tokens(cluster, offline, mon
 def test_the_prefix_found_in_the_store_is_pinned_until_the_decode_reads(cluster, offline):
     prefill, decode = cluster.prefills[0], cluster.decodes[0]
     first = _prefill_direct(prefill, LONG[0], "a")
-    _decode_direct(decode, LONG[0], first.first_token_id, first.kv_handle, "a")
+    _decode_direct(decode, LONG[0], first.choices[0].token_id, first.kv_handle, "a")
     # LONG[2] shares 3 full blocks with LONG[0]: found in the store, not written again
     reply = _prefill_direct(prefill, LONG[2], "b")
     handle = reply.kv_handle
@@ -89,6 +89,6 @@ def test_the_prefix_found_in_the_store_is_pinned_until_the_decode_reads(cluster,
     while store.stats().num_pinned_blocks < 7 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert store.stats().num_pinned_blocks == 7  # 3 found + 3 written + the tail, all by its lease
-    msgs = _decode_direct(decode, LONG[2], reply.first_token_id, handle, "b")
-    assert [reply.first_token_id] + _tokens(msgs) == offline[tuple(LONG[2])]
+    msgs = _decode_direct(decode, LONG[2], reply.choices[0].token_id, handle, "b")
+    assert [reply.choices[0].token_id] + _tokens(msgs) == offline[tuple(LONG[2])]
     assert store.stats().num_pinned_blocks == 0

@@ -158,7 +158,7 @@ def test_a_bad_ttft_budget_or_target_is_invalid_argument(cluster, offline, field
             sampling=common_pb2.SamplingParams(temperature=0, max_tokens=MAX_TOKENS)))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and e.value.details().startswith(f"slo.{field}: ")
     # one token: it ends on the prefill worker, no KV handed over
-    assert _prefill_direct(cluster.prefills[0], LONG[0], "after", max_tokens=1).first_token_id == \
+    assert _prefill_direct(cluster.prefills[0], LONG[0], "after", max_tokens=1).choices[0].token_id == \
         offline[tuple(LONG[0])].token_ids[0]
 
 
@@ -210,13 +210,13 @@ def _decode_direct(worker, prompt, first: int, handle, req_id: str):
 def test_prefix_reuse_across_prefill_workers(cluster, offline):
     a, b = cluster.prefills
     first = _prefill_direct(a, LONG[0], "a")
-    _decode_direct(cluster.decodes[0], LONG[0], first.first_token_id, first.kv_handle, "a")
+    _decode_direct(cluster.decodes[0], LONG[0], first.choices[0].token_id, first.kv_handle, "a")
     shared = LONG[2]  # shares 60 tokens (3 full blocks) with LONG[0]
     reply = _prefill_direct(b, shared, "b")
-    msgs = _decode_direct(cluster.decodes[0], shared, reply.first_token_id, reply.kv_handle, "b")
+    msgs = _decode_direct(cluster.decodes[0], shared, reply.choices[0].token_id, reply.kv_handle, "b")
     assert reply.num_cached_tokens == 48  # 3 of its 6 full blocks came from A's prefill
     assert b.servicer.metrics.kvstore_imported._value.get() == 48
-    assert [reply.first_token_id] + _tokens(msgs) == offline[tuple(shared)].token_ids
+    assert [reply.choices[0].token_id] + _tokens(msgs) == offline[tuple(shared)].token_ids
 
 
 def test_evicted_block_is_recomputed(cluster, offline, monkeypatch):
@@ -228,8 +228,8 @@ def test_evicted_block_is_recomputed(cluster, offline, monkeypatch):
     monkeypatch.setattr(store, "get", lambda keys: [None if k == evicted else b for k, b in zip(keys, real_get(keys))])
     decode = cluster.decodes[0]
     before = decode.servicer.metrics.recompute._value.get()
-    msgs = _decode_direct(decode, LONG[1], reply.first_token_id, handle, "e")
-    assert [reply.first_token_id] + _tokens(msgs) == offline[tuple(LONG[1])].token_ids
+    msgs = _decode_direct(decode, LONG[1], reply.choices[0].token_id, handle, "e")
+    assert [reply.choices[0].token_id] + _tokens(msgs) == offline[tuple(LONG[1])].token_ids
     assert decode.servicer.metrics.recompute._value.get() > before
 
 

@@ -140,7 +140,7 @@ def test_decodes_sharing_a_lease_leave_it_to_the_router(cluster, offline):
             req_id="shared", prompt_token_ids=LONG, sampling=sampling_to_proto(SEEDED), n=3))
     expected = offline(LONG, SEEDED, 3)
     assert [c.token_id for c in reply.choices] == [t[0] for t in expected]
-    assert reply.first_token_id == expected[0][0] and reply.kv_handle.num_tokens == len(LONG)
+    assert reply.choices[0].token_id == expected[0][0] and reply.kv_handle.num_tokens == len(LONG)
     reused = _reused(cluster.decodes)
     for i in range(params.n):
         child = sampling_to_proto(dataclasses.replace(SEEDED, seed=SEEDED.seed + i))

@@ -54,7 +54,7 @@ def test_a_prefill_arriving_mid_step_is_admitted_at_the_next_boundary(cluster):
                 time.sleep(0.005)  # a step has just begun: this request arrives in the middle of it
             sent = time.monotonic()
             response = _prefill_direct(cluster.prefills[0], list(range(1000 + 100 * i, 1080 + 100 * i)), f"mid-{i}")
-            assert response.first_token_id >= 0
+            assert response.choices[0].token_id >= 0
             between = [t for t in step_starts if sent < t < added[f"mid-{i}"]]
             assert between == [], (f"request mid-{i} was added {len(between)} step(s) after it arrived: "
                                    "it should join the step after the one it arrived in")

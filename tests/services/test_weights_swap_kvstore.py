@@ -122,9 +122,9 @@ def _prefill_then_decode(prefill, decode, prompt: list[int], req_id: str) -> lis
     assert first.kv_handle.kvstore_address  # the prompt's KV went through the kvstore
     with channel(decode.address) as ch:
         msgs = list(decode_pb2_grpc.DecodeWorkerStub(ch).Decode(decode_pb2.DecodeRequest(
-            req_id=req_id, prompt_token_ids=prompt, first_token_id=first.first_token_id,
+            req_id=req_id, prompt_token_ids=prompt, first_token_id=first.choices[0].token_id,
             kv_handle=first.kv_handle, sampling=sampling)))
-    return [first.first_token_id] + [t for m in msgs for t in m.token_ids]
+    return [first.choices[0].token_id] + [t for m in msgs for t in m.token_ids]
 
 
 def _offline(model: str) -> list[list[int]]:

@@ -1,5 +1,6 @@
 """A request's n completions (GenerateRequest.n > 1): one prefill of the prompt, then each
 completion's own stream, all merged into the request's one stream, tagged with its index.
+The parts parallel.py puts together: completion(), SharedLease, merged().
 
     disaggregated: prefill(prompt, n) ─▶ n first tokens + one KVHandle (one write, one lease)
                      ├─▶ decode(first 0, handle) ─▶ completion 0 ─┐
@@ -62,6 +63,12 @@ class SharedLease:
             last = self._num_left == 0
         if last:
             self.release()
+
+    def read(self) -> None:  # completions.Lease: a reader that read and one that never will count alike
+        self.done_reading()
+
+    def not_read(self) -> None:
+        self.done_reading()
 
     def release(self) -> None:
         with self._lock:

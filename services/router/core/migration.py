@@ -9,15 +9,14 @@ is asked to continue after them, and the client's stream goes on as if nothing h
                 last text sent (held-back stop-string prefixes included)
 
 Greedy and seeded requests give exactly the tokens of an uninterrupted run: a seeded draw
-depends only on (seed, position), never on which worker samples (engine/sample). A worker's
+depends only on (seed, position), never on which worker samples (engine/sample). The
+resumed DecodeRequest is built where every DecodeRequest is (decode_request.py). A worker's
 clear answer about the request itself (INVALID_ARGUMENT, ...) and the client's own cancel
 or deadline end the request instead; so does a third break (MAX_MIGRATIONS).
 """
 from __future__ import annotations
 
 import grpc
-
-from pdserve.services.pb import decode_pb2
 
 MAX_MIGRATIONS = 2  # resumes per request: a request that breaks every worker it meets is not chased around
 
@@ -65,19 +64,3 @@ def migration_reason(failure: grpc.RpcError) -> str | None:
     if isinstance(failure, StreamFailure):
         return failure.reason
     return _REASONS.get(failure.code())
-
-
-def resumed_request(request: decode_pb2.DecodeRequest, sent_token_ids: list[int],
-                    kvstore_up: bool) -> decode_pb2.DecodeRequest:
-    """`request` continued after the tokens already sent. Its KV handle stays (without
-    the lease, which the broken decode released when it took over) for the new worker to
-    import what the kvstore still holds; with the kvstore down it recomputes instead."""
-    resumed = decode_pb2.DecodeRequest()
-    resumed.CopyFrom(request)
-    resumed.ClearField("first_token_id")
-    resumed.output_token_ids[:] = sent_token_ids
-    if kvstore_up and request.kv_handle.kvstore_address:
-        resumed.kv_handle.lease_id = ""
-    else:
-        resumed.ClearField("kv_handle")
-    return resumed

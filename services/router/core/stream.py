@@ -8,9 +8,11 @@ A resumed request's new worker replays the tokens already sent through its detok
 so its first message's text continues exactly where the last one's ended. With n > 1 each
 completion has a stream of its own (choices.py); its messages carry its index.
 
-The final message (finish_reason set) gets usage counted here, exactly as the client saw
-it, and timings merged from every hop: the router's queue time and TTFT, the prefill's
-queue/compute/KV-write parts and the decode's KV-read and join parts.
+Messages are filled in place, never copied: the first is built here from the prefill's
+choice, the others are the decode's own, parsed for this stream alone. The final message
+(finish_reason set) gets usage counted here, exactly as the client saw it, and timings
+merged from every hop: the router's queue time and TTFT, the prefill's queue/compute/
+KV-write parts and the decode's KV-read and join parts.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ class ResponseStream:
         self.first_token: float | None = None
         self.last_token: float | None = None
         self.token_ids: list[int] = []  # every token sent: a resumed request continues after them
-        self._prefill_timings = common_pb2.Timings()
+        self._prefill_timings = common_pb2.Timings()  # the direct path: none
         self._cached_prompt_tokens: int | None = None  # from the prefill; None: the decode's count
         self._finished = False
 
@@ -58,24 +60,21 @@ class ResponseStream:
             self.metrics.queue.labels(*self.labels).observe(self.first_call - self.arrival)
 
     def first_from_prefill(self, reply: prefill_pb2.PrefillResponse) -> common_pb2.GenerateResponse:
-        """The first token of completion req.index: the reply's own for n = 1, else its choice."""
-        self._prefill_timings.CopyFrom(reply.timings)
+        """The first token of completion req.index: its choice in the reply."""
+        self._prefill_timings = reply.timings  # read at the end, never written: the reply stays as it came
         self._cached_prompt_tokens = reply.num_cached_tokens  # completion 0's: what was cached before
-        first = reply.choices[self.req.index] if reply.choices else None
-        msg = common_pb2.GenerateResponse(req_id=self.label_req_id,
-                                          token_ids=[first.token_id if first else reply.first_token_id],
-                                          text=first.text if first else reply.text,
-                                          finish_reason=first.finish_reason if first else reply.finish_reason)
-        logprob_of = first if first else reply
-        if logprob_of.HasField("logprob"):
-            msg.logprobs.append(logprob_of.logprob)
+        first = reply.choices[self.req.index]
+        msg = common_pb2.GenerateResponse(req_id=self.label_req_id, token_ids=[first.token_id], text=first.text,
+                                          finish_reason=first.finish_reason)
+        if first.HasField("logprob"):
+            msg.logprobs.append(first.logprob)
         if reply.HasField("prompt_logprobs"):
             msg.prompt_logprobs.CopyFrom(reply.prompt_logprobs)
         return self._account(msg)
 
-    def forward(self, worker_msg: common_pb2.GenerateResponse) -> common_pb2.GenerateResponse:
-        msg = common_pb2.GenerateResponse()
-        msg.CopyFrom(worker_msg)
+    def forward(self, msg: common_pb2.GenerateResponse) -> common_pb2.GenerateResponse:
+        """A decode worker's message, relabelled in place: parsed for this stream alone, it is
+        the router's to change, so no copy per token."""
         msg.req_id = self.label_req_id
         return self._account(msg)
 
@@ -101,17 +100,17 @@ class ResponseStream:
         self.last_token = t
 
     def _finish(self, msg: common_pb2.GenerateResponse) -> None:
+        """Usage and timings filled in on the final message itself."""
         self._finished = True
-        cached = msg.usage.cached_prompt_tokens if self._cached_prompt_tokens is None else self._cached_prompt_tokens
-        msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=len(self.req.prompt_token_ids),
-                                            completion_tokens=self.num_tokens, cached_prompt_tokens=cached))
-        merged = common_pb2.Timings()
-        for part in (self._prefill_timings, msg.timings):
-            for name in _TIMING_FIELDS:
-                if getattr(part, name):
-                    setattr(merged, name, getattr(part, name))
-        merged.router_queue_s = (self.first_call or self.arrival) - self.arrival
-        merged.ttft_s = (self.first_token or time.monotonic()) - self.arrival
-        msg.timings.CopyFrom(merged)
+        usage = msg.usage
+        if self._cached_prompt_tokens is not None:  # else the decode's own count stands
+            usage.cached_prompt_tokens = self._cached_prompt_tokens
+        usage.prompt_tokens, usage.completion_tokens = len(self.req.prompt_token_ids), self.num_tokens
+        timings = msg.timings
+        for name in _TIMING_FIELDS:  # the decode's part where it measured one, else the prefill's
+            if not getattr(timings, name):
+                setattr(timings, name, getattr(self._prefill_timings, name))
+        timings.router_queue_s = (self.first_call or self.arrival) - self.arrival
+        timings.ttft_s = (self.first_token or time.monotonic()) - self.arrival
         msg.path = self.req.path
         self.metrics.e2e.labels(*self.labels).observe(time.monotonic() - self.arrival)

@@ -23,14 +23,14 @@ def test_one_engine_serves_both_services_and_both_pools_read_one_report(tiny_lla
         with channel(worker.address) as ch:
             prefill, decode = prefill_pb2_grpc.PrefillWorkerStub(ch), decode_pb2_grpc.DecodeWorkerStub(ch)
             reply = prefill.Prefill(prefill_pb2.PrefillRequest(req_id="p", prompt_token_ids=PROMPT, sampling=GREEDY))
-            assert reply.kv_handle.num_tokens == len(PROMPT) and not reply.finish_reason
+            assert reply.kv_handle.num_tokens == len(PROMPT) and reply.choices[0].handoff
             # the hand-off's other end on the same engine: what a router never asks, yet exact
             handed = list(decode.Decode(decode_pb2.DecodeRequest(
-                req_id="p", prompt_token_ids=PROMPT, first_token_id=reply.first_token_id, kv_handle=reply.kv_handle,
-                sampling=GREEDY)))
+                req_id="p", prompt_token_ids=PROMPT, first_token_id=reply.choices[0].token_id,
+                kv_handle=reply.kv_handle, sampling=GREEDY)))
             direct = list(decode.Decode(decode_pb2.DecodeRequest(req_id="d", prompt_token_ids=PROMPT,
                                                                  sampling=GREEDY)))
-            assert [reply.first_token_id, *(t for m in handed for t in m.token_ids)] == \
+            assert [reply.choices[0].token_id, *(t for m in handed for t in m.token_ids)] == \
                 [t for m in direct for t in m.token_ids]
             loads = [stub.GetLoad(common_pb2.GetLoadRequest()) for stub in (prefill, decode)]
         assert loads[0] == loads[1]

@@ -81,6 +81,7 @@ class FakePrefill(_Controls, prefill_pb2_grpc.PrefillWorkerServicer):
         super().__init__()
         self.kvstore_address = kvstore_address
         self.finish_reason = ""
+        self.handoff: bool | None = None  # set: the choice's handoff whatever its finish_reason (a broken worker)
         self.num_cached_tokens = 0
 
     def Prefill(self, request: prefill_pb2.PrefillRequest, context) -> prefill_pb2.PrefillResponse:
@@ -95,9 +96,11 @@ class FakePrefill(_Controls, prefill_pb2_grpc.PrefillWorkerServicer):
         handle = common_pb2.KVHandle(block_hashes=[b"block-%d" % i for i in range(len(prompt) // 16)],
                                      tail_key=f"{request.req_id}/tail", num_tokens=len(prompt),
                                      lease_id=f"lease-{request.req_id}", kvstore_address=self.kvstore_address)
+        finish = self.finish_reason or finish
+        handoff = not finish if self.handoff is None else self.handoff
+        choice = prefill_pb2.FirstToken(token_id=first, text=piece(first), finish_reason=finish, handoff=handoff)
         return prefill_pb2.PrefillResponse(
-            req_id=request.req_id, first_token_id=first, text=piece(first),
-            finish_reason=self.finish_reason or finish, kv_handle=handle, num_cached_tokens=self.num_cached_tokens,
+            req_id=request.req_id, choices=[choice], kv_handle=handle, num_cached_tokens=self.num_cached_tokens,
             timings=common_pb2.Timings(**PREFILL_TIMINGS))
 
 

@@ -2,6 +2,7 @@
 stream, usage and timings the client gets."""
 from __future__ import annotations
 
+import grpc
 import pytest
 
 from pdserve.engine import SamplingParams
@@ -84,6 +85,19 @@ def test_first_token_that_finishes_ends_the_stream_without_decode(cluster, clien
     assert msg.timings.prefill_s == PREFILL_TIMINGS["prefill_s"]
     assert all(not d.requests for d in cluster.decodes)
     assert cluster.kvstore.releases == []  # a finished prefill leaves no lease
+
+
+@pytest.mark.parametrize("finish,handoff", [("", False), ("stop", True)])
+def test_a_first_token_neither_or_both_ended_and_handed_off_is_internal(cluster, client, finish, handoff):
+    for p in cluster.prefills:
+        p.finish_reason, p.handoff = finish, handoff
+    with pytest.raises(grpc.RpcError) as e:
+        _collect(client, LONG)
+    assert e.value.code() == grpc.StatusCode.INTERNAL and "handed off" in e.value.details()
+    assert all(not d.requests for d in cluster.decodes)
+    (prefill_req,) = [r for p in cluster.prefills for r in p.requests]
+    # a lease handed off is the router's to release when no decode takes it
+    assert cluster.kvstore.releases == ([(f"lease-{prefill_req.req_id}", True)] if handoff else [])
 
 
 def test_text_prompt_is_tokenized(cluster, client, tokenizer):

@@ -188,8 +188,8 @@ def test_a_handle_naming_another_kvstore_is_not_followed(cluster, offline):
     handle.CopyFrom(reply.kv_handle)
     handle.kvstore_address = "127.0.0.1:1"  # a forged handle pointing the decode elsewhere
     before, imported = _rejected(decode, "kvstore_address"), decode.servicer.metrics.kvstore_imported._value.get()
-    msgs = _decode_direct(decode, prompt, reply.first_token_id, handle, "address")
-    assert [reply.first_token_id] + _tokens(msgs) == offline["address"]
+    msgs = _decode_direct(decode, prompt, reply.choices[0].token_id, handle, "address")
+    assert [reply.choices[0].token_id] + _tokens(msgs) == offline["address"]
     assert _rejected(decode, "kvstore_address") == before + 5
     assert decode.servicer.metrics.kvstore_imported._value.get() == imported
     cluster.kvstore_client().release_lease(reply.kv_handle.lease_id)  # nobody read it
