@@ -24,7 +24,7 @@ _HANDLE = common_pb2.KVHandle(block_hashes=[b"h0"], tail_key="r/tail", num_token
 def test_a_prompt_request_asks_the_worker_for_every_completion_chunked():
     request = decode_request(_REQ)
     assert (request.req_id, list(request.prompt_token_ids), request.sampling.seed) == ("r", [1, 2, 3], 5)
-    assert (request.priority, request.itl_target_ms, request.cache_salt) == (1, 100, "salt")
+    assert (request.priority, request.slo.itl_target_ms, request.cache_salt) == (1, 100, "salt")
     assert (request.n, request.prefill_chunk_tokens) == (2, 64)
     assert not request.HasField("first_token_id") and not request.HasField("kv_handle")
     assert not request.shared_lease
