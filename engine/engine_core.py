@@ -15,7 +15,7 @@ import torch
 
 from pdserve.engine.config import EngineConfig
 from pdserve.engine.core.kv_cache_manager import KVCacheManager
-from pdserve.engine.core.kv_events import KVEvents
+from pdserve.engine.core.cache_events import KVEvents
 from pdserve.engine.core.scheduler import Scheduler
 from pdserve.engine.engine_request import EngineRequest
 from pdserve.engine.engine_setup import (engine_info, make_drafting, model_naming, pick_attention_backend,
@@ -241,7 +241,7 @@ class EngineCore:
 
     def take_kv_events(self) -> KVEvents:
         """The prefix cache's stored/removed block hashes since the last call, each naming
-        its tier (see engine/core/kv_events.py); a worker publishes them to routers between steps."""
+        its tier (see engine/core/cache_events.py); a worker publishes them to routers between steps."""
         return self.kv_manager.pool.take_kv_events()
 
     def stats(self) -> EngineStats:

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from pdserve.engine.core.block_hash import BlockHash
 from pdserve.engine.core.host_tier import HostTier, NoHostTier
-from pdserve.engine.core.kv_events import KVEventLog, KVEvents, KVTier
+from pdserve.engine.core.cache_events import KVEventLog, KVEvents, KVTier
 
 
 class KVCacheBlock:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from pdserve.engine.core.block_hash import BlockHash
-from pdserve.engine.core.kv_events import KVEventLog, KVTier
+from pdserve.engine.core.cache_events import KVEventLog, KVTier
 
 # (device block id, host slot): device -> host; (host slot, device block id): host -> device
 Offload = tuple[int, int]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pdserve.engine.core.block_hash import BlockHash, hash_full_blocks
 from pdserve.engine.core.block_pool import BlockPool, KVCacheBlock
 from pdserve.engine.core.host_tier import HostTier, NoHostTier, Offload, Onload
-from pdserve.engine.core.kv_events import KVEventLog
+from pdserve.engine.core.cache_events import KVEventLog
 from pdserve.engine.request import Request, RequestMode
 
 # In a request's table in place of a block freed outside the window; block id 0 in the

@@ -24,7 +24,7 @@ Two axes, two rooms, and the plane that wires them at the top:
     server.py         config, serve(): a store and the transports' servers
     client.py         KVStoreClient (the worker side: never imports the server side)
     main.py           `pdserve kvstore`
-    kv_events.py      the store's full blocks as KV events for routers
+    block_events.py   the store's full blocks as KV events for routers
     kv_metrics.py     Prometheus metrics;  heap.py: the process keeps freed memory;
     errors.py         the service's errors
 

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pdserve.services.common.grpc_server import RunningServer, ServiceSpec, start_server
-from pdserve.services.common.kv_events import KVEventPublisher, kv_events_service
+from pdserve.services.common.kv_event_publisher import KVEventPublisher, kv_events_service
 from pdserve.services.common.security import ServerSecurity, warn_if_open
 from pdserve.services.kvstore.grpc_servicer import SERVICE_NAME, KVStoreServicer, add_to_server
 from pdserve.services.kvstore.handlers import KVStoreHandlers, LeasePolicy
-from pdserve.services.kvstore.kv_events import PublishingMetrics
+from pdserve.services.kvstore.block_events import PublishingMetrics
 from pdserve.services.kvstore.kv_metrics import KVStoreMetrics
 from pdserve.services.kvstore.transports.mooncake import plane as mooncake_plane
 from pdserve.services.kvstore.stores.disk_tier import DiskTier

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from pdserve.engine import EngineCore, RequestOutput
-from pdserve.engine.core.kv_events import KVEvents
+from pdserve.engine.core.cache_events import KVEvents
 from pdserve.engine.engine_request import EngineRequest
 from pdserve.engine.errors import EngineDeadError
 from pdserve.engine.info import EngineInfo

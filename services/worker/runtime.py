@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 from pdserve.engine import EngineCore
 from pdserve.services.common.grpc_server import RunningServer, ServiceSpec, start_server
-from pdserve.services.common.kv_events import kv_events_service
+from pdserve.services.common.kv_event_publisher import kv_events_service
 from pdserve.services.common.process import configure_logging, set_cpu_threads, wait_for_shutdown
 from pdserve.services.kvstore.client import KVStoreClient
 from pdserve.services.kvstore.transports.reused_buffers import ReusedBuffers
 from pdserve.services.worker.config import WorkerConfig, add_worker_arguments, worker_config_from_args
 from pdserve.services.worker.engine_loop import EngineLoop
-from pdserve.services.worker.kv_events import WorkerKVEvents
+from pdserve.services.worker.prefix_cache_events import WorkerKVEvents
 from pdserve.services.worker.metrics import WorkerMetrics
 from pdserve.services.worker.servicer import WorkerServicer
 

@@ -8,7 +8,7 @@ from pdserve.engine.config import CacheConfig, SchedulerConfig
 from pdserve.engine.core.block_hash import hash_full_blocks, model_fingerprint
 from pdserve.engine.core.host_tier import HostTier
 from pdserve.engine.core.kv_cache_manager import KVCacheManager, PrefixHits
-from pdserve.engine.core.kv_events import KVEventKind, KVEventLog, KVTier
+from pdserve.engine.core.cache_events import KVEventKind, KVEventLog, KVTier
 from pdserve.engine.core.scheduler import Scheduler
 from pdserve.engine.request import Request, RequestStatus
 from pdserve.engine.engine_request import EngineRequest

@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from pdserve.services.common.kv_events import KVEventPublisher
+from pdserve.services.common.kv_event_publisher import KVEventPublisher
 from pdserve.services.kvstore.stores.disk_files import SUFFIX
 from pdserve.services.kvstore.stores.disk_tier import DiskTier
-from pdserve.services.kvstore.kv_events import PublishingMetrics
+from pdserve.services.kvstore.block_events import PublishingMetrics
 from pdserve.services.kvstore.stores.memory import MemoryBlockStore
 from pdserve.services.kvstore.stores.base import StoreEvents, hash_key, tail_key
 from tests.services.kvstore.conftest import block

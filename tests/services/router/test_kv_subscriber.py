@@ -7,7 +7,7 @@ import time
 
 from pdserve.engine.core.block_hash import hash_full_blocks, model_fingerprint
 from pdserve.services.common.grpc_server import start_server
-from pdserve.services.common.kv_events import DEVICE, HOST, REMOVED, STORED, KVEventPublisher, kv_events_service
+from pdserve.services.common.kv_event_publisher import DEVICE, HOST, REMOVED, STORED, KVEventPublisher, kv_events_service
 from pdserve.services.pb import kv_events_pb2
 from pdserve.services.router.config import default_slo_classes
 from pdserve.services.router.metrics import RouterMetrics

@@ -7,7 +7,7 @@ empty (a router then counts on no kvstore hits, as before it had an index).
 """
 from __future__ import annotations
 
-from pdserve.services.common.kv_events import REMOVED, STORED, KVEventPublisher
+from pdserve.services.common.kv_event_publisher import REMOVED, STORED, KVEventPublisher
 from pdserve.services.kvstore.kv_metrics import KVStoreMetrics
 from pdserve.services.kvstore.stores.base import HASH_PREFIX
 

@@ -1,13 +1,13 @@
 """A worker's prefix cache as KVEvents: the engine loop drains the engine's events after
-each step (engine/core/kv_events.py) and hands them here; routers subscribe over gRPC
-(services/common/kv_events.py). Each event keeps its engine tier: DEVICE (the KV cache
+each step (engine/core/cache_events.py) and hands them here; routers subscribe over gRPC
+(services/common/kv_event_publisher.py). Each event keeps its engine tier: DEVICE (the KV cache
 the model reads) or HOST (host memory, blocks the device evicted), which a router scores
 apart (a host hit costs a copy back)."""
 from __future__ import annotations
 
-from pdserve.engine.core.kv_events import KVEventKind, KVEvents, KVTier
+from pdserve.engine.core.cache_events import KVEventKind, KVEvents, KVTier
 from pdserve.engine.info import EngineInfo
-from pdserve.services.common.kv_events import DEVICE, HOST, REMOVED, STORED, KVEventPublisher
+from pdserve.services.common.kv_event_publisher import DEVICE, HOST, REMOVED, STORED, KVEventPublisher
 
 _KINDS = {KVEventKind.STORED: STORED, KVEventKind.REMOVED: REMOVED}
 _TIERS = {KVTier.DEVICE: DEVICE, KVTier.HOST: HOST}

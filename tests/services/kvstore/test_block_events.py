@@ -2,8 +2,8 @@
 ones, tails never; replayed, they equal what the store holds."""
 from __future__ import annotations
 
-from pdserve.services.common.kv_events import REMOVED, STORED, KVEventPublisher
-from pdserve.services.kvstore.kv_events import PublishingMetrics
+from pdserve.services.common.kv_event_publisher import REMOVED, STORED, KVEventPublisher
+from pdserve.services.kvstore.block_events import PublishingMetrics
 from pdserve.services.kvstore.stores.memory import MemoryBlockStore
 from pdserve.services.kvstore.stores.base import hash_key
 from tests.services.kvstore.conftest import block

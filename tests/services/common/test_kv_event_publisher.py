@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from pdserve.services.common.kv_events import DEVICE, HOST, REMOVED, STORED, KVEventPublisher
+from pdserve.services.common.kv_event_publisher import DEVICE, HOST, REMOVED, STORED, KVEventPublisher
 
 
 def _kinds(batch):

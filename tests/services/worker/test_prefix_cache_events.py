@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from pdserve.engine.core.kv_events import KVEventKind, KVEvents, KVTier
-from pdserve.services.common.kv_events import DEVICE, HOST, REMOVED, STORED
-from pdserve.services.worker.kv_events import WorkerKVEvents
+from pdserve.engine.core.cache_events import KVEventKind, KVEvents, KVTier
+from pdserve.services.common.kv_event_publisher import DEVICE, HOST, REMOVED, STORED
+from pdserve.services.worker.prefix_cache_events import WorkerKVEvents
 
 INFO = SimpleNamespace(block_size=16, root_hash=b"root")  # all the publisher reads of EngineInfo
 

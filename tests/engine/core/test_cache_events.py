@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pdserve.engine.core.block_hash import hash_full_blocks, model_fingerprint
 from pdserve.engine.core.kv_cache_manager import KVCacheManager
-from pdserve.engine.core.kv_events import KVEventKind, KVEventLog, KVTier
+from pdserve.engine.core.cache_events import KVEventKind, KVEventLog, KVTier
 from pdserve.engine.request import Request
 from pdserve.engine.engine_request import EngineRequest
 from pdserve.engine.sampling_params import SamplingParams
