@@ -20,6 +20,7 @@ from pdserve.services.kvstore import heap
 from pdserve.services.kvstore.transports.mooncake import plane as mooncake_plane
 from pdserve.services.kvstore.errors import KVStoreError
 from pdserve.services.kvstore.server import KVStoreConfig, check_backend, serve
+from pdserve.services.kvstore.stores.disk_folder import DiskFolderError
 
 _port = port_arg(note="0 picks a free one")
 _positive_ms = number_arg(int, "a number of milliseconds", low=0, low_open=True)
@@ -138,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
     heap.keep_freed_memory(config.capacity_bytes)  # a put's buffers reuse freed memory, no fresh pages
     try:
         running = serve(config)
+    except DiskFolderError as e:  # the folder is no fence: the flag's value is what to change
+        print(f"pdserve kvstore: error: --disk-dir {e}", file=sys.stderr)
+        return 2
     except (KVStoreError, OSError, RuntimeError) as e:  # Redis unreachable, port taken (grpc raises
         # RuntimeError for that): say so, without a traceback
         print(f"pdserve kvstore: error: cannot start: {e}", file=sys.stderr)

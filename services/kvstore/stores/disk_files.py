@@ -15,21 +15,24 @@ in the same folder renamed over the name. On start the folder is scanned: the in
 rebuilt oldest modification first (least recent), tmp files are deleted, and so is a file
 whose size disagrees with its own lengths; a checksum failure is found on read (counted,
 deleted, a miss). A `.lock` file held with flock keeps a second process off the folder.
+The folder is the files' only fence (stores/disk_folder.py): 0700 and this process's
+user's, held open, every file 0600 and reached relative to it; a name that is not a
+regular file of ours is never read (a damaged file, as far as the index goes).
 The folder is flat: ext4 and xfs index large directories, and a 64 GiB tier of 360 KiB
 blocks is some 190,000 files.
 """
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import struct
 import threading
 import zlib
 from collections import OrderedDict
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from pdserve.services.kvstore.stores.base import HASH_PREFIX, StoredBlock
+from pdserve.services.kvstore.stores.disk_folder import Folder, tighten
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +40,7 @@ MAGIC, VERSION = b"PDKV", 1
 _FIELDS = struct.Struct("<4sHHIQ")  # magic, version, key, header and data lengths
 _CRC = struct.Struct("<I")
 PREFIX_BYTES = _FIELDS.size + _CRC.size
-SUFFIX, TMP_PREFIX, LOCK_NAME = ".kvb", ".tmp-", ".lock"
+SUFFIX, TMP_PREFIX = ".kvb", ".tmp-"
 
 
 def encode_prefix(block: StoredBlock) -> bytes:
@@ -64,13 +67,6 @@ def read_block(f: BinaryIO, key: bytes) -> StoredBlock | None:
     return StoredBlock(key, names[key_len:], data)
 
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 class BlockFiles:
     """Full blocks as files in `directory`, at most `capacity_bytes` of data (as the memory
     store counts: KV bytes only), least recent evicted first. Thread-safe, with one writer:
@@ -81,8 +77,12 @@ class BlockFiles:
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes: {capacity_bytes} must be positive")
         self.directory, self.capacity_bytes, self._fsync = os.fspath(directory), capacity_bytes, fsync
-        os.makedirs(self.directory, exist_ok=True)
-        self._lock_fd = _lock_folder(self.directory)
+        self._folder = Folder(self.directory)
+        try:
+            self._lock_fd = self._folder.lock()
+        except BaseException:
+            self._folder.close()
+            raise
         self._lock = threading.Lock()
         self._sizes: OrderedDict[bytes, int] = OrderedDict()  # key -> data bytes, least recent first
         self.used_bytes = 0
@@ -105,31 +105,31 @@ class BlockFiles:
                 self.used_bytes -= size
                 victims.append(key)
         for key in victims:
-            _unlink(self._path(key))
+            self._folder.unlink(_name(key))
         return victims
 
     def get(self, key: bytes) -> StoredBlock | None:
-        """The block, checksum checked, made most recent; None when absent. A broken file
-        is deleted and counted (num_corrupt)."""
+        """The block, checksum checked, made most recent; None when absent. A broken file,
+        or a name that is not a regular file of ours, is deleted and counted (num_corrupt)."""
         with self._lock:
             if key not in self._sizes:
                 return None
             self._sizes.move_to_end(key)
-        path = self._path(key)
+        name = _name(key)
         try:
-            with open(path, "rb") as f:
+            with self._folder.open_ours(name) as f:
                 block = read_block(f, key)
+            problem = f"{self._folder.shown(name)} is damaged (size or checksum)"
         except FileNotFoundError:  # evicted meanwhile, or removed by hand
             self._forget(key)
             return None
-        except OSError as e:  # an I/O error: as good as damaged
-            logger.warning("kvstore disk tier: cannot read %s: %s", path, e)
-            block = None
+        except OSError as e:  # an I/O error, or not ours (NotOurs): as good as damaged
+            block, problem = None, f"cannot read {self._folder.shown(name)}: {e}"
         if block is None:
-            logger.warning("kvstore disk tier: %s is damaged (size or checksum): deleted", path)
+            logger.warning("kvstore disk tier: %s: deleted", problem)
             if self._forget(key):
                 self.num_corrupt += 1
-            _unlink(path)
+            self._folder.unlink(name)
         return block
 
     def contains(self, key: bytes) -> bool:
@@ -153,30 +153,24 @@ class BlockFiles:
 
     def close(self) -> None:
         os.close(self._lock_fd)
+        self._folder.close()
 
     # ---- helpers ---------------------------------------------------------------------
-    def _path(self, key: bytes) -> str:
-        return os.path.join(self.directory, key.hex() + SUFFIX)
-
     def _write(self, block: StoredBlock) -> None:
-        tmp = os.path.join(self.directory, TMP_PREFIX + block.key.hex())
+        tmp = TMP_PREFIX + block.key.hex()
         try:
-            with open(tmp, "wb") as f:
+            with self._folder.create(tmp) as f:
                 for part in (encode_prefix(block), block.key, block.header, block.data):
                     f.write(part)
                 if self._fsync:
                     f.flush()
                     os.fsync(f.fileno())
-            os.replace(tmp, self._path(block.key))
+            self._folder.replace(tmp, _name(block.key))
         except OSError:
-            _unlink(tmp)
+            self._folder.unlink(tmp)
             raise
         if self._fsync:  # the rename itself, durable
-            fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            self._folder.sync()
 
     def _forget(self, key: bytes) -> bool:
         with self._lock:
@@ -186,55 +180,61 @@ class BlockFiles:
             return size is not None
 
     def _load(self) -> None:
-        """The index from the folder: oldest modification first; tmp files (writes cut short)
-        and files whose size disagrees with their own lengths deleted; then evicted down to
-        the capacity (it may have shrunk since)."""
-        found = []
-        with os.scandir(self.directory) as entries:
+        """The index from the folder: oldest modification first; tmp files (writes cut short),
+        block names that are not regular files of ours and files whose size disagrees with
+        their own lengths deleted; files of ours readable by others tightened to 0600; then
+        evicted down to the capacity (it may have shrunk since)."""
+        found, num_tightened = [], 0
+        with self._folder.entries() as entries:
             for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    continue  # not ours to delete, and never read
                 if entry.name.startswith(TMP_PREFIX):
-                    _unlink(entry.path)
-                elif entry.name.endswith(SUFFIX) and entry.is_file(follow_symlinks=False):
-                    stat = entry.stat(follow_symlinks=False)
-                    key, num_bytes = _checked(entry.path, entry.name, stat.st_size)
-                    if key is None:
+                    self._folder.unlink(entry.name)
+                elif entry.name.endswith(SUFFIX):
+                    if (file := self._checked(entry.name)) is None:
                         self.num_corrupt += 1
-                        _unlink(entry.path)
+                        self._folder.unlink(entry.name)
                     else:
-                        found.append((stat.st_mtime_ns, entry.name, key, num_bytes))
-        for _, _, key, num_bytes in sorted(found):
-            self._sizes[key] = num_bytes
-            self.used_bytes += num_bytes
+                        found.append(file)
+                        num_tightened += file.tightened
+        if num_tightened:
+            logger.warning("kvstore disk tier: %d block files in %s were readable by others: now 0600",
+                           num_tightened, self.directory)
+        for file in sorted(found):
+            self._sizes[file.key] = file.num_bytes
+            self.used_bytes += file.num_bytes
         while self.used_bytes > self.capacity_bytes:
             key, size = self._sizes.popitem(last=False)
             self.used_bytes -= size
-            _unlink(self._path(key))
+            self._folder.unlink(_name(key))
+
+    def _checked(self, name: str) -> _Found | None:
+        """A block file whose name and size agree with its fixed fields; None otherwise, or
+        when it is not a regular file of ours. Cheap: the fixed fields only, the checksum
+        waits for a read."""
+        try:
+            key = bytes.fromhex(name.removesuffix(SUFFIX))
+            with self._folder.open_ours(name) as f:
+                fields, stat, tightened = f.read(_FIELDS.size), os.fstat(f.fileno()), tighten(f)
+            magic, version, key_len, header_len, data_len = _FIELDS.unpack(fields)
+        except (ValueError, OSError, struct.error):
+            return None
+        ok = (magic, version, key_len) == (MAGIC, VERSION, len(key)) and key.startswith(HASH_PREFIX) and \
+            stat.st_size == PREFIX_BYTES + key_len + header_len + data_len
+        return _Found(stat.st_mtime_ns, name, key, data_len, tightened) if ok else None
 
 
-def _checked(path: str, name: str, size: int) -> tuple[bytes | None, int]:
-    """(key, data bytes) of a block file whose name and size agree with its fixed fields;
-    (None, 0) otherwise. Cheap: the fixed fields only, the checksum waits for a read."""
-    try:
-        key = bytes.fromhex(name.removesuffix(SUFFIX))
-        with open(path, "rb") as f:
-            fields = f.read(_FIELDS.size)
-        magic, version, key_len, header_len, data_len = _FIELDS.unpack(fields)
-    except (ValueError, OSError, struct.error):
-        return None, 0
-    ok = (magic, version, key_len) == (MAGIC, VERSION, len(key)) and key.startswith(HASH_PREFIX) and \
-        size == PREFIX_BYTES + key_len + header_len + data_len
-    return (key, data_len) if ok else (None, 0)
+class _Found(NamedTuple):
+    """A block file the start-up scan found; sorts oldest modification first."""
+    mtime_ns: int
+    name: str
+    key: bytes
+    num_bytes: int
+    tightened: bool
 
 
-def _lock_folder(directory: str) -> int:
-    """Holds the folder's lock file (released by the kernel when the process dies, even by
-    kill -9); a second process on the same folder is refused."""
-    fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise OSError(f"disk tier folder {directory} is in use by another kvstore process") from None
-    return fd
+def _name(key: bytes) -> str:
+    return key.hex() + SUFFIX
 
 

@@ -1,10 +1,12 @@
 """`pdserve kvstore --disk-dir`: its flags go together and with the memory backend only; a
 real process killed with SIGKILL and started again on the same folder serves the full
-blocks it had written, byte for byte; its tails and leases are gone."""
+blocks it had written, byte for byte (its folder 0700, its files 0600); its tails and
+leases are gone. A folder it cannot fence is refused, naming the flag."""
 from __future__ import annotations
 
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -51,11 +53,14 @@ def test_config_refuses_a_disk_tier_it_cannot_run(overrides):
         KVStoreConfig(**overrides)
 
 
+def _argv(disk_dir) -> list[str]:
+    return [sys.executable, "-m", "pdserve.services.kvstore.main", "--port", "0", "--capacity-bytes", "1MiB",
+            "--disk-dir", str(disk_dir), "--disk-capacity-bytes", "1MiB"]
+
+
 def _start(disk_dir) -> tuple[subprocess.Popen, str, str]:
     """The process, its address and its banner."""
-    proc = subprocess.Popen([sys.executable, "-m", "pdserve.services.kvstore.main", "--port", "0", "--capacity-bytes", "1MiB",
-                             "--disk-dir", str(disk_dir), "--disk-capacity-bytes", "1MiB"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(_argv(disk_dir), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     banner = _read_line(proc)
     return proc, re.search(r"serving on (\S+),", banner).group(1), banner
 
@@ -93,6 +98,8 @@ def test_a_killed_kvstore_finds_its_blocks_on_disk_again(tmp_path):
         proc.wait(timeout=10)
     finally:
         _stop(proc)
+    assert stat.S_IMODE(os.stat(disk_dir).st_mode) == 0o700
+    assert {stat.S_IMODE(e.stat().st_mode) for e in os.scandir(disk_dir)} == {0o600}
 
     proc, address, banner = _start(disk_dir)
     try:
@@ -107,5 +114,34 @@ def test_a_killed_kvstore_finds_its_blocks_on_disk_again(tmp_path):
             assert client.stats().num_pinned_blocks == 0  # leases do not survive
         finally:
             client.close()
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.parametrize("change,problem", [
+    (lambda d: os.chmod(d, 0o777), "mode 0777: writable by group and others; chmod 700 it"),
+    (lambda d: os.chown(d, 1234, 1234), f"owned by uid 1234, not this process's {os.geteuid()}"),
+], ids=["writable by others", "another uid's"])
+def test_a_kvstore_refuses_a_folder_it_cannot_fence_naming_the_flag(tmp_path, change, problem):
+    disk_dir = tmp_path / "kv"
+    disk_dir.mkdir(mode=0o700)
+    change(disk_dir)
+    done = subprocess.run(_argv(disk_dir), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert f"pdserve kvstore: error: --disk-dir {disk_dir}: {problem}" in done.stderr, done.stderr
+    assert os.listdir(disk_dir) == []
+
+
+def test_a_kvstore_tightens_the_0755_folder_an_older_version_made(tmp_path):
+    disk_dir = tmp_path / "kv"
+    disk_dir.mkdir(mode=0o755)
+    os.chmod(disk_dir, 0o755)
+    proc, _, banner = _start(disk_dir)
+    try:
+        assert "(0 blocks" in banner
+        assert stat.S_IMODE(os.stat(disk_dir).st_mode) == 0o700
+        proc.kill()
+        proc.wait(timeout=10)
+        assert "was mode 0755, readable by others" in proc.stderr.read()
     finally:
         _stop(proc)

@@ -180,13 +180,14 @@ is not one. (dict "value" .) */}}
 {{- end }}
 {{- end -}}
 
-{{/* The pod-level fields every pdserve pod has. (dict "root" $ "component" "router" "spec" .Values.router "serviceAccount" name) */}}
+{{/* The pod-level fields every pdserve pod has. (dict "root" $ "component" "router" "spec" .Values.router "serviceAccount" name
+[ "securityContext" dict: in place of .Values.podSecurityContext ]) */}}
 {{- define "pdserve.podSpecCommon" -}}
 serviceAccountName: {{ .serviceAccount }}
 automountServiceAccountToken: {{ eq .component "router" }}
 enableServiceLinks: false
 securityContext:
-  {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
+  {{- toYaml (get . "securityContext" | default .root.Values.podSecurityContext) | nindent 2 }}
 terminationGracePeriodSeconds: {{ include "pdserve.terminationGrace" .spec }}
 {{- with .root.Values.image.pullSecrets }}
 imagePullSecrets:
