@@ -5,7 +5,8 @@ Two axes, two rooms, and the plane that wires them at the top:
     stores/       where blocks live: the contract and each backend
         base.py            the storage contract (BlockStore), keys, StoreEvents
         memory.py          in-process memory (default); disk_tier.py its optional disk
-                           tier, disk_files.py the tier's files
+                           tier, disk_files.py the tier's files, disk_folder.py their
+                           folder (0700, ours, every file opened relative to it)
         redis_store.py     Redis (redis_scripts.py: its Lua scripts)
         mooncake_index.py  the index over bytes kept in Mooncake Store
     transports/   how block bytes move between a worker and the kvstore
