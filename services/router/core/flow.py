@@ -52,8 +52,7 @@ from pdserve.services.router.state.discovery import DECODE, PREFILL
 class GenerateFlow:
     def __init__(self, pools: dict[str, Pool], paths: PathPolicy, calls: WorkerCalls, metrics: RouterMetrics,
                  kvstore_address: str, retry_after_ms: int, min_class_ttft_ms: float = 0.0):
-        """`min_class_ttft_ms`: the tightest TTFT target of this router's SLO classes; each
-        prefill request carries it, so the worker sizes its steps to what a newcomer may need."""
+        """`min_class_ttft_ms`: for the prefill requests (Attempts)."""
         self.pools = pools
         self.paths = paths
         self.calls = calls
