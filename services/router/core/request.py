@@ -63,8 +63,8 @@ class GenerateInput:
     slo_class: str = ""            # "": the router's default class
     model: str = ""                # "": the served model
     cache_salt: str = ""           # shares cached KV only with requests of the same salt ("": none)
-    # vLLM's truncate_prompt_tokens: keep the prompt's last k tokens (-1: the context's
-    # max_model_len); None keeps it whole
+    # vLLM's truncate_prompt_tokens: keep the prompt's last k tokens (-1: as many as the
+    # context leaves beside max_tokens, at least one); None keeps it whole
     truncate_prompt_tokens: int | None = None
 
 
@@ -117,7 +117,7 @@ class RequestValidator:
                                                    f"known: {sorted(self.slo_classes)}")
         self._check_sampling(inp.sampling)
         sampling = _to_wire(inp.sampling)
-        prompt = self._prompt(inp.prompt, inp.truncate_prompt_tokens)
+        prompt = self._prompt(inp.prompt, inp.truncate_prompt_tokens, inp.sampling.max_tokens)
         if inp.sampling.structured_outputs is not None:  # last: the costliest check (a compile)
             self.grammars.check(inp.sampling.structured_outputs)
         return RoutedRequest(uuid.uuid4().hex, prompt, sampling, slo_class, self.slo_classes[slo_class],
@@ -168,11 +168,15 @@ class RequestValidator:
         if vocab:
             validate_token_ids(params, vocab)
 
-    def _prompt(self, prompt: str | tuple[int, ...], truncate: int | None = None) -> tuple[int, ...]:
+    def _prompt(self, prompt: str | tuple[int, ...], truncate: int | None = None,
+                max_tokens: int = 1) -> tuple[int, ...]:
         limit = self.model.max_model_len
         if truncate is not None and not (truncate == -1 or 1 <= truncate <= limit):
-            raise InvalidRequestError("truncate_prompt_tokens", f"must be -1 (the context) or in [1, {limit}] "
-                                                                f"(max_model_len), got {truncate}")
+            raise InvalidRequestError("truncate_prompt_tokens", f"must be -1 (what the context leaves beside "
+                                                                f"max_tokens) or in [1, {limit}] (max_model_len), "
+                                                                f"got {truncate}")
+        if truncate == -1:  # the prompt's end that leaves max_tokens room (at least 1): kept whole when it fits
+            truncate = limit - min(max(max_tokens, 1), limit - 1)
         if isinstance(prompt, str):
             contexts = 1 if truncate is None else TRUNCATED_PROMPT_CONTEXTS
             _check_text("prompt", prompt, MAX_PROMPT_CHARS_PER_TOKEN * limit * contexts)
@@ -180,7 +184,7 @@ class RequestValidator:
         else:
             token_ids = tuple(prompt)
         if truncate is not None:  # vLLM's side: the last k tokens
-            token_ids = token_ids[-(limit if truncate == -1 else truncate):]
+            token_ids = token_ids[-truncate:]
         if not token_ids:
             raise InvalidRequestError("prompt", "is empty")
         vocab = self.model.vocab_size or _INT32_LIMIT  # unknown: at least what the workers' wire carries

@@ -121,3 +121,19 @@ def test_logits_fields_travel_to_the_workers():
     assert (wire.repetition_penalty, wire.presence_penalty, wire.frequency_penalty) == (1.25, -0.5, 0.75)
     assert dict(wire.logit_bias) == {7: -100.0} and wire.min_tokens == 2
     assert list(wire.bad_words) == ["no"] and list(wire.allowed_token_ids.ids) == [7, 8]
+
+
+def test_truncate_minus_one_keeps_the_prompts_end_that_leaves_room_for_max_tokens():
+    # -1 used to keep max_model_len tokens, which the next check refused ("no room to
+    # generate"): every prompt longer than the context failed
+    validator = _validator()
+    long = tuple(range(3, 3 + 3000))
+    routed = validator.validate(GenerateInput(long, SamplingParams(max_tokens=16), truncate_prompt_tokens=-1))
+    assert routed.prompt_token_ids == long[-(2048 - 16):]
+    whole = validator.validate(GenerateInput(long, SamplingParams(max_tokens=2048), truncate_prompt_tokens=-1))
+    assert whole.prompt_token_ids == long[-1:]  # max_tokens the whole context: one prompt token stays
+    short = (5, 6, 7)
+    assert validator.validate(GenerateInput(short, SamplingParams(max_tokens=16),
+                                            truncate_prompt_tokens=-1)).prompt_token_ids == short
+    with pytest.raises(InvalidRequestError, match="^truncate_prompt_tokens: "):
+        validator.validate(GenerateInput(short, SamplingParams(), truncate_prompt_tokens=-2))
