@@ -73,6 +73,10 @@ class CacheConfig:
     # tier, engine/core/host_tier.py; vLLM's --kv-offloading-size, here in bytes): the
     # total over all ranks. 0 or None: off. Needs prefix caching.
     kv_offloading_bytes: int | None = None
+    # The platform's key for block names (services/worker/kv_seal.py): block hashes chain
+    # from the model's fingerprint under it, so they cannot be computed without it. Empty:
+    # from the fingerprint itself (an engine of its own, or a platform without a token).
+    block_names_key: bytes = field(default=b"", repr=False)
 
     def __post_init__(self):
         u = self.gpu_memory_utilization

@@ -12,7 +12,7 @@ import torch
 from pdserve.engine.attention.backend import AttentionBackend
 from pdserve.engine.attention.selector import get_attention_backend
 from pdserve.engine.config import EngineConfig, ModelArchConfig, SchedulerConfig
-from pdserve.engine.core.block_hash import BlockHash, model_fingerprint
+from pdserve.engine.core.block_hash import BlockHash, keyed_root, model_fingerprint
 from pdserve.engine.dtypes import dtype_name
 from pdserve.engine.info import EngineInfo
 from pdserve.engine.kv_transfer import KVLayout
@@ -37,12 +37,14 @@ def pick_attention_backend(config: EngineConfig) -> AttentionBackend:
     return get_attention_backend(config.attention_backend)
 
 
-def model_naming(source: ModelSource, dtype: torch.dtype, arch: ModelArchConfig,
-                 block_size: int) -> tuple[str, BlockHash]:
+def model_naming(source: ModelSource, dtype: torch.dtype, arch: ModelArchConfig, block_size: int,
+                 names_key: bytes = b"") -> tuple[str, BlockHash]:
     """The model's key (its files' digest, never its path: two folders of one name but other
-    weights must not share KV) and the root of its block hashes, built on that key."""
+    weights must not share KV) and the root of its block hashes, built on that key (and on
+    the platform's `names_key`, when it has one)."""
     key = checkpoint_identity(source)
-    return key, model_fingerprint(key, str(dtype), arch.num_layers, arch.num_kv_heads, arch.head_dim, block_size)
+    fingerprint = model_fingerprint(key, str(dtype), arch.num_layers, arch.num_kv_heads, arch.head_dim, block_size)
+    return key, keyed_root(fingerprint, names_key)
 
 
 def engine_info(config: EngineConfig, model_id: str, arch: ModelArchConfig, dtype: torch.dtype, max_model_len: int,
@@ -50,7 +52,7 @@ def engine_info(config: EngineConfig, model_id: str, arch: ModelArchConfig, dtyp
     bs = config.cache.block_size
     block_shape = (arch.num_layers, 2, bs, arch.num_kv_heads, arch.head_dim)
     return EngineInfo(bs, max_model_len, arch.vocab_size, max_num_seqs, root_hash, block_shape,
-                      KVLayout(model_id, dtype_name(dtype), block_shape, root_hash))
+                      KVLayout.of(model_id, dtype_name(dtype), block_shape))
 
 
 def memory_profile(config: EngineConfig, executor: Executor, backend: AttentionBackend, dtype: torch.dtype,

@@ -11,11 +11,16 @@ A request's `cache_salt` (vLLM's name; "" for none) is an extra key of its first
 only, as in vLLM: every later hash chains from that one, so requests with different salts
 share no block, locally or in the kvstore, and cannot learn each other's prefixes by
 asking for them. An empty salt adds nothing: unsalted hashes are what they always were.
+
+With a names key (the platform's: services/worker/kv_seal.py) the root is the fingerprint
+under that key (HMAC-SHA256), so nobody without it can compute a block's name from token
+ids and ask a store whether it holds a prompt.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import json
 import struct
 from collections.abc import Sequence
@@ -45,6 +50,11 @@ def kv_layout_fingerprint(model_id: str, dtype: str, block_shape: tuple[int, ...
     claimed fingerprint with it; the engine's own root hash is exactly this."""
     num_layers, _, block_size, num_kv_heads, head_dim = block_shape
     return model_fingerprint(model_id, f"torch.{dtype}", num_layers, num_kv_heads, head_dim, block_size)
+
+
+def keyed_root(fingerprint: BlockHash, names_key: bytes) -> BlockHash:
+    """The root of the block hash chain: the fingerprint itself, or under `names_key`."""
+    return hmac.digest(names_key, fingerprint, "sha256") if names_key else fingerprint
 
 
 def check_cache_salt(cache_salt) -> str | None:

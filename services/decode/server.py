@@ -92,9 +92,9 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
         if plan.names_other_blocks:
             logger.warning("request %s: its KV handle names other blocks than its prompt's; reading the prompt's",
                            req.req_id)
-        return self._fetch(plan, req.req_id, keep_lease=request.shared_lease)
+        return self._fetch(plan, req.req_id, req.cache_salt, keep_lease=request.shared_lease)
 
-    def _fetch(self, plan: ReadPlan, req_id: str, keep_lease: bool = False) -> tuple[KVPayload | None, float]:
+    def _fetch(self, plan: ReadPlan, req_id: str, cache_salt: str, keep_lease: bool = False) -> tuple[KVPayload | None, float]:
         """`keep_lease`: the lease is shared with the decodes of sibling completions (n > 1):
         the router releases it once all of them have read."""
         t = now()
@@ -102,7 +102,7 @@ class DecodeServicer(WorkerServicer, decode_pb2_grpc.DecodeWorkerServicer):
             batches = self.kvstore.get_blocks(plan.block_hashes, plan.tail_keys, lease_id=plan.lease_id,
                                               wait_ms=plan.wait_ms)
             read = payload_from_batches(batches, plan.block_hashes, self.loop.info.kv_layout, plan.tail_key,
-                                        plan.num_tail_tokens, plan.first_block)
+                                        plan.num_tail_tokens, plan.first_block, self.kv_keys, cache_salt)
         except grpc.RpcError as e:
             logger.warning("kvstore read for %s failed (%s); recomputing its prompt", req_id, e)
             self.metrics.recompute.inc(plan.num_asked)

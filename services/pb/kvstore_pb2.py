@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdserve/v1/kvstore.proto\x12\npdserve.v1\"\xe0\x01\n\rKVBlockHeader\x12\x12\n\nblock_hash\x18\x01 \x01(\x0c\x12\x10\n\x08tail_key\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\r\x12\x13\n\x0blayer_start\x18\x05 \x01(\r\x12\x11\n\tlayer_end\x18\x06 \x01(\r\x12\x12\n\nnum_tokens\x18\x07 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x08 \x01(\x0c\x12\x10\n\x08model_id\x18\t \x01(\t\x12\x15\n\x08\x63hecksum\x18\n \x01(\x07H\x00\x88\x01\x01\x42\x0b\n\t_checksum\"Q\n\x07KVBlock\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x19.pdserve.v1.KVBlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\"{\n\x10PutBlocksRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12*\n\x07headers\x18\x02 \x03(\x0b\x32\x19.pdserve.v1.KVBlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\x12\x1b\n\x13\x62ytes_in_data_plane\x18\x03 \x01(\x08\"W\n\x0cKVBlockBatch\x12*\n\x07headers\x18\x01 \x03(\x0b\x32\x19.pdserve.v1.KVBlockHeader\x12\r\n\x05\x66ound\x18\x02 \x03(\x08\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\"B\n\nPutRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\"\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x13.pdserve.v1.KVBlock\"4\n\x0bPutResponse\x12\x12\n\nnum_stored\x18\x01 \x01(\r\x12\x11\n\tnum_bytes\x18\x02 \x01(\x04\"n\n\nGetRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x11\n\ttail_keys\x18\x02 \x03(\t\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\x0f\n\x07wait_ms\x18\x04 \x01(\r\x12\x14\n\x0cheaders_only\x18\x05 \x01(\x08\"7\n\rLookupRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"*\n\x0eLookupResponse\x12\x18\n\x10num_prefix_found\x18\x01 \x01(\r\"K\n\x12\x43reateLeaseRequest\x12\x0e\n\x06ttl_ms\x18\x01 \x01(\r\x12\x0e\n\x06req_id\x18\x02 \x01(\t\x12\x15\n\rwrite_pending\x18\x03 \x01(\x08\"3\n\x0f\x45ndWriteRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61iled\x18\x02 \x01(\x08\"!\n\x10\x45ndWriteResponse\x12\r\n\x05\x65nded\x18\x01 \x01(\x08\")\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\r\":\n\x13ReleaseLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tdrop_tail\x18\x02 \x01(\x08\"(\n\x14ReleaseLeaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xc1\x01\n\x0cKVStoreStats\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x01 \x01(\x04\x12\x12\n\nused_bytes\x18\x02 \x01(\x04\x12\x12\n\nnum_blocks\x18\x03 \x01(\r\x12\x19\n\x11num_pinned_blocks\x18\x04 \x01(\r\x12\x19\n\x11num_active_leases\x18\x05 \x01(\r\x12\x10\n\x08num_hits\x18\x06 \x01(\x04\x12\x12\n\nnum_misses\x18\x07 \x01(\x04\x12\x15\n\rnum_evictions\x18\x08 \x01(\x04\x32\xda\x04\n\x07KVStore\x12\x38\n\x03Put\x12\x16.pdserve.v1.PutRequest\x1a\x17.pdserve.v1.PutResponse(\x01\x12\x34\n\x03Get\x12\x16.pdserve.v1.GetRequest\x1a\x13.pdserve.v1.KVBlock0\x01\x12?\n\x06Lookup\x12\x19.pdserve.v1.LookupRequest\x1a\x1a.pdserve.v1.LookupResponse\x12@\n\x0b\x43reateLease\x12\x1e.pdserve.v1.CreateLeaseRequest\x1a\x11.pdserve.v1.Lease\x12Q\n\x0cReleaseLease\x12\x1f.pdserve.v1.ReleaseLeaseRequest\x1a .pdserve.v1.ReleaseLeaseResponse\x12;\n\x05Stats\x12\x18.pdserve.v1.StatsRequest\x1a\x18.pdserve.v1.KVStoreStats\x12\x44\n\tPutBlocks\x12\x1c.pdserve.v1.PutBlocksRequest\x1a\x17.pdserve.v1.PutResponse(\x01\x12?\n\tGetBlocks\x12\x16.pdserve.v1.GetRequest\x1a\x18.pdserve.v1.KVBlockBatch0\x01\x12\x45\n\x08\x45ndWrite\x12\x1b.pdserve.v1.EndWriteRequest\x1a\x1c.pdserve.v1.EndWriteResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdserve/v1/kvstore.proto\x12\npdserve.v1\"\xee\x01\n\rKVBlockHeader\x12\x12\n\nblock_hash\x18\x01 \x01(\x0c\x12\x10\n\x08tail_key\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\r\x12\x13\n\x0blayer_start\x18\x05 \x01(\r\x12\x11\n\tlayer_end\x18\x06 \x01(\r\x12\x12\n\nnum_tokens\x18\x07 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x08 \x01(\x0c\x12\x10\n\x08model_id\x18\t \x01(\t\x12\x15\n\x08\x63hecksum\x18\n \x01(\x07H\x00\x88\x01\x01\x12\x0c\n\x04seal\x18\x0b \x01(\x0c\x42\x0b\n\t_checksum\"Q\n\x07KVBlock\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x19.pdserve.v1.KVBlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\"{\n\x10PutBlocksRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12*\n\x07headers\x18\x02 \x03(\x0b\x32\x19.pdserve.v1.KVBlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\x12\x1b\n\x13\x62ytes_in_data_plane\x18\x03 \x01(\x08\"W\n\x0cKVBlockBatch\x12*\n\x07headers\x18\x01 \x03(\x0b\x32\x19.pdserve.v1.KVBlockHeader\x12\r\n\x05\x66ound\x18\x02 \x03(\x08\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\"B\n\nPutRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\"\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x13.pdserve.v1.KVBlock\"4\n\x0bPutResponse\x12\x12\n\nnum_stored\x18\x01 \x01(\r\x12\x11\n\tnum_bytes\x18\x02 \x01(\x04\"n\n\nGetRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x11\n\ttail_keys\x18\x02 \x03(\t\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\x0f\n\x07wait_ms\x18\x04 \x01(\r\x12\x14\n\x0cheaders_only\x18\x05 \x01(\x08\"7\n\rLookupRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"*\n\x0eLookupResponse\x12\x18\n\x10num_prefix_found\x18\x01 \x01(\r\"K\n\x12\x43reateLeaseRequest\x12\x0e\n\x06ttl_ms\x18\x01 \x01(\r\x12\x0e\n\x06req_id\x18\x02 \x01(\t\x12\x15\n\rwrite_pending\x18\x03 \x01(\x08\"3\n\x0f\x45ndWriteRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61iled\x18\x02 \x01(\x08\"!\n\x10\x45ndWriteResponse\x12\r\n\x05\x65nded\x18\x01 \x01(\x08\")\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\r\":\n\x13ReleaseLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tdrop_tail\x18\x02 \x01(\x08\"(\n\x14ReleaseLeaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xc1\x01\n\x0cKVStoreStats\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x01 \x01(\x04\x12\x12\n\nused_bytes\x18\x02 \x01(\x04\x12\x12\n\nnum_blocks\x18\x03 \x01(\r\x12\x19\n\x11num_pinned_blocks\x18\x04 \x01(\r\x12\x19\n\x11num_active_leases\x18\x05 \x01(\r\x12\x10\n\x08num_hits\x18\x06 \x01(\x04\x12\x12\n\nnum_misses\x18\x07 \x01(\x04\x12\x15\n\rnum_evictions\x18\x08 \x01(\x04\x32\xda\x04\n\x07KVStore\x12\x38\n\x03Put\x12\x16.pdserve.v1.PutRequest\x1a\x17.pdserve.v1.PutResponse(\x01\x12\x34\n\x03Get\x12\x16.pdserve.v1.GetRequest\x1a\x13.pdserve.v1.KVBlock0\x01\x12?\n\x06Lookup\x12\x19.pdserve.v1.LookupRequest\x1a\x1a.pdserve.v1.LookupResponse\x12@\n\x0b\x43reateLease\x12\x1e.pdserve.v1.CreateLeaseRequest\x1a\x11.pdserve.v1.Lease\x12Q\n\x0cReleaseLease\x12\x1f.pdserve.v1.ReleaseLeaseRequest\x1a .pdserve.v1.ReleaseLeaseResponse\x12;\n\x05Stats\x12\x18.pdserve.v1.StatsRequest\x1a\x18.pdserve.v1.KVStoreStats\x12\x44\n\tPutBlocks\x12\x1c.pdserve.v1.PutBlocksRequest\x1a\x17.pdserve.v1.PutResponse(\x01\x12?\n\tGetBlocks\x12\x16.pdserve.v1.GetRequest\x1a\x18.pdserve.v1.KVBlockBatch0\x01\x12\x45\n\x08\x45ndWrite\x12\x1b.pdserve.v1.EndWriteRequest\x1a\x1c.pdserve.v1.EndWriteResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,39 +32,39 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.kvstore_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_KVBLOCKHEADER']._serialized_start=41
-  _globals['_KVBLOCKHEADER']._serialized_end=265
-  _globals['_KVBLOCK']._serialized_start=267
-  _globals['_KVBLOCK']._serialized_end=348
-  _globals['_PUTBLOCKSREQUEST']._serialized_start=350
-  _globals['_PUTBLOCKSREQUEST']._serialized_end=473
-  _globals['_KVBLOCKBATCH']._serialized_start=475
-  _globals['_KVBLOCKBATCH']._serialized_end=562
-  _globals['_PUTREQUEST']._serialized_start=564
-  _globals['_PUTREQUEST']._serialized_end=630
-  _globals['_PUTRESPONSE']._serialized_start=632
-  _globals['_PUTRESPONSE']._serialized_end=684
-  _globals['_GETREQUEST']._serialized_start=686
-  _globals['_GETREQUEST']._serialized_end=796
-  _globals['_LOOKUPREQUEST']._serialized_start=798
-  _globals['_LOOKUPREQUEST']._serialized_end=853
-  _globals['_LOOKUPRESPONSE']._serialized_start=855
-  _globals['_LOOKUPRESPONSE']._serialized_end=897
-  _globals['_CREATELEASEREQUEST']._serialized_start=899
-  _globals['_CREATELEASEREQUEST']._serialized_end=974
-  _globals['_ENDWRITEREQUEST']._serialized_start=976
-  _globals['_ENDWRITEREQUEST']._serialized_end=1027
-  _globals['_ENDWRITERESPONSE']._serialized_start=1029
-  _globals['_ENDWRITERESPONSE']._serialized_end=1062
-  _globals['_LEASE']._serialized_start=1064
-  _globals['_LEASE']._serialized_end=1105
-  _globals['_RELEASELEASEREQUEST']._serialized_start=1107
-  _globals['_RELEASELEASEREQUEST']._serialized_end=1165
-  _globals['_RELEASELEASERESPONSE']._serialized_start=1167
-  _globals['_RELEASELEASERESPONSE']._serialized_end=1207
-  _globals['_STATSREQUEST']._serialized_start=1209
-  _globals['_STATSREQUEST']._serialized_end=1223
-  _globals['_KVSTORESTATS']._serialized_start=1226
-  _globals['_KVSTORESTATS']._serialized_end=1419
-  _globals['_KVSTORE']._serialized_start=1422
-  _globals['_KVSTORE']._serialized_end=2024
+  _globals['_KVBLOCKHEADER']._serialized_end=279
+  _globals['_KVBLOCK']._serialized_start=281
+  _globals['_KVBLOCK']._serialized_end=362
+  _globals['_PUTBLOCKSREQUEST']._serialized_start=364
+  _globals['_PUTBLOCKSREQUEST']._serialized_end=487
+  _globals['_KVBLOCKBATCH']._serialized_start=489
+  _globals['_KVBLOCKBATCH']._serialized_end=576
+  _globals['_PUTREQUEST']._serialized_start=578
+  _globals['_PUTREQUEST']._serialized_end=644
+  _globals['_PUTRESPONSE']._serialized_start=646
+  _globals['_PUTRESPONSE']._serialized_end=698
+  _globals['_GETREQUEST']._serialized_start=700
+  _globals['_GETREQUEST']._serialized_end=810
+  _globals['_LOOKUPREQUEST']._serialized_start=812
+  _globals['_LOOKUPREQUEST']._serialized_end=867
+  _globals['_LOOKUPRESPONSE']._serialized_start=869
+  _globals['_LOOKUPRESPONSE']._serialized_end=911
+  _globals['_CREATELEASEREQUEST']._serialized_start=913
+  _globals['_CREATELEASEREQUEST']._serialized_end=988
+  _globals['_ENDWRITEREQUEST']._serialized_start=990
+  _globals['_ENDWRITEREQUEST']._serialized_end=1041
+  _globals['_ENDWRITERESPONSE']._serialized_start=1043
+  _globals['_ENDWRITERESPONSE']._serialized_end=1076
+  _globals['_LEASE']._serialized_start=1078
+  _globals['_LEASE']._serialized_end=1119
+  _globals['_RELEASELEASEREQUEST']._serialized_start=1121
+  _globals['_RELEASELEASEREQUEST']._serialized_end=1179
+  _globals['_RELEASELEASERESPONSE']._serialized_start=1181
+  _globals['_RELEASELEASERESPONSE']._serialized_end=1221
+  _globals['_STATSREQUEST']._serialized_start=1223
+  _globals['_STATSREQUEST']._serialized_end=1237
+  _globals['_KVSTORESTATS']._serialized_start=1240
+  _globals['_KVSTORESTATS']._serialized_end=1433
+  _globals['_KVSTORE']._serialized_start=1436
+  _globals['_KVSTORE']._serialized_end=2038
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class KVBlockHeader(_message.Message):
-    __slots__ = ("block_hash", "tail_key", "dtype", "shape", "layer_start", "layer_end", "num_tokens", "model_fingerprint", "model_id", "checksum")
+    __slots__ = ("block_hash", "tail_key", "dtype", "shape", "layer_start", "layer_end", "num_tokens", "model_fingerprint", "model_id", "checksum", "seal")
     BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
     TAIL_KEY_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class KVBlockHeader(_message.Message):
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    SEAL_FIELD_NUMBER: _ClassVar[int]
     block_hash: bytes
     tail_key: str
     dtype: str
@@ -28,7 +29,8 @@ class KVBlockHeader(_message.Message):
     model_fingerprint: bytes
     model_id: str
     checksum: int
-    def __init__(self, block_hash: _Optional[bytes] = ..., tail_key: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., num_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., model_id: _Optional[str] = ..., checksum: _Optional[int] = ...) -> None: ...
+    seal: bytes
+    def __init__(self, block_hash: _Optional[bytes] = ..., tail_key: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., num_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., model_id: _Optional[str] = ..., checksum: _Optional[int] = ..., seal: _Optional[bytes] = ...) -> None: ...
 
 class KVBlock(_message.Message):
     __slots__ = ("header", "data", "found")

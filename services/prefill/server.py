@@ -77,7 +77,7 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         try:
             # a request wanting its prompt's logprobs computes every prompt token: nothing to read
             wanted = hashes if req.params.prompt_logprobs is None else []
-            imported, num_in_store = self._import_prefix(wanted, lease_id)
+            imported, num_in_store = self._import_prefix(wanted, lease_id, req.cache_salt)
             # what is left of its TTFT budget once admitted and its prefix read: the engine's deadline
             finals = self._run(req, imported, context, slo.spent(now() - req.start))
             response = self._response(req, finals)
@@ -86,7 +86,8 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
             # the router gone: nobody would read or release, so nothing is written
             if kv_export is not None and context.is_active():
                 t = now()
-                response.kv_handle.CopyFrom(self._hand_over(req.req_id, kv_export, num_in_store, lease_id))
+                response.kv_handle.CopyFrom(self._hand_over(req.req_id, kv_export, num_in_store, lease_id,
+                                                             req.cache_salt))
                 handed_over = bool(lease_id)
                 # what the KV costs the first token: the lease, and queueing the write
                 response.timings.kv_write_s = lease_s + now() - t
@@ -106,7 +107,7 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
             self.metrics.kv_write_failures.inc()
             return ""
 
-    def _import_prefix(self, hashes: list[bytes], lease_id: str) -> tuple[KVPayload | None, int]:
+    def _import_prefix(self, hashes: list[bytes], lease_id: str, cache_salt: str) -> tuple[KVPayload | None, int]:
         """Blocks the kvstore has beyond what this engine holds (its device prefix cache, then
         its host tier: docs/kv_tiers.md); and how many leading blocks the store holds (those
         need not be written again: the lookup pinned them by the lease, so they stay until
@@ -125,7 +126,7 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         try:  # only what follows the local prefix: the engine has the rest
             wanted = hashes[num_local:num_in_store]
             read = payload_from_batches(self.kvstore.get_blocks(wanted), wanted, self.loop.info.kv_layout,
-                                        first_block=num_local)
+                                        first_block=num_local, keys=self.kv_keys, cache_salt=cache_salt)
         except grpc.RpcError as e:
             logger.warning("kvstore get failed (%s); computing the whole prompt", e)
             return None, 0
@@ -167,7 +168,8 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
                                                                        req.params.prompt_logprobs))
         return response
 
-    def _hand_over(self, req_id: str, payload: KVPayload, num_in_store: int, lease_id: str) -> common_pb2.KVHandle:
+    def _hand_over(self, req_id: str, payload: KVPayload, num_in_store: int, lease_id: str,
+                   cache_salt: str) -> common_pb2.KVHandle:
         """The handle for the decode, and the write of the blocks the store does not hold
         yet, queued (under a lease; without one, the store was unreachable: no write)."""
         # unguessable: req_id may be the client's, and nobody else may write this request's tail
@@ -175,17 +177,19 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         handle = common_pb2.KVHandle(block_hashes=payload.block_hashes, tail_key=tail_key, lease_id=lease_id,
                                      num_tokens=payload.num_tokens, kvstore_address=self.cfg.kvstore_address)
         if lease_id:
-            self._writes.submit(self._write_kv, req_id, payload, num_in_store, tail_key, lease_id)
+            self._writes.submit(self._write_kv, req_id, payload, num_in_store, tail_key, lease_id, cache_salt)
         return handle
 
-    def _write_kv(self, req_id: str, payload: KVPayload, num_in_store: int, tail_key: str, lease_id: str) -> None:
+    def _write_kv(self, req_id: str, payload: KVPayload, num_in_store: int, tail_key: str, lease_id: str,
+                  cache_salt: str) -> None:
         """In the background: the blocks, then the end of the lease's write. When the write
         fails (store full or down) the decode recomputes what it cannot read, so the request
         is slowed, not lost. When even end_write fails, the decode's wait runs out instead."""
         t = now()
         failed = False
         try:
-            headers, data = payload_to_put(payload, self.loop.info.kv_layout, tail_key, skip_blocks=num_in_store)
+            headers, data = payload_to_put(payload, self.loop.info.kv_layout, tail_key, skip_blocks=num_in_store,
+                                           keys=self.kv_keys, cache_salt=cache_salt)
             if headers:
                 self.kvstore.put_blocks(headers, data, lease_id=lease_id)
         except grpc.RpcError as e:  # KVStoreFullError among them

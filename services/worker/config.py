@@ -18,6 +18,7 @@ from pdserve.services.common.security import (ClientSecurity, ServerSecurity, ad
                                               add_internal_token_argument, add_server_tls_arguments,
                                               internal_client_security, internal_server_security)
 from pdserve.services.common.sizes import parse_bytes
+from pdserve.services.worker.kv_seal import KVKeys
 from pdserve.services.worker.parallel_args import add_parallel_arguments, parallel_config_from_args
 
 
@@ -37,6 +38,9 @@ class WorkerConfig:
     drain_timeout_s: float = defaults.DRAIN_TIMEOUT_S  # on shutdown: how long in-flight requests may take to finish
     security: ServerSecurity = ServerSecurity()    # what its port asks of callers (the router)
     internal: ClientSecurity = ClientSecurity()    # how it calls the kvstore
+    # derived from the internal token: how its KV blocks are sealed and named (kv_seal.py);
+    # None without a token (unkeyed checksums, names from token ids)
+    kv_keys: KVKeys | None = None
     # the router's --served-model-name, given to the workers too: the first is the
     # `model_name` label of the vllm: metrics (empty: the engine's --model)
     served_model_names: tuple[str, ...] = ()
@@ -211,6 +215,7 @@ def worker_config_from_args(args) -> WorkerConfig:
         long_prefill_token_threshold=args.long_prefill_token_threshold, max_model_len=args.max_model_len,
         enable_chunked_prefill=not args.no_chunked_prefill, scheduling_policy=args.scheduling_policy,
         max_step_ms=_max_step_ms(args))
+    internal = internal_client_security(args)
     cache = dataclasses.replace(_ENGINE.cache, enable_prefix_caching=not args.no_prefix_caching,
                                 kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                                 gpu_memory_utilization=args.gpu_memory_utilization,
@@ -221,13 +226,20 @@ def worker_config_from_args(args) -> WorkerConfig:
                                  cuda_graph_batch_sizes=args.cuda_graph_batch_sizes,
                                  speculative_config=args.speculative_config,
                                  parallel=parallel_config_from_args(args))
-    return WorkerConfig(engine=engine, host=args.host, port=args.port, metrics_port=args.metrics_port,
+    return with_kv_keys(WorkerConfig(engine=engine, host=args.host, port=args.port, metrics_port=args.metrics_port,
                         kvstore_address=args.kvstore, kvstore_transport=args.kvstore_transport,
                         mooncake_local_node=_mooncake_local_node(args),
                         drain_timeout_s=args.drain_timeout_s, security=internal_server_security(args),
-                        internal=internal_client_security(args), served_model_names=tuple(args.served_model_name),
+                        internal=internal, served_model_names=tuple(args.served_model_name),
                         kv_write_finished=_kv_write_finished(args),
-                        kv_write_finished_max_bytes=args.kv_write_finished_max_bytes)
+                        kv_write_finished_max_bytes=args.kv_write_finished_max_bytes),
+                        KVKeys.from_token(internal.token))
+
+
+def with_kv_keys(cfg: WorkerConfig, keys: KVKeys | None) -> WorkerConfig:
+    """`cfg` sealing its blocks with `keys` and naming them under their names key."""
+    cache = dataclasses.replace(cfg.engine.cache, block_names_key=keys.names_key if keys else b"")
+    return dataclasses.replace(cfg, kv_keys=keys, engine=dataclasses.replace(cfg.engine, cache=cache))
 
 
 def _mooncake_local_node(args) -> str:

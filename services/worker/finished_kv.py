@@ -41,6 +41,7 @@ from pdserve.engine.kv_transfer import KVPayload
 from pdserve.services.kvstore.client import KVStoreClient
 from pdserve.services.worker.config import WorkerConfig
 from pdserve.services.worker.engine_loop import EngineLoop
+from pdserve.services.worker.kv_seal import KVKeys
 from pdserve.services.worker.kv_wire import payload_to_put
 from pdserve.services.worker.metrics import WorkerMetrics
 
@@ -111,8 +112,9 @@ class FinishedKVWriter:
     (so completions sharing a prompt write it once: the second's Lookup finds it)."""
 
     def __init__(self, loop: EngineLoop, kvstore: KVStoreClient, metrics: WorkerMetrics, max_bytes: int,
-                 batch_bytes: int = BATCH_BYTES):
+                 batch_bytes: int = BATCH_BYTES, kv_keys: KVKeys | None = None):
         self._loop, self._kvstore, self._metrics = loop, kvstore, metrics
+        self._kv_keys = kv_keys
         self._layout = loop.info.kv_layout
         self._block_size, self._block_nbytes = self._layout.block_size, self._layout.block_nbytes
         self._batch_blocks = max(1, batch_bytes // self._block_nbytes)
@@ -176,7 +178,7 @@ class FinishedKVWriter:
                 return
             batch = hashes[done:done + self._batch_blocks]
             try:
-                num_written = self._write_batch(batch)
+                num_written = self._write_batch(batch, finished.cache_salt)
             except Exception as e:  # noqa: BLE001  (counted and logged by _failed)
                 self._failed(finished.req_id, num_blocks - done, e)
                 return
@@ -185,14 +187,14 @@ class FinishedKVWriter:
                 self._skipped(EVICTED, num_blocks - done)
                 return
 
-    def _write_batch(self, block_hashes: list[bytes]) -> int:
+    def _write_batch(self, block_hashes: list[bytes], cache_salt: str) -> int:
         """Exports the leading run of `block_hashes` the engine still holds and puts it;
         returns how many blocks that was."""
         payload: KVPayload | None = self._loop.call(
             lambda engine: engine.export_cached_blocks(block_hashes)).result()
         if payload is None:
             return 0
-        headers, data = payload_to_put(payload, self._layout, tail_key="")
+        headers, data = payload_to_put(payload, self._layout, tail_key="", keys=self._kv_keys, cache_salt=cache_salt)
         self._kvstore.put_blocks(headers, data)
         num = len(headers)
         self._metrics.finished_kv_written_blocks.inc(num)
@@ -218,4 +220,4 @@ def finished_kv_writer(cfg: WorkerConfig, loop: EngineLoop, kvstore: KVStoreClie
     blocks are exported from it)."""
     if not cfg.kv_write_finished or not cfg.engine.cache.enable_prefix_caching:
         return NoFinishedKVWriter()
-    return FinishedKVWriter(loop, kvstore, metrics, cfg.kv_write_finished_max_bytes)
+    return FinishedKVWriter(loop, kvstore, metrics, cfg.kv_write_finished_max_bytes, kv_keys=cfg.kv_keys)

@@ -10,7 +10,10 @@ read back as tensors viewing the bytes where the transport received them:
                                                                         one per batch, as BlockChunks
 
 Every header names the model (fingerprint, id) and carries a checksum over itself and the
-block's bytes; a reader uses a block only when it passes kv_integrity's checks.
+block's bytes; a reader uses a block only when it passes kv_integrity's checks. With the
+platform's keys (services/worker/kv_seal.py) the bytes on the wire are ciphertext: the
+writer encrypts into a buffer of its own, the reader decrypts into one (the view above is
+then of that buffer) and only once its seal holds.
 """
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ from pdserve.engine.dtypes import DTYPE_NAMES, DTYPE_SIZES, dtype_name, torch_dt
 from pdserve.engine.kv_transfer import BlockChunks, KVLayout, KVPayload
 from pdserve.services.kvstore.batch_codec import Decoded
 from pdserve.services.pb import kvstore_pb2
-from pdserve.services.worker.kv_integrity import refusal, seal, stamp
+from pdserve.services.worker.kv_integrity import refusal, seal, seal_encrypted, stamp
+from pdserve.services.worker.kv_seal import KVKeys
 
 
 def block_header(block_shape, dtype: torch.dtype, num_tokens: int, block_hash: bytes = b"",
@@ -56,12 +60,14 @@ def block_from_proto(msg: kvstore_pb2.KVBlock) -> torch.Tensor:
     return _view(msg.data, torch_dtype(header.dtype), tuple(header.shape), 1)[0]
 
 
-def payload_to_put(payload: KVPayload, layout: KVLayout, tail_key: str,
-                   skip_blocks: int = 0) -> tuple[list[kvstore_pb2.KVBlockHeader], memoryview]:
+def payload_to_put(payload: KVPayload, layout: KVLayout, tail_key: str, skip_blocks: int = 0,
+                   keys: KVKeys | None = None,
+                   cache_salt: str = "") -> tuple[list[kvstore_pb2.KVBlockHeader], memoryview]:
     """Sealed headers and bytes for KVStoreClient.put_blocks: full blocks under their
     hashes, the partial last one (if any) under `tail_key`. The first `skip_blocks` full
-    blocks (already in the store) are left out. The bytes are the payload tensor's own
-    memory; each block's checksum reads them in place (the write is off the first token)."""
+    blocks (already in the store) are left out. Without `keys` the bytes are the payload
+    tensor's own memory, each block's checksum reading them in place; with them, the
+    ciphertext for `cache_salt` in a buffer of its own (the write is off the first token)."""
     block_size = layout.block_size
     num_full = payload.num_tokens // block_size
     shape, dtype = payload.blocks.shape[1:], payload.blocks.dtype
@@ -70,11 +76,17 @@ def payload_to_put(payload: KVPayload, layout: KVLayout, tail_key: str,
     if payload.num_tokens % block_size:
         headers.append(block_header(shape, dtype, payload.num_tokens % block_size, tail_key=tail_key, layout=layout))
     rows = payload.blocks[skip_blocks:skip_blocks + len(headers)].contiguous()
-    data = memoryview(rows.view(torch.uint8).numpy()).cast("B")
+    data = _bytes_of(rows.view(torch.uint8))
     nbytes = layout.block_nbytes
+    if keys is None:
+        for i, header in enumerate(headers):
+            seal(header, data[i * nbytes:(i + 1) * nbytes])
+        return headers, data
+    out = _bytes_of(torch.empty(len(data), dtype=torch.uint8))
     for i, header in enumerate(headers):
-        seal(header, data[i * nbytes:(i + 1) * nbytes])
-    return headers, data
+        part = slice(i * nbytes, (i + 1) * nbytes)
+        seal_encrypted(header, data[part], out[part], keys, cache_salt)
+    return headers, out
 
 
 @dataclass
@@ -86,7 +98,8 @@ class KVRead:
 
 
 def payload_from_batches(batches: list[Decoded], block_hashes: list[bytes], layout: KVLayout,
-                         tail_key: str = "", tail_tokens: int = 0, first_block: int = 0) -> KVRead:
+                         tail_key: str = "", tail_tokens: int = 0, first_block: int = 0,
+                         keys: KVKeys | None = None, cache_salt: str = "") -> KVRead:
     """A kvstore's get_blocks answer for `block_hashes` (then `tail_key`, holding
     `tail_tokens` tokens, if set) as a KVPayload of the leading blocks that arrived and
     pass kv_integrity's checks:
@@ -97,7 +110,8 @@ def payload_from_batches(batches: list[Decoded], block_hashes: list[bytes], layo
 
     A gap or a refused block ends the usable prefix (KV is only valid after every token
     before it); the tail counts only when every full block before it was usable. The
-    bytes are viewed where the transport received them: checked in place, no copy.
+    bytes are viewed where the transport received them: checked in place, no copy; with
+    `keys`, decrypted for `cache_salt` into one buffer per batch, and that is viewed.
     `first_block`: the request's index of the first block asked for (the reader holds
     the ones before it); the payload covers the tokens up to its last usable block.
     """
@@ -105,16 +119,20 @@ def payload_from_batches(batches: list[Decoded], block_hashes: list[bytes], layo
     nbytes, parts, num_used, refused = layout.block_nbytes, [], 0, None
     for batch in batches:
         take = 0
+        plain = batch.data if keys is None else _bytes_of(torch.empty(len(batch.message.found) * nbytes,
+                                                                      dtype=torch.uint8))
         for header, found in zip(batch.message.headers, batch.message.found):
             if num_used + take == len(asked) or not found:
                 break
             block_hash, tail = asked[num_used + take]
-            refused = refusal(header, batch.data[take * nbytes:], layout, block_hash, tail, tail_tokens)
+            out = None if keys is None else plain[take * nbytes:(take + 1) * nbytes]
+            refused = refusal(header, batch.data[take * nbytes:], layout, block_hash, tail, tail_tokens, keys, out,
+                              cache_salt)
             if refused is not None:
                 break
             take += 1
         if take:
-            parts.append(_view(batch.data, torch_dtype(layout.dtype), layout.block_shape, take))
+            parts.append(_view(plain, torch_dtype(layout.dtype), layout.block_shape, take))
         num_used += take
         if take < len(batch.message.found) or num_used == len(asked):
             break
@@ -124,6 +142,11 @@ def payload_from_batches(batches: list[Decoded], block_hashes: list[bytes], layo
     covered = (first_block + num_full) * layout.block_size + (tail_tokens if num_used > len(block_hashes) else 0)
     blocks = parts[0] if len(parts) == 1 else BlockChunks(parts)  # never joined: see BlockChunks
     return KVRead(KVPayload(covered, blocks, list(block_hashes[:num_full]), first_block), refused)
+
+
+def _bytes_of(tensor: torch.Tensor) -> memoryview:
+    """A contiguous uint8 tensor's memory as bytes (shared, writable)."""
+    return memoryview(tensor.numpy()).cast("B")
 
 
 def _view(data, dtype: torch.dtype, block_shape: tuple[int, ...], count: int) -> torch.Tensor:

@@ -17,6 +17,7 @@ from pdserve.services.kvstore.client import KVStoreClient
 from pdserve.services.kvstore.transports.reused_buffers import ReusedBuffers
 from pdserve.services.worker.config import WorkerConfig, add_worker_arguments, worker_config_from_args
 from pdserve.services.worker.engine_loop import EngineLoop
+from pdserve.services.worker.kv_seal import warn_if_unsealed
 from pdserve.services.worker.prefix_cache_events import WorkerKVEvents
 from pdserve.services.worker.metrics import WorkerMetrics
 from pdserve.services.worker.servicer import WorkerServicer
@@ -140,6 +141,8 @@ def serve_worker(cfg: WorkerConfig, loaded, role: str, services: list[WorkerServ
     metrics = WorkerMetrics(role, cfg.served_name)
     engine = build_engine(cfg, loaded)
     kvstore = kvstore_client(cfg)
+    if cfg.kvstore_address:
+        warn_if_unsealed(cfg.kv_keys)
     choose_kv_export_memory(engine, kvstore, cfg.engine.device)
     kv_events = WorkerKVEvents(engine.info)
     loop = EngineLoop(engine, on_step=metrics.update, on_kv_events=kv_events.on_events)

@@ -64,6 +64,7 @@ class WorkerServicer:
     def __init__(self, cfg: WorkerConfig, loop: EngineLoop, metrics: WorkerMetrics, kvstore: KVStoreClient):
         self.cfg, self.loop, self.metrics = cfg, loop, metrics
         self.kvstore = kvstore  # this worker's own (--kvstore): the only one it reads or writes
+        self.kv_keys = cfg.kv_keys  # seal, encrypt and check every block it writes or reads
         self.block_size = loop.info.block_size
         self.draining = False
         # request handlers still running (a decode's until its stream ends): a draining

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pdserve.engine.config import CacheConfig, EngineConfig
-from pdserve.services.worker.config import WorkerConfig
+from pdserve.services.worker.config import WorkerConfig, with_kv_keys
+from pdserve.services.worker.kv_seal import KVKeys
 from pdserve.services.decode.server import serve as serve_decode
 from pdserve.services.kvstore.client import KVStoreClient
 from pdserve.services.kvstore.server import KVStoreConfig
@@ -43,7 +44,9 @@ class Cluster:
 def start_cluster(model: str, loaded, num_prefill: int = 2, num_decode: int = 1, short_prompt_tokens: int = 32,
                   kv_cache_memory_bytes: int | None = 8 << 20, kvstore_capacity: int = 64 << 20,
                   kvstore_transport: str = "grpc", kv_offloading_bytes: int | None = None,
-                  **worker_overrides) -> Cluster:
+                  kv_token: str | None = None, **worker_overrides) -> Cluster:
+    """`kv_token`: the platform token the workers seal, encrypt and name KV blocks with
+    (services/worker/kv_seal.py); None: unkeyed checksums, as without a token."""
     ucx_port = 0 if kvstore_transport == "ucx" else None
     tcp_port = 0 if kvstore_transport == "tcp" else None
     cluster = Cluster(serve_kvstore(KVStoreConfig(capacity_bytes=kvstore_capacity, metrics_port=None,
@@ -53,6 +56,7 @@ def start_cluster(model: str, loaded, num_prefill: int = 2, num_decode: int = 1,
                                                              kv_offloading_bytes=kv_offloading_bytes))
         cfg = WorkerConfig(engine=engine, kvstore_address=cluster.kvstore.address, metrics_port=0,
                            kvstore_transport=kvstore_transport, **worker_overrides)
+        cfg = with_kv_keys(cfg, KVKeys.from_token(kv_token))
         cluster.prefills = [serve_prefill(cfg, loaded) for _ in range(num_prefill)]
         cluster.decodes = [serve_decode(cfg, loaded) for _ in range(num_decode)]
         cluster.router = serve_router(RouterConfig(
