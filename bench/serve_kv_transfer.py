@@ -26,10 +26,16 @@ TCP's (one send + echo of the same bytes right before each repeat), and of
 `ratio_vs_raw_socket`, each repeat's raw round trip over its put + get; `seal_ms` and
 `check_ms` (the writer's and reader's checksums, kv_wire.py) per put+get, and
 `ratio_without_checksums`, the same put+get less them: what the transport and store cost.
+
+`--seals xxh3,aes-gcm` (the default: both, one line each, the same store in the same
+sitting): the unkeyed XXH3 checksum blocks carry without a platform token, and the
+AES-256-GCM seal and encryption they carry with one (services/worker/kv_seal.py), where
+`seal_ms` is the encryption and `check_ms` includes the decryption.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -47,6 +53,7 @@ from pdserve.cli.bench.mooncake_cluster import MooncakeCluster
 from pdserve.engine.dtypes import dtype_name
 from pdserve.engine.kv_transfer import KVLayout, KVPayload, as_tensor
 from pdserve.services.worker import kv_wire
+from pdserve.services.worker.kv_seal import KVKeys
 from pdserve.services.worker.kv_wire import block_from_proto, block_to_proto, payload_from_batches, payload_to_put
 from pdserve.services.kvstore import heap
 from pdserve.services.kvstore.client import KVStoreClient
@@ -108,21 +115,24 @@ def renamed(payload: KVPayload) -> KVPayload:
     return KVPayload(payload.num_tokens, payload.blocks, [os.urandom(32) for _ in payload.block_hashes])
 
 
-def store_times(client: KVStoreClient, payload: KVPayload, repeats: int, echo: RawEcho) -> list[tuple[float, ...]]:
+def store_times(client: KVStoreClient, payload: KVPayload, repeats: int, echo: RawEcho,
+                keys: KVKeys | None = None) -> list[tuple[float, ...]]:
     """(raw TCP round trip, put, get) seconds for each repeat: put_blocks then get_blocks of
     the payload, as the workers do (export layout in, a KVPayload tensor out), new hashes
-    each time, right after one raw round trip of the same bytes."""
+    each time, right after one raw round trip of the same bytes. `keys`: sealed and
+    encrypted with them, as a platform with a token does."""
     times = []
     for _ in range(repeats):
         payload = renamed(payload)
         raw_s = echo.round_trip()
         t = time.perf_counter()
         layout = KVLayout.of("bench", dtype_name(payload.blocks.dtype), tuple(payload.blocks.shape[1:]))
-        headers, data = payload_to_put(payload, layout, tail_key="")
+        headers, data = payload_to_put(payload, layout, tail_key="", keys=keys, cache_salt="bench")
         client.put_blocks(headers, data)
         put_s = time.perf_counter() - t
         t = time.perf_counter()
-        got = payload_from_batches(client.get_blocks(payload.block_hashes), payload.block_hashes, layout).payload
+        got = payload_from_batches(client.get_blocks(payload.block_hashes), payload.block_hashes, layout,
+                                   keys=keys, cache_salt="bench").payload
         times.append((raw_s, put_s, time.perf_counter() - t))
         assert got is not None and got.num_blocks == payload.num_blocks
     assert torch.equal(as_tensor(got.blocks), payload.blocks)
@@ -190,7 +200,7 @@ def measured(client: KVStoreClient, payload: KVPayload, repeats: int, echo: RawE
     rest (headers, object keys, the payload's views)."""
     measure = measure or store_times
     spent = {"seal_ms": 0.0, "check_ms": 0.0}
-    patched = [(kv_wire, "seal", "seal_ms"), (kv_wire, "refusal", "check_ms")]
+    patched = [(kv_wire, "seal", "seal_ms"), (kv_wire, "seal_encrypted", "seal_ms"), (kv_wire, "refusal", "check_ms")]
     transport = client._block_transport()
     # Mooncake: the bytes' own path, timed call by call (the local store node's client or the TCP one)
     local = getattr(transport, "local", None)
@@ -256,6 +266,8 @@ def in_export_memory(client: KVStoreClient, payload: KVPayload) -> KVPayload:
     return KVPayload(payload.num_tokens, blocks, payload.block_hashes)
 
 
+# how blocks are sealed: without a platform token, and with one (a fixed token: the cost does not depend on it)
+SEALS = {"xxh3": None, "aes-gcm": KVKeys.from_token("bench-platform-token")}
 # name: (backend, transport, measure); LOCAL: through the store node on this host
 LOCAL = {"mooncake-local"}
 PATHS = {"mooncake": ("mooncake", "mooncake", store_times), "mooncake-local": ("mooncake", "mooncake", store_times),
@@ -270,7 +282,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--paths", default=",".join(PATHS),
                         help=f"which store paths to measure, of {','.join(PATHS)} (default all)")
+    parser.add_argument("--seals", default=",".join(SEALS),
+                        help=f"how blocks are sealed, of {','.join(SEALS)}: each measured on the same store")
     args = parser.parse_args()
+    seals = args.seals.split(",")
+    if unknown := set(seals) - set(SEALS):
+        parser.error(f"--seals: {sorted(unknown)} not among {list(SEALS)}")
     chosen = args.paths.split(",")
     if unknown := set(chosen) - set(PATHS):
         parser.error(f"--paths: {sorted(unknown)} not among {list(PATHS)}")
@@ -309,11 +326,15 @@ def main() -> None:
                     extra = {"cold_put_mb_s": cold["put_mb_s"], "cold_get_mb_s": cold["get_mb_s"],
                              "segment_touch_s": round(mooncake.touch_segments(), 2)}
                     measure(client, sent, 1, echo)  # the second read buffer (the first is still viewed)
-                if measure is store_times:
-                    times, breakdown = measured(client, sent, args.repeats, echo)
-                    extra = {**breakdown, "ratio_without_checksums": without_checksums(times, breakdown), **extra}
-                else:
-                    times = measure(client, sent, args.repeats, echo)
+                lines = []
+                for seal in seals if measure is store_times else ["xxh3"]:
+                    if measure is store_times:
+                        sealed = functools.partial(store_times, keys=SEALS[seal])
+                        times, breakdown = measured(client, sent, args.repeats, echo, sealed)
+                        extra = {**breakdown, "ratio_without_checksums": without_checksums(times, breakdown), **extra}
+                    else:
+                        times = measure(client, sent, args.repeats, echo)
+                    lines.append((seal, times, dict(extra)))
             finally:
                 del sent  # the transport's memory, if it was: before the client closes
                 client.close()
@@ -322,8 +343,9 @@ def main() -> None:
                     mooncake.stop()
             name = f"kvstore {backend if backend in ('memory', 'mooncake') else 'redis'} over {transport}"
             name += " (the store node on this host: shared memory)" if path in LOCAL else ""
-            print(json.dumps({"path": name + (" (one block per message)" if measure is store_times_per_block else ""),
-                              **summary(times, num_bytes), **extra}))
+            name += " (one block per message)" if measure is store_times_per_block else ""
+            for seal, times, extra in lines:
+                print(json.dumps({"path": name, "seal": seal, **summary(times, num_bytes), **extra}))
     finally:
         echo.close()
         if redis_proc is not None:

@@ -250,7 +250,7 @@ def _mooncake_specs(cfg: PlatformConfig) -> list[ProcessSpec]:
     if cfg.kvstore_backend != "mooncake":
         return []
     return [ProcessSpec(name, argv, address, metrics_port, health="tcp", stage=stage,
-                        env=dict(MooncakePlan.NODE_ENV) if name.startswith("store-") else {})
+                        env=cfg.mooncake.node_env(cfg.host) if name.startswith("store-") else {})
             for name, argv, address, metrics_port, stage in
             cfg.mooncake.processes(cfg.host, cfg.kvstore_capacity_bytes)]
 

@@ -45,6 +45,14 @@ def mooncake_binary(name: str) -> str:
     return path
 
 
+def advertised_address_env(host: str) -> dict[str, str]:
+    """MC_TCP_BIND_ADDRESS for a Mooncake process serving on `host` (none for a wildcard:
+    Mooncake then picks an interface itself). Mooncake 0.3 takes it as the address its
+    transfer engine advertises; its listening sockets still bind every interface
+    (docs/security.md)."""
+    return {} if host in ("", "0.0.0.0", "::") else {"MC_TCP_BIND_ADDRESS": host}
+
+
 @dataclass(frozen=True)
 class MooncakePlan:
     base_port: int = MOONCAKE_BASE_PORT
@@ -83,6 +91,12 @@ class MooncakePlan:
 
     # the store nodes' environment: local puts and gets by memcpy (see the module's docstring)
     NODE_ENV = {"MC_STORE_MEMCPY": "1"}
+
+    def node_env(self, host: str) -> dict[str, str]:
+        """A store node's environment on `host`: NODE_ENV, and the address its transfer
+        engine advertises (without MC_TCP_BIND_ADDRESS it names the host's first
+        non-loopback interface, whatever --host says: a peer on loopback would be sent there)."""
+        return {**self.NODE_ENV, **advertised_address_env(host)}
 
     def processes(self, host: str, segment_bytes: int) -> list[tuple[str, list[str], str, int, int]]:
         """(name, argv, address, metrics port, stage) of the master (stage -1) and each store

@@ -21,6 +21,7 @@ instead (services/kvstore/transports/mooncake/local.py).
 from __future__ import annotations
 
 import json
+import os
 import socket
 from dataclasses import asdict, dataclass
 
@@ -117,7 +118,11 @@ def connect(settings: MooncakeSettings, segment_bytes: int = 0):
                                   "mooncake-transfer-engine-non-cuda (CPU) or mooncake-transfer-engine (CUDA), "
                                   f"and Debian's libibverbs1 ({e})") from None
     store = MooncakeDistributedStore()
-    code = store.setup(local_hostname(settings.master), settings.metadata_server, segment_bytes, LOCAL_BUFFER_BYTES,
+    hostname = local_hostname(settings.master)
+    # what its transfer engine advertises: without it, the host's first non-loopback
+    # interface, which a peer reaching the master over loopback may not reach
+    os.environ.setdefault("MC_TCP_BIND_ADDRESS", hostname)
+    code = store.setup(hostname, settings.metadata_server, segment_bytes, LOCAL_BUFFER_BYTES,
                        settings.protocol, settings.rdma_devices, settings.master)
     if code != 0:
         raise MooncakeUnavailable(f"Mooncake Store setup against master {settings.master} and metadata "
