@@ -15,11 +15,17 @@ of TTFT, and KV write + read as a share of the time until the decode worker hold
 prompt's KV (TTFT + KV read).
 
     .venv/bin/python -m bench.serve_kv_ttft_share [--model smollm2 --prompt-lens 512,1024,2048
-        --num-requests 3 --kv-transport ucx]
+        --num-requests 3 --kv-transport ucx --seals aes-gcm,xxh3]
+
+`--seals`: one platform after the other, in the same sitting: `aes-gcm` is the platform as
+it serves (its token's keys seal and encrypt every block, services/worker/kv_seal.py);
+`xxh3` the same with its workers sealing as a platform without a token does (the unkeyed
+checksum: bench/unsealed/sitecustomize.py on their path), the cost before issue 49.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -71,6 +77,24 @@ def measure(address: str, prompt_len: int, args, result_dir: str, prefill_metric
                 (ms["kv_write_s"] + ms["kv_read_s"]) / (ms["router_ttft_s"] + ms["kv_read_s"]), 3)}
 
 
+@contextlib.contextmanager
+def unsealed_workers(unsealed: bool):
+    """With `unsealed`, the processes started meanwhile import bench/unsealed/sitecustomize.py."""
+    if not unsealed:
+        yield
+        return
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "unsealed"),
+                                                *filter(None, [before])])
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=DEFAULT_MODEL)
@@ -82,19 +106,27 @@ def main() -> int:
     p.add_argument("--kv-transport", choices=("grpc", "ucx"), default="grpc")
     p.add_argument("--worker-args", default="", help="extra flags for every worker")
     p.add_argument("--result-dir", default="/tmp/pdserve-bench/kv_ttft_share")
+    p.add_argument("--seals", default="aes-gcm", help="aes-gcm (as served), xxh3 (before issue 49), or both")
     args = p.parse_args()
+    seals = args.seals.split(",")
+    if set(seals) - {"aes-gcm", "xxh3"}:
+        p.error(f"--seals: {args.seals!r}: give aes-gcm, xxh3 or both")
     lens = [int(n) for n in args.prompt_lens.split(",")]
     # the threshold path policy: every measured prompt crosses prefill -> kvstore -> decode
     cfg = PlatformConfig(model=args.model, num_prefill=1, num_decode=1, cpus_per_worker=1,
                          path_policy="threshold", short_prompt_tokens=min(lens) - 1, kv_transport=args.kv_transport,
                          worker_args=tuple(args.worker_args.split()))
     rows = []
-    with local_platform(cfg, os.path.join(args.result_dir, "platform.log")) as platform:
-        platform.warm_up()
-        prefill_metrics_port = next(spec.metrics_port for spec in platform.platform.specs if spec.name == "prefill-0")
-        for n in lens:
-            rows.append(measure(platform.router_address, n, args, args.result_dir, prefill_metrics_port))
-            emit_row(rows[-1], sys.stderr)
+    for seal in seals:
+        with unsealed_workers(seal == "xxh3"), \
+                local_platform(cfg, os.path.join(args.result_dir, f"platform-{seal}.log")) as platform:
+            platform.warm_up()
+            prefill_metrics_port = next(spec.metrics_port for spec in platform.platform.specs
+                                        if spec.name == "prefill-0")
+            for n in lens:
+                rows.append({"seal": seal, **measure(platform.router_address, n, args, args.result_dir,
+                                                     prefill_metrics_port)})
+                emit_row(rows[-1], sys.stderr)
     print(json.dumps({"model": args.model, "kv_transport": args.kv_transport, "worker_args": args.worker_args,
                       "rows": rows}))
     return 0

@@ -194,7 +194,8 @@ class FinishedKVWriter:
             lambda engine: engine.export_cached_blocks(block_hashes)).result()
         if payload is None:
             return 0
-        headers, data = payload_to_put(payload, self._layout, tail_key="", keys=self._kv_keys, cache_salt=cache_salt)
+        headers, data = payload_to_put(payload, self._layout, tail_key="", keys=self._kv_keys, cache_salt=cache_salt,
+                                       out=self._kvstore.export_buffer)
         self._kvstore.put_blocks(headers, data)
         num = len(headers)
         self._metrics.finished_kv_written_blocks.inc(num)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,9 +27,17 @@ import torch
 from pdserve.engine.dtypes import DTYPE_NAMES, DTYPE_SIZES, dtype_name, torch_dtype
 from pdserve.engine.kv_transfer import BlockChunks, KVLayout, KVPayload
 from pdserve.services.kvstore.batch_codec import Decoded
+from pdserve.services.kvstore.transports.reused_buffers import ReusedBuffers
 from pdserve.services.pb import kvstore_pb2
 from pdserve.services.worker.kv_integrity import refusal, seal, seal_encrypted, stamp
 from pdserve.services.worker.kv_seal import KVKeys
+
+
+# Where sealed blocks are encrypted into and opened blocks decrypted into (AES-GCM cannot
+# work in place): buffers reused once nothing views them. Fresh memory of a payload's size
+# would cost a page fault per 4 KiB, more than the cipher (kvstore/transports/reused_buffers.py).
+_SEALED = ReusedBuffers(8)   # a put's ciphertext: free again once the put has sent it
+_OPENED = ReusedBuffers(16)  # a read's plain blocks: free again once the engine copied them in
 
 
 def block_header(block_shape, dtype: torch.dtype, num_tokens: int, block_hash: bytes = b"",
@@ -61,13 +70,15 @@ def block_from_proto(msg: kvstore_pb2.KVBlock) -> torch.Tensor:
 
 
 def payload_to_put(payload: KVPayload, layout: KVLayout, tail_key: str, skip_blocks: int = 0,
-                   keys: KVKeys | None = None,
-                   cache_salt: str = "") -> tuple[list[kvstore_pb2.KVBlockHeader], memoryview]:
+                   keys: KVKeys | None = None, cache_salt: str = "",
+                   out: Callable[[int], object] | None = None) -> tuple[list[kvstore_pb2.KVBlockHeader], memoryview]:
     """Sealed headers and bytes for KVStoreClient.put_blocks: full blocks under their
     hashes, the partial last one (if any) under `tail_key`. The first `skip_blocks` full
     blocks (already in the store) are left out. Without `keys` the bytes are the payload
     tensor's own memory, each block's checksum reading them in place; with them, the
-    ciphertext for `cache_salt` in a buffer of its own (the write is off the first token)."""
+    ciphertext for `cache_salt`, in `out(nbytes)` (e.g. the transport's export memory,
+    KVStoreClient.export_buffer) or, where that gives None, a reused buffer of this module's
+    (the write is off the first token)."""
     block_size = layout.block_size
     num_full = payload.num_tokens // block_size
     shape, dtype = payload.blocks.shape[1:], payload.blocks.dtype
@@ -82,11 +93,12 @@ def payload_to_put(payload: KVPayload, layout: KVLayout, tail_key: str, skip_blo
         for i, header in enumerate(headers):
             seal(header, data[i * nbytes:(i + 1) * nbytes])
         return headers, data
-    out = _bytes_of(torch.empty(len(data), dtype=torch.uint8))
+    given = out(len(data)) if out is not None and len(data) else None
+    sealed = memoryview(given).cast("B") if given is not None else _SEALED.take(len(data))
     for i, header in enumerate(headers):
         part = slice(i * nbytes, (i + 1) * nbytes)
-        seal_encrypted(header, data[part], out[part], keys, cache_salt)
-    return headers, out
+        seal_encrypted(header, data[part], sealed[part], keys, cache_salt)
+    return headers, sealed
 
 
 @dataclass
@@ -119,8 +131,7 @@ def payload_from_batches(batches: list[Decoded], block_hashes: list[bytes], layo
     nbytes, parts, num_used, refused = layout.block_nbytes, [], 0, None
     for batch in batches:
         take = 0
-        plain = batch.data if keys is None else _bytes_of(torch.empty(len(batch.message.found) * nbytes,
-                                                                      dtype=torch.uint8))
+        plain = batch.data if keys is None else _OPENED.take(len(batch.message.found) * nbytes)
         for header, found in zip(batch.message.headers, batch.message.found):
             if num_used + take == len(asked) or not found:
                 break

@@ -111,15 +111,17 @@ def kvstore_client(cfg: WorkerConfig) -> KVStoreClient:
 EXPORT_BUFFERS = 4
 
 
-def choose_kv_export_memory(engine: EngineCore, kvstore: KVStoreClient, device: str) -> None:
+def choose_kv_export_memory(engine: EngineCore, kvstore: KVStoreClient, device: str, sealed: bool = False) -> None:
     """Where the engine exports the KV it puts: with the Mooncake plane through a store
     node on this host, shared memory that node maps (a put sends it from there as it is);
     on the CPU otherwise, buffers reused once the put has sent them, not fresh pages each
     time (services/kvstore/transports/reused_buffers.py: a 1,900-token prompt's 87 MB export faulted
     in afresh kept the prefill core in the kernel for most of a second). A GPU worker
-    keeps the engine's own pinned allocation."""
+    keeps the engine's own pinned allocation. `sealed`: blocks are encrypted before the put
+    (kv_seal.py), into the shared memory themselves (kv_wire.payload_to_put's `out`), so
+    the plain export goes to reused buffers."""
     import torch
-    if kvstore.transport == "mooncake" and kvstore.mooncake_local_node != "off":
+    if kvstore.transport == "mooncake" and kvstore.mooncake_local_node != "off" and not sealed:
         def allocate(nbytes: int):
             buffer = kvstore.export_buffer(nbytes)
             return None if buffer is None else torch.from_numpy(buffer)
@@ -143,7 +145,7 @@ def serve_worker(cfg: WorkerConfig, loaded, role: str, services: list[WorkerServ
     kvstore = kvstore_client(cfg)
     if cfg.kvstore_address:
         warn_if_unsealed(cfg.kv_keys)
-    choose_kv_export_memory(engine, kvstore, cfg.engine.device)
+    choose_kv_export_memory(engine, kvstore, cfg.engine.device, sealed=cfg.kv_keys is not None)
     kv_events = WorkerKVEvents(engine.info)
     loop = EngineLoop(engine, on_step=metrics.update, on_kv_events=kv_events.on_events)
     loop.start()

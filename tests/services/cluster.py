@@ -44,13 +44,15 @@ class Cluster:
 def start_cluster(model: str, loaded, num_prefill: int = 2, num_decode: int = 1, short_prompt_tokens: int = 32,
                   kv_cache_memory_bytes: int | None = 8 << 20, kvstore_capacity: int = 64 << 20,
                   kvstore_transport: str = "grpc", kv_offloading_bytes: int | None = None,
-                  kv_token: str | None = None, **worker_overrides) -> Cluster:
+                  kv_token: str | None = None, kvstore_disk_dir: str | None = None, **worker_overrides) -> Cluster:
     """`kv_token`: the platform token the workers seal, encrypt and name KV blocks with
-    (services/worker/kv_seal.py); None: unkeyed checksums, as without a token."""
+    (services/worker/kv_seal.py); None: unkeyed checksums, as without a token.
+    `kvstore_disk_dir`: the kvstore's disk tier there, as large as its memory."""
     ucx_port = 0 if kvstore_transport == "ucx" else None
     tcp_port = 0 if kvstore_transport == "tcp" else None
-    cluster = Cluster(serve_kvstore(KVStoreConfig(capacity_bytes=kvstore_capacity, metrics_port=None,
-                                                  ucx_port=ucx_port, tcp_port=tcp_port)))
+    cluster = Cluster(serve_kvstore(KVStoreConfig(
+        capacity_bytes=kvstore_capacity, metrics_port=None, ucx_port=ucx_port, tcp_port=tcp_port,
+        disk_dir=kvstore_disk_dir, disk_capacity_bytes=kvstore_capacity if kvstore_disk_dir else None)))
     try:
         engine = EngineConfig(model=model, cache=CacheConfig(kv_cache_memory_bytes=kv_cache_memory_bytes,
                                                              kv_offloading_bytes=kv_offloading_bytes))
