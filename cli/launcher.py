@@ -39,6 +39,7 @@ from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.autoscale import AutoscaleConfig, autoscaler_for, router_discovery_args, write_planned_discovery
 
 ROUTER = "router"
+MAX_ROUTERS = 8
 KVSTORE = "kvstore"
 # each worker role's `pdserve` subcommand
 WORKER_COMMANDS = {"prefill": ("prefill",), "decode": ("decode",), "both": ("decode", "--role", "both")}
@@ -63,6 +64,9 @@ class PlatformConfig:
     host: str = HOST
     router_port: int = ROUTER_PORT
     http_port: int | None = ROUTER_HTTP_PORT  # the OpenAI-compatible API; None: off
+    # routers sharing the pools: router i serves gRPC on router_port + i, HTTP on http_port + i
+    # (a client moves to another when one dies: RouterClient resumes its streams there)
+    num_routers: int = 1
     kvstore_port: int = KVSTORE_PORT
     worker_base_port: int = PREFILL_PORT      # prefill, decode, then both-role workers, one port each
     metrics_base_port: int = METRICS_BASE_PORT
@@ -91,9 +95,17 @@ class PlatformConfig:
     internal_token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
     autoscale: AutoscaleConfig | None = None  # --autoscale: the router follows a discovery file (cli/autoscale.py)
 
+    def __post_init__(self):
+        if not 1 <= self.num_routers <= MAX_ROUTERS:
+            raise ValueError(f"--routers: {self.num_routers} is not between 1 and {MAX_ROUTERS}")
+
     @property
     def num_workers(self) -> int:
         return self.num_prefill + self.num_decode + self.num_both
+
+    @property
+    def router_addresses(self) -> list[str]:
+        return [f"{self.host}:{self.router_port + i}" for i in range(self.num_routers)]
 
 
 @dataclass
@@ -159,10 +171,11 @@ def plan(cfg: PlatformConfig, available_cpus: list[int]) -> list[ProcessSpec]:
     cpu_sets = split_cpus(available_cpus, len(roles), cfg.cpus_per_worker,
                           [worker_ranks((*cfg.worker_args, *_pool_args(cfg, role))) for role in roles])
     workers = _worker_specs(cfg, roles, cpu_sets)
-    kvstore, router = _kvstore_spec(cfg), _router_spec(cfg, workers, roles)
+    kvstore, routers = _kvstore_spec(cfg), [_router_spec(cfg, workers, roles, i) for i in range(cfg.num_routers)]
     if cfg.autoscale is None:  # an autoscaler places later workers on any core
-        kvstore.cpus, router.cpus = shared_service_cpus(roles, cpu_sets), shared_service_cpus(roles, cpu_sets)
-    specs = [kvstore, *workers, router, *_mooncake_specs(cfg)]
+        for spec in (kvstore, *routers):
+            spec.cpus = shared_service_cpus(roles, cpu_sets)
+    specs = [kvstore, *workers, *routers, *_mooncake_specs(cfg)]
     for spec in specs:
         spec.env[INTERNAL_TOKEN_ENV] = cfg.internal_token
         if cfg.kvstore_backend == "mooncake":  # its glog INFO lines (every connection, segment) would drown the rest
@@ -227,23 +240,30 @@ def _worker_spec(cfg: PlatformConfig, role: str, name: str, port: int, metrics_p
     return ProcessSpec(name, argv, f"{cfg.host}:{port}", metrics_port, cpus)
 
 
-def _router_spec(cfg: PlatformConfig, workers: list[ProcessSpec], roles: list[str]) -> ProcessSpec:
-    metrics_port = cfg.metrics_base_port + 1 + len(workers)
+def router_name(i: int) -> str:
+    """Router i's process name: "router", then "router-1", "router-2", ..."""
+    return ROUTER if i == 0 else f"{ROUTER}-{i}"
+
+
+def _router_spec(cfg: PlatformConfig, workers: list[ProcessSpec], roles: list[str], i: int = 0) -> ProcessSpec:
+    """Router i of cfg.num_routers: the same pools, its own ports."""
+    metrics_port = cfg.metrics_base_port + 1 + len(workers) + i
+    port = cfg.router_port + i
     # a worker of both roles is in both pools (the router never hands a prompt to itself)
     prefill_pool = [w.address for w, role in zip(workers, roles) if role in ("prefill", "both")]
     decode_pool = [w.address for w, role in zip(workers, roles) if role in ("decode", "both")]
-    argv = [*_cli(), ROUTER, "--model", cfg.model, "--host", cfg.host, "--port", str(cfg.router_port),
+    argv = [*_cli(), ROUTER, "--model", cfg.model, "--host", cfg.host, "--port", str(port),
             "--metrics-port", str(metrics_port), "--kvstore", _kvstore_address(cfg),
             "--path-policy", cfg.path_policy, "--short-prompt-tokens", str(cfg.short_prompt_tokens),
             "--decode", ",".join(decode_pool)]
     if prefill_pool:  # none: colocated, the decode workers prefill every prompt
         argv += ["--prefill", ",".join(prefill_pool)]
-    argv += ["--http-port", "off" if cfg.http_port is None else str(cfg.http_port), *_revision_args(cfg)]
+    argv += ["--http-port", "off" if cfg.http_port is None else str(cfg.http_port + i), *_revision_args(cfg)]
     argv += _served_name_args(cfg)
     if cfg.chat_template is not None:
         argv += ["--chat-template", cfg.chat_template]
     argv += [*_output_parser_args(cfg), *cfg.router_args, *router_discovery_args(cfg.autoscale)]
-    return ProcessSpec(ROUTER, argv, f"{cfg.host}:{cfg.router_port}", metrics_port, stage=2)
+    return ProcessSpec(router_name(i), argv, f"{cfg.host}:{port}", metrics_port, stage=2)
 
 
 def _mooncake_specs(cfg: PlatformConfig) -> list[ProcessSpec]:
@@ -349,9 +369,10 @@ class Platform:
         streams finish on workers still running), then the workers (a prefill's last KV
         writes reach a kvstore still running), then the kvstore. What still runs after
         `grace_s` (per group) is killed."""
-        workers = [s.name for s in self.specs if s.name not in (ROUTER, KVSTORE) and s.stage == 1]
+        routers = [s.name for s in self.specs if s.stage == 2]
+        workers = [s.name for s in self.specs if s.name != KVSTORE and s.stage == 1]
         data_plane = sorted((s for s in self.specs if s.stage < 1), key=lambda s: -s.stage)
-        for group in ([ROUTER], workers, [KVSTORE], *([s.name] for s in data_plane)):
+        for group in (routers, workers, [KVSTORE], *([s.name] for s in data_plane)):
             procs = [self.procs[name] for name in group if name in self.procs]
             for proc in procs:
                 if proc.poll() is None:
@@ -391,7 +412,7 @@ def run_platform(cfg: PlatformConfig) -> int:
         while not stop.is_set():
             supervisor.tick()
             autoscaler.tick()
-            if ROUTER in supervisor.gave_up:  # every request enters through it
+            if all(router_name(i) in supervisor.gave_up for i in range(cfg.num_routers)):  # requests enter there
                 print("pdserve up: error: the router stays down, nothing can serve; stopping all", file=sys.stderr)
                 return 1
             stop.wait(0.2)
@@ -413,6 +434,6 @@ def _print_endpoints(platform: Platform, cfg: PlatformConfig) -> None:
         lines.append(f"  {s.name:<10} {s.health} {s.address:<18} metrics http://{cfg.host}:{s.metrics_port}/metrics"
                      f"  pid {platform.procs[s.name].pid}{cpus}")
     if cfg.http_port is not None:
-        lines.append(f"  OpenAI API  http://{cfg.host}:{cfg.http_port}/v1")
-    lines.append(f"try: pdserve generate --url {cfg.host}:{cfg.router_port} --prompt 'Hello'   (Ctrl-C stops all)")
+        lines += [f"  OpenAI API  http://{cfg.host}:{cfg.http_port + i}/v1" for i in range(cfg.num_routers)]
+    lines.append(f"try: pdserve generate --url {','.join(cfg.router_addresses)} --prompt 'Hello'   (Ctrl-C stops all)")
     print("\n".join(lines), flush=True)

@@ -7,7 +7,7 @@ import os
 import shlex
 
 from pdserve.cli.autoscale import add_autoscale_arguments, autoscale_config_from_args
-from pdserve.cli.launcher import PlatformConfig, run_platform
+from pdserve.cli.launcher import MAX_ROUTERS, PlatformConfig, run_platform
 from pdserve.cli.mooncake_procs import MooncakePlan
 from pdserve.engine.chat import load_chat_template
 from pdserve.services.common.sizes import parse_bytes
@@ -33,6 +33,10 @@ def add_arguments(p) -> None:
                         "a short one goes direct, and no worker hands a prompt over to itself. They take the decode "
                         "workers' --decode-* parallel sizes and --speculative-config. Alone, or beside "
                         "--prefill/--decode workers (default: 0)")
+    p.add_argument("--routers", type=positive_int, default=PlatformConfig.num_routers, metavar="N",
+                   help="routers sharing the pools, router i on --port + i (and --http-port + i): a client "
+                        "given them all goes on on another when one dies (pdserve's RouterClient resumes its "
+                        f"streams there) (default: {PlatformConfig.num_routers}, at most {MAX_ROUTERS})")
     p.add_argument("--host", default=PlatformConfig.host)
     p.add_argument("--kvstore-port", type=int, default=PlatformConfig.kvstore_port)
     p.add_argument("--worker-base-port", type=int, default=PlatformConfig.worker_base_port)
@@ -123,7 +127,8 @@ def run(args) -> int:
         served_model_names=tuple(args.served_model_name), chat_template=_chat_template(args.chat_template),
         tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
         reasoning_parser=args.reasoning_parser,
-        num_prefill=num_prefill, num_decode=num_decode, num_both=num_both, host=args.host, router_port=args.port,
+        num_prefill=num_prefill, num_decode=num_decode, num_both=num_both, num_routers=args.routers,
+        host=args.host, router_port=args.port,
         http_port=args.http_port,
         kvstore_port=args.kvstore_port, worker_base_port=args.worker_base_port,
         metrics_base_port=args.metrics_base_port, cpus_per_worker=args.cpus_per_worker,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as pdserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/router.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\"\xd5\x01\n\x0fGenerateRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x11\n\tslo_class\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\x12\x12\n\ncache_salt\x18\x07 \x01(\t\x12\t\n\x01n\x18\x08 \x01(\rB\x08\n\x06prompt\"\x13\n\x11ListModelsRequest\"B\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.pdserve.v1.ModelInfo2\x9e\x01\n\x06Router\x12G\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12K\n\nListModels\x12\x1d.pdserve.v1.ListModelsRequest\x1a\x1e.pdserve.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/router.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\"\xef\x01\n\x0fGenerateRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x11\n\tslo_class\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\x12\x12\n\ncache_salt\x18\x07 \x01(\t\x12\t\n\x01n\x18\x08 \x01(\r\x12\x18\n\x10resume_token_ids\x18\t \x03(\rB\x08\n\x06prompt\"\x13\n\x11ListModelsRequest\"B\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.pdserve.v1.ModelInfo2\x9e\x01\n\x06Router\x12G\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12K\n\nListModels\x12\x1d.pdserve.v1.ListModelsRequest\x1a\x1e.pdserve.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,13 +33,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.router_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=65
-  _globals['_GENERATEREQUEST']._serialized_end=278
-  _globals['_LISTMODELSREQUEST']._serialized_start=280
-  _globals['_LISTMODELSREQUEST']._serialized_end=299
-  _globals['_MODELINFO']._serialized_start=301
-  _globals['_MODELINFO']._serialized_end=367
-  _globals['_LISTMODELSRESPONSE']._serialized_start=369
-  _globals['_LISTMODELSRESPONSE']._serialized_end=428
-  _globals['_ROUTER']._serialized_start=431
-  _globals['_ROUTER']._serialized_end=589
+  _globals['_GENERATEREQUEST']._serialized_end=304
+  _globals['_LISTMODELSREQUEST']._serialized_start=306
+  _globals['_LISTMODELSREQUEST']._serialized_end=325
+  _globals['_MODELINFO']._serialized_start=327
+  _globals['_MODELINFO']._serialized_end=393
+  _globals['_LISTMODELSRESPONSE']._serialized_start=395
+  _globals['_LISTMODELSRESPONSE']._serialized_end=454
+  _globals['_ROUTER']._serialized_start=457
+  _globals['_ROUTER']._serialized_end=615
 # @@protoc_insertion_point(module_scope)

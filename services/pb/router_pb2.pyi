@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("req_id", "text", "token_ids", "sampling", "slo_class", "model", "cache_salt", "n")
+    __slots__ = ("req_id", "text", "token_ids", "sampling", "slo_class", "model", "cache_salt", "n", "resume_token_ids")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class GenerateRequest(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     text: str
     token_ids: _common_pb2.TokenIds
@@ -25,7 +26,8 @@ class GenerateRequest(_message.Message):
     model: str
     cache_salt: str
     n: int
-    def __init__(self, req_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., slo_class: _Optional[str] = ..., model: _Optional[str] = ..., cache_salt: _Optional[str] = ..., n: _Optional[int] = ...) -> None: ...
+    resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, req_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., slo_class: _Optional[str] = ..., model: _Optional[str] = ..., cache_salt: _Optional[str] = ..., n: _Optional[int] = ..., resume_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

@@ -39,11 +39,11 @@ from pdserve.services.router.core.calls import WorkerCalls
 from pdserve.services.router.core.cancel import Cancellation
 from pdserve.services.router.core.choices import completion
 from pdserve.services.router.core.completions import Completions, Lease, completions_for
-from pdserve.services.router.core.decode_request import Handoff, decode_request
+from pdserve.services.router.core.decode_request import Handoff, decode_request, resumed_request
 from pdserve.services.router.core.pools import Pool
 from pdserve.services.router.core.request import RoutedRequest
 from pdserve.services.router.core.stream import ResponseStream
-from pdserve.services.router.decide.paths import DIRECT, NO_PREFILL_WORKER, PathPolicy, PoolsNow
+from pdserve.services.router.decide.paths import DIRECT, NO_PREFILL_WORKER, RESUMED, PathPolicy, PoolsNow
 from pdserve.services.router.errors import RouterError
 from pdserve.services.router.metrics import RouterMetrics
 from pdserve.services.router.state.discovery import DECODE, PREFILL
@@ -64,6 +64,9 @@ class GenerateFlow:
             time_left: Callable[[], float | None]) -> Iterator[common_pb2.GenerateResponse]:
         """Raises RouterError (the client's error) or Cancelled. With n > 1 the messages of
         the n completions come interleaved, each tagged with its index (choices.py)."""
+        if req.resumed_token_ids:
+            yield from self._resumed(req, arrival, cancel, time_left)
+            return
         req = self._choose_path(req)
         completions = completions_for(req, self.attempts)
         outs = self._streams(req, arrival)
@@ -79,6 +82,19 @@ class GenerateFlow:
                 raise
             req = self._without_prefill_pool(req)
             yield from completions.direct(req, self._streams(req, arrival), cancel, time_left)
+
+    def _resumed(self, req: RoutedRequest, arrival: float, cancel: Cancellation, time_left):
+        """A stream the client resumes after the tokens it has (its router died): a decode
+        worker computes the prompt and those tokens and streams what follows, as a
+        migration does (migration.py). The stream counts them as sent: its usage, and a
+        migration of its own, continue after them."""
+        req = replace(req, path=DIRECT)
+        self.metrics.paths.labels(DIRECT, RESUMED).inc()
+        out = self._streams(req, arrival)[0]
+        out.token_ids.extend(req.resumed_token_ids)
+        request = resumed_request(decode_request(req), list(req.resumed_token_ids), kvstore_up=False)
+        yield from self.attempts.decode(req, request, len(req.prompt_token_ids) + len(req.resumed_token_ids), out,
+                                        cancel, time_left)
 
     def _streams(self, req: RoutedRequest, arrival: float) -> list[ResponseStream]:
         """One per completion (n), each labelled with the request's own id."""

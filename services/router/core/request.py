@@ -66,6 +66,8 @@ class GenerateInput:
     # vLLM's truncate_prompt_tokens: keep the prompt's last k tokens (-1: as many as the
     # context leaves beside max_tokens, at least one); None keeps it whole
     truncate_prompt_tokens: int | None = None
+    # the tokens a client already received of a stream that broke: the answer continues after them
+    resume_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,9 @@ class RoutedRequest:
     # completion as a request of its own has n 1 and its index among them
     n: int = 1
     index: int = 0
+    # a resumed stream (GenerateRequest.resume_token_ids): the tokens the client has; a decode
+    # worker computes the prompt and them, and streams what follows
+    resumed_token_ids: tuple[int, ...] = ()
 
     def prefill_slo(self, min_class_ttft_ms: float, waited_s: float) -> common_pb2.SLOTargets:
         """A prefill worker's targets: its class's TTFT target less `waited_s` spent here
@@ -118,10 +123,30 @@ class RequestValidator:
         self._check_sampling(inp.sampling)
         sampling = _to_wire(inp.sampling)
         prompt = self._prompt(inp.prompt, inp.truncate_prompt_tokens, inp.sampling.max_tokens)
+        self._check_resume(inp, prompt)
         if inp.sampling.structured_outputs is not None:  # last: the costliest check (a compile)
             self.grammars.check(inp.sampling.structured_outputs)
         return RoutedRequest(uuid.uuid4().hex, prompt, sampling, slo_class, self.slo_classes[slo_class],
-                             client_req_id=inp.req_id, cache_salt=inp.cache_salt, n=inp.sampling.n)
+                             client_req_id=inp.req_id, cache_salt=inp.cache_salt, n=inp.sampling.n,
+                             resumed_token_ids=tuple(inp.resume_token_ids))
+
+    def _check_resume(self, inp: GenerateInput, prompt: tuple[int, ...]) -> None:
+        resume = inp.resume_token_ids
+        if not resume:
+            return
+        if inp.sampling.n != 1:
+            raise InvalidRequestError("resume_token_ids", f"resume one completion at a time (n 1), got n "
+                                                          f"{inp.sampling.n}")
+        if len(resume) >= inp.sampling.max_tokens:
+            raise InvalidRequestError("resume_token_ids", f"holds {len(resume)} tokens, max_tokens is "
+                                                          f"{inp.sampling.max_tokens}: the stream was complete")
+        vocab = self.model.vocab_size or _INT32_LIMIT
+        if any(not 0 <= t < vocab for t in resume):
+            raise InvalidRequestError("resume_token_ids", f"every id must be an integer in [0, {vocab})")
+        if len(prompt) + len(resume) >= self.model.max_model_len:
+            raise InvalidRequestError("resume_token_ids", f"the prompt's {len(prompt)} tokens and these "
+                                                          f"{len(resume)} fill the context "
+                                                          f"({self.model.max_model_len}): nothing could follow")
 
     def _check_names(self, inp: GenerateInput) -> None:
         _check_text("req_id", inp.req_id, MAX_NAME_CHARS)

@@ -41,6 +41,9 @@ KVSTORE_DOWN = "kvstore_down"
 # the only prefill worker is the decode worker itself (a worker of both roles): it prefills
 # the prompt directly rather than handing its KV over to itself through the kvstore
 SAME_WORKER = "same_worker"
+# a client resumes a stream its router lost (GenerateRequest.resume_token_ids): a decode worker
+# computes the prompt and the tokens the client has, and goes on (core/flow.py)
+RESUMED = "resumed"
 
 
 # the share of the streams' ITL room a direct prompt's chunks take when it runs for more than

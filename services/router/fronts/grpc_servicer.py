@@ -67,4 +67,5 @@ def _input(msg: router_pb2.GenerateRequest) -> GenerateInput:
     sampling = sampling_from_proto(msg.sampling)
     if msg.n > 1:  # the engine's bound on n applies (SamplingParams validates it)
         sampling = dataclasses.replace(sampling, n=msg.n)
-    return GenerateInput(prompt, sampling, msg.req_id, msg.slo_class, msg.model, msg.cache_salt)
+    return GenerateInput(prompt, sampling, msg.req_id, msg.slo_class, msg.model, msg.cache_salt,
+                         resume_token_ids=tuple(msg.resume_token_ids))
