@@ -127,6 +127,11 @@ class KVStoreClient:
     def mooncake_local_node(self) -> str:
         return self._mooncake_local_node
 
+    def local_node(self):
+        """The Mooncake store node on this host the transport moves bytes through
+        (transports/mooncake/local.py LocalNode), or None: none, or not connected yet."""
+        return getattr(self._blocks, "local", None) if self.transport == "mooncake" else None
+
     def export_buffer(self, nbytes: int):
         """Memory to export `nbytes` of KV into, that put_blocks sends without copying it
         (a numpy uint8 array; the transport's, reused once nothing views it), or None: the
@@ -234,7 +239,9 @@ class KVStoreClient:
                 logger.warning("%s; blocks move over %s", e, settings.protocol)
                 continue
             logger.info("blocks move through the Mooncake store node %s on this host (shared memory)", node)
-            return mooncake_local.LocalNode(node, client, settings)
+            return mooncake_local.LocalNode(
+                node, client, settings,
+                reconnect=lambda: mooncake_local.connect_local(node, mooncake_plane.READ_BUFFER_BYTES))
         return None
 
     def _discover_address(self, metadata_key: str, name: str, flag: str) -> str:

@@ -189,7 +189,8 @@ class PrefillServicer(WorkerServicer, prefill_pb2_grpc.PrefillWorkerServicer):
         failed = False
         try:
             headers, data = payload_to_put(payload, self.loop.info.kv_layout, tail_key, skip_blocks=num_in_store,
-                                           keys=self.kv_keys, cache_salt=cache_salt, out=self.kvstore.export_buffer)
+                                           keys=self.kv_keys, cache_salt=cache_salt,
+                                           out=self.kvstore.export_buffer if self.kv_keys else None)
             if headers:
                 self.kvstore.put_blocks(headers, data, lease_id=lease_id)
         except grpc.RpcError as e:  # KVStoreFullError among them

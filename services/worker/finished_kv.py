@@ -195,7 +195,7 @@ class FinishedKVWriter:
         if payload is None:
             return 0
         headers, data = payload_to_put(payload, self._layout, tail_key="", keys=self._kv_keys, cache_salt=cache_salt,
-                                       out=self._kvstore.export_buffer)
+                                       out=self._kvstore.export_buffer if self._kv_keys else None)
         self._kvstore.put_blocks(headers, data)
         num = len(headers)
         self._metrics.finished_kv_written_blocks.inc(num)

@@ -2,6 +2,10 @@
 (vllm_metrics.py), fed by the same observations."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
 from pdserve.engine.stats import EngineStats
 from pdserve.services.common.metrics import Metrics
 from pdserve.services.worker.vllm_metrics import VllmMetrics
@@ -56,6 +60,26 @@ class WorkerMetrics:
         self.spec = SpecDecodeMetrics(m)
         self.vllm = VllmMetrics(m.registry, model_name)
         self._seen = EngineStats()  # the engine's counts are cumulative: the counters take the increase
+
+    def watch_local_node(self, local_node: Callable[[], object]) -> None:
+        """With the Mooncake plane: whether the store node on this host serves the worker's
+        transfers now, how often it was found gone, and how many batches moved through it
+        (KVStoreClient.local_node; all 0 while there is none)."""
+        prefix = self.metrics.prefix
+        families = (("worker_mooncake_local_node_up", "Whether KV moves through the Mooncake store node on this "
+                     "host (1) or over TCP (0)", GaugeMetricFamily, lambda n: float(n.up)),
+                    ("worker_mooncake_local_node_losses", "Times the Mooncake store node on this host was found gone",
+                     CounterMetricFamily, lambda n: n.num_gone),
+                    ("worker_mooncake_local_transfers", "Puts and gets moved through the Mooncake store node on "
+                     "this host", CounterMetricFamily, lambda n: n.num_transfers))
+
+        class LocalNodeCollector:
+            def collect(self):
+                node = local_node()
+                for name, doc, family, value in families:
+                    yield family(f"{prefix}_{name}", doc, value=value(node) if node is not None else 0)
+
+        self.metrics.registry.register(LocalNodeCollector())
 
     def update(self, stats: EngineStats) -> None:
         before, self._seen = self._seen, stats

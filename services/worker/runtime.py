@@ -145,6 +145,8 @@ def serve_worker(cfg: WorkerConfig, loaded, role: str, services: list[WorkerServ
     kvstore = kvstore_client(cfg)
     if cfg.kvstore_address:
         warn_if_unsealed(cfg.kv_keys)
+    if kvstore.transport == "mooncake":
+        metrics.watch_local_node(kvstore.local_node)
     choose_kv_export_memory(engine, kvstore, cfg.engine.device, sealed=cfg.kv_keys is not None)
     kv_events = WorkerKVEvents(engine.info)
     loop = EngineLoop(engine, on_step=metrics.update, on_kv_events=kv_events.on_events)

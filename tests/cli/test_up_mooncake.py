@@ -98,6 +98,44 @@ def test_a_store_node_killed_under_load_loses_no_block(platform, reference):
     assert _run_all(platform) == reference
 
 
+def _local(platform: Platform, worker: str, name: str) -> float:
+    return scrape(platform.metrics_url(worker), f"pdserve_worker_mooncake_local_{name}")
+
+
+def test_a_store_node_killed_and_restarted_three_times_under_8_streams(platform, tiny, tiny_llama_dir):
+    """The workers' local node (store-0) killed under 8 streams and restarted, three times
+    in a row: every answer exact each time, and within seconds of each restart the decode
+    worker has attached a fresh dummy client to it (local.py), its losses counted. New
+    prompts each cycle: a prompt a worker's own cache holds moves no bytes."""
+    from pdserve.engine import LLM
+    offline = LLM(tiny_llama_dir, loaded_model=tiny, progress=False, kv_cache_memory_bytes=64 << 20)
+    for cycle in range(3):
+        prompts = [f"cycle {cycle} stream {i}: the quick brown fox jumps over the lazy dog and on" for i in range(8)]
+        after = [f"cycle {cycle} after {i}: the lazy dog sleeps on while the fox runs far away" for i in range(3)]
+        expected, expected_after = ([o.token_ids for o in offline.generate(p, GREEDY)] for p in (prompts, after))
+        marks = []
+        with ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(_generate, platform.router, p) for p in prompts]
+            futures[0].result(timeout=90)
+            marks.append(_kill(platform, "store-0"))
+            assert [f.result(timeout=180) for f in futures] == expected
+        platform.wait_for("store-0 serving again", 60, marks[0])
+        # the first hand-off after the restart finds the node's restart (it fails there and
+        # goes over TCP); from then on the worker attaches a fresh client within seconds
+        assert _generate(platform.router, after[0]) == expected_after[0]
+        deadline = time.monotonic() + 20
+        while not (_local(platform, "decode-0", "node_up") == 1
+                   and _local(platform, "decode-0", "node_losses_total") >= cycle + 1):
+            assert time.monotonic() < deadline, f"cycle {cycle}: the decode worker did not attach to store-0 again"
+            time.sleep(0.2)
+        with ThreadPoolExecutor(2) as pool:
+            assert list(pool.map(lambda p: _generate(platform.router, p), after[1:])) == expected_after[1:]
+        # (whether those went through the node is not asserted here: in 2 of 9 cycles measured
+        # a transfer after the re-attachment failed again and went over TCP, exact; the
+        # transport's own test asserts it: test_mooncake_local.py; docs/kvstore.md)
+    assert _local(platform, "decode-0", "node_losses_total") >= 3
+
+
 def test_the_master_killed_means_recompute_never_wrong_tokens_then_the_plane_again(platform, reference):
     marks = []
     assert _run_all(platform, during=lambda: marks.append(_kill(platform, "mooncake-master"))) == reference

@@ -179,35 +179,38 @@ def _wait(condition, timeout_s: float, what: str) -> None:
 
 
 def test_the_local_node_killed_means_tcp_then_through_it_again_once_it_serves(tmp_path):
-    """kill -9 of the node the worker is attached to (two replicas): reads and writes go on
-    over TCP, bit-exact; once the node serves again, through it."""
+    """kill -9 of the node the worker is attached to (two replicas), three times in a row:
+    reads and writes go on over TCP, bit-exact; once the node serves again, through it
+    (a restarted node knows none of the worker's buffers: they are registered again)."""
     cluster = MooncakeCluster(tmp_path, replicas=2).start_all()
     running = serve(KVStoreConfig(capacity_bytes=1 << 20, metrics_port=None, backend="mooncake",
                                   mooncake=cluster.settings))
     client = KVStoreClient(running.address, transport="mooncake", timeout_s=30, mooncake_local_node="auto")
     try:
-        before = payload(4, seed=110)
-        put(client, before)
-        local = client._block_transport().local
-        assert local is not None and local.node == cluster.settings.store_nodes[0]
-        cluster.kill("store-0")
-        got = read(client, before)
-        assert got is not None and torch.equal(as_tensor(got.blocks), before.blocks)
-        assert not local.up and local.num_gone == 1
-        during = payload(4, seed=111)
-        put(client, during)
-        assert torch.equal(read(client, during).blocks, during.blocks)
-        cluster.start("store-0")
-        _wait(lambda: local.up, 30, "the restarted local node was not found serving")
-        transport = client._block_transport()
-        plane, transport._plane = transport._plane, _NoTcp()
-        try:
-            after = payload(4, seed=112)
-            put(client, after)
-            assert torch.equal(read(client, after).blocks, after.blocks) and transport._plane.used == []
-        finally:
-            transport._plane = plane
-        assert local.num_gone == 1
+        for cycle in range(3):
+            before = payload(4, seed=110 + 10 * cycle)
+            put(client, before)
+            local = client._block_transport().local
+            assert local is not None and local.node == cluster.settings.store_nodes[0]
+            cluster.kill("store-0")
+            got = read(client, before)
+            assert got is not None and torch.equal(as_tensor(got.blocks), before.blocks)
+            assert not local.up and local.num_gone == cycle + 1
+            during = payload(4, seed=111 + 10 * cycle)
+            put(client, during)
+            assert torch.equal(read(client, during).blocks, during.blocks)
+            cluster.start("store-0")
+            _wait(lambda: local.up, 30, "the restarted local node was not found serving")
+            transport = client._block_transport()
+            plane, transport._plane = transport._plane, _NoTcp()
+            moved = local.num_transfers
+            try:
+                after = payload(4, seed=112 + 10 * cycle)
+                put(client, after)
+                assert torch.equal(read(client, after).blocks, after.blocks) and transport._plane.used == []
+            finally:
+                transport._plane = plane
+            assert local.num_gone == cycle + 1 and local.num_transfers == moved + 2  # the put and the get
     finally:
         client.close()
         running.stop()
@@ -257,3 +260,23 @@ def test_shared_memory_blocks_are_kept_the_bound_holds_and_those_made_while_the_
     again, in_pool = buffers.take(3 << 20)
     assert in_pool and again.ctypes.data == client.registered[-1] and len(client.memory) == 3
     assert buffers.held_bytes == 7 << 20
+
+
+def test_a_fresh_client_replaces_the_old_ones_memory_which_lives_while_viewed():
+    """The node restarted: ShmBuffers.switch hands out the fresh client's memory only; the
+    old client's block still viewed stays readable, and the old client is closed once
+    nothing views its memory."""
+    old, fresh = _DummyClient(), _DummyClient()
+    closed = []
+    old.close = lambda: closed.append("old")
+    buffers = ShmBuffers(old, max_bytes=8 << 20)
+    held, _ = buffers.take(1 << 20)
+    held[:4] = [1, 2, 3, 4]
+    buffers.switch(fresh)
+    assert closed == []  # a view of its memory lives
+    new, in_pool = buffers.take(1 << 20)
+    assert in_pool and new.ctypes.data in fresh.memory and new.ctypes.data not in old.memory
+    assert list(held[:4]) == [1, 2, 3, 4]
+    del held
+    buffers.take(1 << 10)  # any later call notices the view is gone
+    assert closed == ["old"]

@@ -9,6 +9,7 @@ import ctypes
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -143,13 +144,22 @@ class ShmBuffers(ReadBuffers):
     a copy in this process. Mooncake's Python API frees no such memory: a block is kept
     for the client's life and the bound is never exceeded (a read that finds no room
     gets memory of its own and goes over TCP). A block made while the node was away
-    (its registration failed) is used once the node is back (register_pending)."""
+    (its registration failed) is used once the node is back (register_pending); a node that
+    restarted gets a fresh client, whose memory replaces this one's (switch)."""
 
     lets_go = False
 
     def __init__(self, client, max_bytes: int):
-        super().__init__(lambda: client, max_bytes)
+        super().__init__(lambda: self._client, max_bytes)
+        self._client = client
         self._pending: dict[int, np.ndarray] = {}  # made, not registered with the node (it was away)
+        # (client, addresses of its blocks still viewed, its blocks) of clients switched from:
+        # their memory stays mapped while a view of it lives, then the client is closed
+        self._retired: list[tuple[object, set[int], list[np.ndarray]]] = []
+        # told the addresses of a retired client's blocks before it closes (their memory is
+        # unmapped then): whoever registered them elsewhere lets them go, or memory mapped
+        # there later would overlap a stale registration (the transport's TCP client)
+        self.on_close: Callable[[list[int]], None] = lambda addresses: None
 
     def _held(self) -> int:  # lock held
         return super()._held() + sum(b.nbytes for b in self._pending.values())
@@ -184,6 +194,45 @@ class ShmBuffers(ReadBuffers):
                     del self._pending[address]
                     self._blocks[address] = block
                     self._free.add(address)
+
+    def switch(self, client) -> None:
+        """The node is back, `client` a fresh dummy client of it (LocalNode): blocks come
+        from its memory from now on. The old client's blocks are never handed out again;
+        it is closed once nothing views them (their pages stay mapped until then)."""
+        if client is self._client:  # the same client, reconnected by itself
+            self.register_pending()
+            return
+        with self._lock:
+            self._collect()
+            in_use = set(self._blocks) - self._free
+            self._retired.append((self._client, in_use, [*self._blocks.values(), *self._pending.values()]))
+            self._blocks.clear()
+            self._free.clear()
+            self._pending.clear()
+            self._client = client
+            self._close_retired()
+
+    def _collect(self) -> None:  # lock held
+        while self._released:
+            address = self._released.popleft()
+            if address in self._blocks:
+                self._free.add(address)
+            for _, in_use, _ in self._retired:
+                in_use.discard(address)
+        self._close_retired()
+
+    def _close_retired(self) -> None:  # lock held
+        kept = []
+        for client, in_use, blocks in self._retired:
+            if in_use:
+                kept.append((client, in_use, blocks))
+                continue
+            self.on_close([b.ctypes.data for b in blocks])
+            try:
+                client.close()
+            except Exception as e:  # its node is gone: nothing of it to keep
+                logger.debug("closing a retired Mooncake dummy client failed: %s", e)
+        self._retired = kept
 
     def _drop(self, address: int) -> None:  # never let go: see the class docstring
         raise AssertionError("a shared memory block is kept for the client's life")

@@ -30,7 +30,8 @@ worker is that node's dummy client. Its read buffers and the engine's export buf
 one RPC naming offsets in them, and the node memcpys between them and its segment (or
 sends over its own transfer engine to a replica elsewhere). Bytes that are not in that
 memory are copied into it first, or go over TCP when it is full. A node that is gone
-(its RPCs fail, RPC_FAIL) is left for a client of the usual kind (TCP, connected then):
+(its RPCs fail, RPC_FAIL; or it restarted and knows our memory no more, INVALID_PARAMS) is
+left for a client of the usual kind (TCP, connected then):
 the transfers that failed are done again over it at once, the next ones too, until a
 probe finds the node serving again (LocalNode).
 """
@@ -50,7 +51,7 @@ from pdserve.services.kvstore.batch_codec import Decoded, OutBatch
 from pdserve.services.kvstore.errors import KVStoreError
 from pdserve.services.kvstore.transports.mooncake import plane as mooncake_plane
 from pdserve.services.kvstore.transports.mooncake.buffers import ReadBuffers, ShmBuffers, plane_call as _plane_call
-from pdserve.services.kvstore.transports.mooncake.local import RPC_FAIL, LocalNode
+from pdserve.services.kvstore.transports.mooncake.local import LOST_CODES, RPC_FAIL, LocalNode
 from pdserve.services.kvstore.transports.mooncake.plane import (READ_BUFFER_BYTES, TRANSFER_FAIL, MooncakeSettings,
                                                                 MooncakeUnavailable, object_key, replicate_config)
 from pdserve.services.kvstore.transports.base import BlockTransport, GrpcTransport
@@ -90,7 +91,8 @@ class MooncakeTransport(BlockTransport):
         self._replicate = replicate_config(settings)
         if local is not None:
             self._reads: ReadBuffers = ShmBuffers(local.client, read_buffer_bytes)
-            local.on_back = self._reads.register_pending
+            local.on_back = self._reads.switch
+            self._reads.on_close = self._forget_for_tcp
         else:
             self._reads = ReadBuffers(lambda: self._plane, read_buffer_bytes)
         self._tcp_blocks: set[int] = set()  # with `local`: its blocks registered with `plane` too, for fallback
@@ -224,7 +226,7 @@ class MooncakeTransport(BlockTransport):
                 codes = _plane_call(what, local.put if what == "put" else local.get, *pick(todo))
             except KVStoreError as e:  # the dummy client raised: as gone
                 logger.warning("the local Mooncake store node failed a %s: %s", what, e.details())
-            redo = [j for j, code in enumerate(codes) if code == RPC_FAIL]
+            redo = [j for j, code in enumerate(codes) if code in LOST_CODES]
             if not redo:
                 return codes
             local.gone()
@@ -270,6 +272,18 @@ class MooncakeTransport(BlockTransport):
             yield
         finally:
             _plane_call("unregister", plane.unregister_buffer, base)
+
+    def _forget_for_tcp(self, addresses: list[int]) -> None:
+        """Blocks of a dummy client about to close (ShmBuffers.on_close), unregistered from
+        the TCP client's transfer engine: their memory is unmapped next."""
+        with self._plane_lock:
+            for address in addresses:
+                if address in self._tcp_blocks:
+                    self._tcp_blocks.discard(address)
+                    try:
+                        self._plane.unregister_buffer(address)
+                    except Exception as e:  # the client closing: nothing to keep registered
+                        logger.debug("unregistering a retired block from the TCP client failed: %s", e)
 
     def _with_failover(self, what: str, call, count: int, succeeded) -> list[int]:
         """`call(indices)` -> codes for those indices, tried again for the ones that failed

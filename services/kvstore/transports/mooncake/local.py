@@ -25,6 +25,12 @@ logger = logging.getLogger(__name__)
 
 # Mooncake's error code when a dummy client's RPC to its store node fails (the node is gone)
 RPC_FAIL = -900
+# ... and when the node does not know the memory a transfer names (INVALID_PARAMS): a node
+# restarted since the buffers were registered, which lost their registrations. Both mean
+# "not through this node now": the transfers go over TCP until the probe has attached a
+# fresh dummy client to the node (LocalNode).
+INVALID_PARAMS = -600
+LOST_CODES = (RPC_FAIL, INVALID_PARAMS)
 # What a dummy client asks its store node to map for Mooncake's own staging buffer: the
 # block paths never copy through it
 LOCAL_NODE_BUFFER_BYTES = 1 << 20
@@ -95,16 +101,26 @@ def connect_local(node: str, pool_bytes: int):
 
 class LocalNode:
     """The store node on this host, attached to as Mooncake's dummy client
-    (connect_local), and whether it serves: `gone()` (a transfer's RPC to it
-    failed) starts a probe that marks it serving again once its service port accepts and
-    the client answers (the client reconnects and maps its memory again by itself)."""
+    (connect_local), and whether it serves: `gone()` (a transfer through it failed as
+    LOST_CODES) starts a probe that, once the node's service port accepts, attaches a fresh
+    dummy client to it and hands that over (`on_back`): the node serves through it from then.
 
-    def __init__(self, node: str, client, settings: MooncakeSettings):
-        """`node`: its service address, "host:port"; `client`: attached to it."""
+    Why a fresh client: the old one reconnects by itself only when its monitor noticed the
+    node was gone, and re-sends its shared memory only then. A node killed and restarted
+    between two of its checks answers the old client's RPCs without knowing its memory, and
+    every transfer fails; seen here on the third of three restarts in a row, and in issue 49
+    as 70 s of failed writes. A fresh client maps its memory on the node it attaches to."""
+
+    def __init__(self, node: str, client, settings: MooncakeSettings,
+                 reconnect: Callable[[], object] | None = None):
+        """`node`: its service address, "host:port"; `client`: attached to it; `reconnect`:
+        a fresh client attached to it (connect_local), or None: the old one is kept."""
         self.node, self.client = node, client
         self.config = replicate_config(settings)
-        self.on_back: Callable[[], None] = lambda: None
+        self._reconnect = reconnect
+        self.on_back: Callable[[object], None] = lambda client: None
         self.num_gone = 0  # times the node was found gone
+        self.num_transfers = 0  # batches moved through it (a put or a get): pdserve_worker_mooncake_local_*
         self._serving, self._closed = threading.Event(), threading.Event()
         self._serving.set()
         self._lock = threading.Lock()
@@ -115,10 +131,15 @@ class LocalNode:
         return self._serving.is_set()
 
     def put(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
-        return self.client.batch_put_from(keys, ptrs, sizes, self.config)
+        return self._counted(self.client.batch_put_from(keys, ptrs, sizes, self.config))
 
     def get(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
-        return self.client.batch_get_into(keys, ptrs, sizes)
+        return self._counted(self.client.batch_get_into(keys, ptrs, sizes))
+
+    def _counted(self, codes: list[int]) -> list[int]:
+        if not any(code in LOST_CODES for code in codes):
+            self.num_transfers += 1
+        return codes
 
     def gone(self) -> None:
         with self._lock:
@@ -136,12 +157,14 @@ class LocalNode:
         while not self._closed.wait(_PROBE_INTERVAL_S):
             try:  # no RPC to a node that is not listening: the client's would wait seconds
                 socket.create_connection((host, int(port)), timeout=0.5).close()
-                answer = self.client.batch_is_exist([_PROBE_KEY])
+                client = self._reconnect() if self._reconnect is not None else self.client
+                answer = client.batch_is_exist([_PROBE_KEY])
             except Exception:
                 continue
             if not answer or answer[0] < 0:  # the client not reconnected yet
                 continue
-            self.on_back()
+            self.on_back(client)
+            self.client = client
             logger.info("the Mooncake store node %s on this host serves again: blocks move through it",
                         self.node)
             self._serving.set()
