@@ -13,11 +13,28 @@ KINDS = ("json", "regex", "choice", "grammar", "json_object")
 # hop of a request (router, prefill, decode, a migration).
 MAX_SPEC_CHARS = 64 * 1024
 MAX_CHOICES = 1024
+# Objects and arrays nested deeper than this in a JSON schema are refused: real schemas nest a
+# few levels, and each level costs the grammar compiler (800 levels held a worker for 30 s)
+MAX_SCHEMA_DEPTH = 64
 # How long a spec may take to compile before its request is refused. A compile cannot be
 # interrupted (xgrammar runs it in C++), so past this the request fails and the thread
 # finishes on its own; the result is still cached for the next request with that spec.
 # Here, not in grammar.py: the router and the engine config read it without loading torch.
 DEFAULT_COMPILE_TIMEOUT_S = 30.0
+
+
+def nesting_depth(value) -> int:
+    """How deeply objects and arrays nest in a parsed JSON value (a scalar: 0), counted
+    without recursion: a schema nested 100,000 deep must not take the stack down."""
+    depth, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        depth = max(depth, level)
+        stack.extend((child, level + 1) for child in children)
+    return depth
 
 
 @dataclass(frozen=True)
@@ -64,6 +81,8 @@ class StructuredOutputsParams:
                 parsed = self.json
             if not isinstance(parsed, (dict, bool)):
                 raise InvalidRequestError(field, f"must be a JSON schema (an object), got {type(parsed).__name__}")
+            if (depth := nesting_depth(parsed)) > MAX_SCHEMA_DEPTH:
+                raise InvalidRequestError(field, f"is nested {depth} levels deep; at most {MAX_SCHEMA_DEPTH}")
         elif kind == "choice":
             if not self.choice:
                 raise InvalidRequestError(field, "must hold at least one choice")

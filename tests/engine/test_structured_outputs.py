@@ -256,3 +256,30 @@ def test_abort_while_compiling(tiny_engines, monkeypatch):
     engine.abort_request("x")
     outs = engine.step()
     assert [o.finish_reason for o in outs] == ["abort"] and not engine.has_unfinished_requests()
+
+
+def test_a_schema_nested_past_the_bound_is_refused_at_once_naming_the_field():
+    """800 levels held a worker's compiler for 30 s (issue 49): past MAX_SCHEMA_DEPTH the
+    spec is refused before any compile, as text or as an object, however deep."""
+    from pdserve.engine.structured import StructuredOutputsParams
+    from pdserve.engine.structured.params import MAX_SCHEMA_DEPTH
+
+    def nested(levels: int) -> dict:
+        schema = {"type": "string"}
+        for _ in range(levels - 1):
+            schema = {"type": "object", "properties": {"a": schema}}
+        return schema
+
+    ok = nested(MAX_SCHEMA_DEPTH // 2)  # each level is two objects deep: {"properties": {"a": ...}}
+    StructuredOutputsParams(json=ok).validate()
+    for spec in (nested(400), json.dumps(nested(400))):  # 800 levels of objects
+        started = time.monotonic()
+        with pytest.raises(InvalidRequestError) as err:
+            StructuredOutputsParams(json=spec).validate()
+        assert err.value.field == "structured_outputs.json" and "levels deep" in str(err.value)
+        assert time.monotonic() - started < 5
+    deep = [[]]
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(InvalidRequestError):
+        StructuredOutputsParams(json={"enum": deep}).validate()
