@@ -34,7 +34,8 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default=EngineConfig.device)
     p.add_argument("--attention-backend", default=EngineConfig.attention_backend, choices=["cpu", "torch", "triton"])
     p.add_argument("--json", action="store_true", help="print the full output as JSON")
-    p.add_argument("--url", default=None, help="a router's gRPC address (host:port): stream through the platform")
+    p.add_argument("--url", default=None, help="a router's gRPC address (host:port): stream through the platform; "
+                   "several, comma-separated (pdserve up --routers N): a stream cut by one's death goes on at the next")
     p.add_argument("--slo-class", default=DEFAULT_SLO_CLASS, help="with --url: the request's SLO class")
     add_structured_arguments(p)
     add_parallel_arguments(p)
