@@ -18,6 +18,7 @@ from pdserve.engine.model.arch_table import ARCHITECTURE_FEATURES
 from pdserve.engine.model.decoder import DecoderForCausalLM, TensorParallel
 from pdserve.engine.model.shard import ModelShard
 from pdserve.engine.model.source import ModelSource
+from pdserve.engine.model.tokenizer_cache import load_gguf_tokenizer
 
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)$")
 
@@ -84,8 +85,7 @@ def load_tokenizer(source: ModelSource):
     from transformers import AutoTokenizer
     try:
         if source.kind == "gguf":
-            return AutoTokenizer.from_pretrained(os.path.dirname(source.path),
-                                                 gguf_file=os.path.basename(source.path))
+            return load_gguf_tokenizer(source.path)
         return AutoTokenizer.from_pretrained(source.path)
     except Exception as e:
         raise ModelLoadError(source.path, f"cannot load the tokenizer ({e})") from None

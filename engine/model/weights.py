@@ -11,6 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pdserve.engine.errors import ModelLoadError
+from pdserve.engine.model.gguf_file import GGUFFile
 
 _GGUF_TO_HF = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -58,27 +59,20 @@ def iter_safetensors(folder: str, progress: bool = True,
                 bar.update(1)
 
 
-def open_gguf(path: str):
-    import gguf
+def open_gguf(path: str) -> GGUFFile:
     try:
-        return gguf.GGUFReader(path)
-    except Exception as e:  # the reader raises ValueError/struct errors on corrupt files
+        return GGUFFile(path)
+    except (OSError, ValueError) as e:  # GGUFFormatError is a ValueError; an empty file fails mmap
         raise ModelLoadError(path, f"cannot read GGUF file ({e})") from None
 
 
-def gguf_metadata(reader) -> dict:
-    meta = {}
-    for name, field in reader.fields.items():
-        if name.startswith("tokenizer.ggml.") and name != "tokenizer.ggml.eos_token_id":
-            continue  # big arrays the tokenizer loader reads itself
-        try:
-            meta[name] = field.contents()
-        except Exception:
-            continue  # a field type this gguf version cannot decode is not one we need
-    return meta
+def gguf_metadata(reader: GGUFFile) -> dict:
+    """The metadata without the tokenizer's big arrays (the tokenizer loader reads those itself)."""
+    return {name: value for name, value in reader.metadata.items()
+            if not name.startswith("tokenizer.ggml.") or name == "tokenizer.ggml.eos_token_id"}
 
 
-def iter_gguf(reader, path: str, num_heads: int, num_kv_heads: int, permuted_qk: bool,
+def iter_gguf(reader: GGUFFile, path: str, num_heads: int, num_kv_heads: int, permuted_qk: bool,
               progress: bool = True, wanted: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Dequantize every tensor (or those whose HF name `wanted` accepts) to float32 and
     undo llama.cpp's Q/K row permutation."""
