@@ -84,13 +84,10 @@ def run_client(args, base_url: str, trace: str, n: int, label: str) -> dict:
             "tpot_p90_ms": round(r["p90_tpot_ms"], 1), "itl_p90_ms": round(r["p90_itl_ms"], 1)}
 
 
-def measure(args, name: str, base_url: str, traces: dict) -> dict:
-    warm_path, warm_n = traces["warmup"]
-    run_client(args, base_url, warm_path, warm_n, f"{name}-warmup")
+def measure(args, name: str, base_url: str, traces: dict, warmup: tuple[str, int]) -> dict:
+    run_client(args, base_url, *warmup, f"{name}-warmup")
     rows = {}
     for key, (path, n) in traces.items():
-        if key == "warmup":
-            continue
         rows[key] = run_client(args, base_url, path, n, f"{name}-{key}")
         emit_row({name: {key: rows[key]}}, sys.stderr)
     return rows
@@ -123,10 +120,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
-    if not os.path.isfile(os.path.join(args.hf_dir, "config.json")):
-        from bench.offline_throughput import save_hf_folder
-        from pdserve.engine.model.source import resolve_model
-        save_hf_folder(resolve_model(DEFAULT_MODEL).path, args.hf_dir)
+    from bench.offline_throughput import save_hf_folder
+    from pdserve.engine.model.source import resolve_model
+    save_hf_folder(resolve_model(DEFAULT_MODEL).path, args.hf_dir)  # once: it keeps a saved folder
     names = args.platforms.split(",")
     traces = {}
     for share in (float(s) for s in args.long_shares.split(",")):
@@ -135,8 +131,8 @@ def main() -> int:
             path = os.path.join(args.out_dir, f"trace_{key}.jsonl")
             traces[key] = (path, write_trace(path, rate, share, args))
     warm = os.path.join(args.out_dir, "trace_warmup.jsonl")
-    traces["warmup"] = (warm, write_trace(warm, 1.0, 0.5, replace_args(args, duration_s=6, min_requests=6,
-                                                                        seed=args.seed + 1)))
+    warmup = (warm, write_trace(warm, 1.0, 0.5, argparse.Namespace(**{**vars(args), "duration_s": 6,
+                                                                     "min_requests": 6, "seed": args.seed + 1})))
     slo_path = os.path.join(args.out_dir, "slo.json")
     with open(slo_path, "w") as f:
         json.dump({"interactive": {"ttft_ms": args.slo_ttft_ms, "itl_ms": args.slo_tpot_ms}}, f)
@@ -145,7 +141,7 @@ def main() -> int:
         if name == "vllm":
             proc, port = run_vllm_server(args.vllm_python, args.hf_dir, os.path.join(args.out_dir, "vllm.log"))
             try:
-                result[name] = measure(args, name, f"http://127.0.0.1:{port}", traces)
+                result[name] = measure(args, name, f"http://127.0.0.1:{port}", traces, warmup)
             finally:
                 proc.terminate()
                 proc.wait(timeout=60)
@@ -154,7 +150,7 @@ def main() -> int:
         cfg = replace(base, router_args=(*base.router_args, "--slo-config", slo_path),
                       worker_args=(*base.worker_args, *args.worker_args.split()))
         with local_platform(cfg, os.path.join(args.out_dir, f"{name}.log"), http=True) as platform:
-            result[name] = measure(args, name, f"http://127.0.0.1:{platform.cfg.http_port}", traces)
+            result[name] = measure(args, name, f"http://127.0.0.1:{platform.cfg.http_port}", traces, warmup)
     if "vllm" in result:
         for name in names:
             if name == "vllm":
@@ -166,10 +162,6 @@ def main() -> int:
                   cpus=len(os.sched_getaffinity(0)))
     emit_result(result)
     return 0
-
-
-def replace_args(args, **changes) -> argparse.Namespace:
-    return argparse.Namespace(**{**vars(args), **changes})
 
 
 if __name__ == "__main__":

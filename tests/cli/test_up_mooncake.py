@@ -160,4 +160,3 @@ def test_the_master_killed_means_recompute_never_wrong_tokens_then_the_plane_aga
         _generate(platform.router, f"after the restart {fresh}: " + PROMPTS[0])
         fresh += 1
         time.sleep(1.0)
-    print(f"blocks through the restarted master after {fresh} fresh prompts")
