@@ -29,6 +29,8 @@ class KVStoreMetrics(StoreEvents):
         self.leases_created_total = m.counter("kvstore_leases_created", "Leases created")
         self.leases_released_total = m.counter("kvstore_leases_released", "Leases released by their holder")
         self.leases_expired_total = m.counter("kvstore_leases_expired", "Leases ended by their TTL")
+        self.blocks_lost_total = m.counter("kvstore_blocks_lost",
+                                           "Indexed blocks the data plane no longer had, dropped from the index")
         self.put_bytes = m.counter("kvstore_put_bytes", "Block bytes received by Put", ("transport",))
         self.get_bytes = m.counter("kvstore_get_bytes", "Block bytes sent by Get", ("transport",))
         self.put_seconds = m.histogram("kvstore_put_seconds", "Put handling time", ("transport",))
@@ -59,6 +61,9 @@ class KVStoreMetrics(StoreEvents):
 
     def leases_expired(self, n: int) -> None:
         self.leases_expired_total.inc(n)
+
+    def blocks_lost(self, n: int) -> None:
+        self.blocks_lost_total.inc(n)
 
 
 _GAUGES = (("kvstore_used_bytes", "Block bytes stored", "used_bytes"),

@@ -71,6 +71,7 @@ class MooncakeIndexStore(MemoryBlockStore):
                 self._events.blocks_changed(lost, [])
         if lost:
             self.num_lost += len(lost)
+            self._events.blocks_lost(len(lost))
             logger.warning("%d indexed blocks are gone from Mooncake Store (a store node or the master restarted); "
                            "dropped from the index, to be written again", len(lost))
         return len(lost)
