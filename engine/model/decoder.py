@@ -32,6 +32,7 @@ from pdserve.engine.attention.backend import AttentionBackend, AttentionMetadata
 from pdserve.engine.config import ModelArchConfig
 from pdserve.engine.model.arch import embedding_scale
 from pdserve.engine.model.moe import MixtureOfExperts
+from pdserve.engine.model.fp8_linear import Fp8Linear
 from pdserve.engine.model.packed_linear import PackedLinear, prepack_linears
 from pdserve.engine.model.rope import RotaryEmbedding
 from pdserve.engine.model.shard import ModelShard
@@ -253,5 +254,5 @@ class DecoderForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, (RMSNorm, RotaryEmbedding)):
                 module.fused = True
-            elif isinstance(module, PackedLinear):
+            elif isinstance(module, (PackedLinear, Fp8Linear)):
                 module.use_skinny_kernel()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -16,10 +17,14 @@ from pdserve.engine.model import weights as W
 from pdserve.engine.model.arch import arch_from_gguf_metadata, arch_from_hf_config
 from pdserve.engine.model.arch_table import ARCHITECTURE_FEATURES
 from pdserve.engine.model.decoder import DecoderForCausalLM, TensorParallel
+from pdserve.engine.model.fp8_linear import Fp8Linear, fp8_linear_like
+from pdserve.engine.model.quantization import (SCALE_NAMES, UNUSED_SCALES, QuantConfig, quantized_modules,
+                                               read_quant_config)
 from pdserve.engine.model.shard import ModelShard
 from pdserve.engine.model.source import ModelSource
 from pdserve.engine.model.tokenizer_cache import load_gguf_tokenizer
 
+logger = logging.getLogger(__name__)
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)$")
 
 
@@ -29,6 +34,7 @@ class LoadedModel:
     arch: ModelArchConfig
     tokenizer: object
     eos_token_ids: frozenset[int]
+    quantization: QuantConfig | None = None  # the checkpoint's (None: full precision)
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -47,6 +53,7 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: str, max_model_l
     """`max_model_len` bounds the RoPE tables; None means the model's own context.
     `shard`: which part of the model this rank holds, given the model's shape (every
     tensor is narrowed to it as it is read); None: the whole model."""
+    quant, quantized = None, set()
     if source.kind == "gguf":
         reader = W.open_gguf(source.path)
         meta = W.gguf_metadata(reader)
@@ -59,6 +66,9 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: str, max_model_l
     else:
         hf_config = _read_json(os.path.join(source.path, "config.json"))
         arch = arch_from_hf_config(hf_config, source.path)
+        quant = read_quant_config(hf_config, source.path)
+        if quant is not None:
+            quantized = quantized_modules(W.safetensors_names(source.path), arch.num_layers, source.path)
         model_shard = shard(arch) if shard is not None else ModelShard.whole(arch)
         weights = W.iter_safetensors(source.path, progress, _stage_filter(model_shard))
         eos = _hf_eos_ids(source.path, hf_config)
@@ -69,8 +79,17 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: str, max_model_l
         raise ValueError(f"max_model_len: {max_model_len} exceeds the model's context of "
                          f"{arch.max_position_embeddings} tokens")
     model = _build(arch, dtype, device, max_model_len or arch.max_position_embeddings, weights, source.path,
-                   model_shard, tp)
-    return LoadedModel(model, arch, tokenizer, frozenset(eos))
+                   model_shard, tp, quant, quantized)
+    if quant is not None:
+        logger.info("%s: %s in %d of %d layers' projections; weights take %.1f MiB in memory", source.path,
+                    quant.describe(), len(quantized), 4 * arch.num_layers, weight_bytes(model) / 2**20)
+    return LoadedModel(model, arch, tokenizer, frozenset(eos), quant)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes the model's parameters take in memory (a tied embedding counted once)."""
+    seen = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
+    return sum(seen.values())
 
 
 def read_arch(source: ModelSource) -> ModelArchConfig:
@@ -110,15 +129,39 @@ def _hf_eos_ids(folder: str, hf_config: dict) -> set[int]:
 
 def _build(arch: ModelArchConfig, dtype: torch.dtype, device: str, max_positions: int,
            weights: Iterable[tuple[str, torch.Tensor]], path: str, shard: ModelShard,
-           tp: TensorParallel | None) -> DecoderForCausalLM:
+           tp: TensorParallel | None, quant: QuantConfig | None = None,
+           quantized: set[tuple[int, str]] = frozenset()) -> DecoderForCausalLM:
     with torch.device("meta"):
         model = DecoderForCausalLM(arch, max_positions, shard, tp)
+    model.quant_config = quant
+    _use_fp8_linears(model, quant, quantized)
     model.to_empty(device=device)
     model.to(dtype)
+    for module in model.modules():
+        if isinstance(module, Fp8Linear):
+            module.keep_scales_float32()
     _load_weights(model, weights, path)
     for rope in model.rotary_embeddings():
         rope.to_device(torch.device(device), dtype)
     return model.eval()
+
+
+# a quantized module of quantization.quantized_modules -> the layer of ours that computes it
+_QUANTIZED_LAYERS = {"self_attn.qkv": ("attn", "qkv_proj"), "self_attn.o_proj": ("attn", "o_proj"),
+                     "mlp.gate_up": ("mlp", "gate_up_proj"), "mlp.down_proj": ("mlp", "down_proj")}
+
+
+def _use_fp8_linears(model: DecoderForCausalLM, quant: QuantConfig | None, quantized: set[tuple[int, str]]) -> None:
+    """This stage's quantized projections as Fp8Linear, on the meta device (nothing allocated yet)."""
+    if quant is None:
+        return
+    block_columns = quant.weight_block_size[1] if quant.weight_block_size else None
+    for layer, module in quantized:
+        if layer not in model.shard.layers:
+            continue
+        parent = getattr(model.layers[layer - model.shard.layers.start], _QUANTIZED_LAYERS[module][0])
+        name = _QUANTIZED_LAYERS[module][1]
+        setattr(parent, name, fp8_linear_like(getattr(parent, name), block_columns))
 
 
 def _load_weights(model: DecoderForCausalLM, weights: Iterable[tuple[str, torch.Tensor]], path: str) -> None:
@@ -139,6 +182,18 @@ def _load_weights(model: DecoderForCausalLM, weights: Iterable[tuple[str, torch.
 def _copy_into(model: DecoderForCausalLM, params: dict, param_name: str, shard: int, tensor: torch.Tensor,
                name: str, path: str, filled: set[tuple[str, int]]) -> None:
     dest = _shard_view(model, params[param_name], param_name, shard)
+    if dest.dtype == torch.uint8:  # an Fp8Linear's weight: its bits
+        if tensor.dtype != torch.float8_e4m3fn:
+            raise ModelLoadError(path, f"tensor {name} is {tensor.dtype} where the checkpoint's scales make it "
+                                       "float8_e4m3fn")
+        tensor = tensor.view(torch.uint8)
+    elif tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise ModelLoadError(path, f"tensor {name} is {tensor.dtype} without a scale (weight_scale) to read it with")
+    elif name.rsplit(".", 1)[-1] in SCALE_NAMES:
+        if tensor.shape == (1, 1):  # per tensor: every row of this part
+            tensor = tensor.expand(dest.shape)
+        elif name.endswith("_inv"):  # block-wise, one row a weight row, rounded up to whole blocks
+            tensor = tensor[:dest.shape[0]]
     if tuple(dest.shape) != tuple(tensor.shape):
         raise ModelLoadError(path, f"tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
     with torch.no_grad():
@@ -197,9 +252,11 @@ def _targets(model: DecoderForCausalLM, name: str) -> list[tuple[str, int]]:
         return []
     module, _, kind = m.group(2).rpartition(".")
     target = _layer_target(model.cfg, module)
-    if target is None:
-        return []  # e.g. rotary_emb.inv_freq buffers of old checkpoints
+    if target is None or kind in UNUSED_SCALES:
+        return []  # e.g. rotary_emb.inv_freq buffers of old checkpoints; activation scales (weight-only fp8)
     ours, fused = target
+    if kind in SCALE_NAMES:
+        kind = "weight_scale"  # both name a scale that multiplies (fp8_linear.py)
     param = f"{ours}.{kind}" if not ours.startswith("mlp.experts_") else ours
     return [(f"layers.{int(m.group(1)) - shard.layers.start}.{param}", fused)]
 
@@ -257,6 +314,9 @@ def _split_of(cfg: ModelArchConfig, module: str) -> tuple[int, str] | None:
 def _rank_part(model: DecoderForCausalLM, name: str, tensor: torch.Tensor) -> torch.Tensor:
     """This rank's part of an HF tensor (itself when nothing is split)."""
     shard = model.shard
+    if name.rsplit(".", 1)[-1] in SCALE_NAMES:
+        m = _LAYER_RE.match(name)
+        return _scale_part(model, name, tensor, _split_of(model.cfg, m.group(2).rpartition(".")[0]) if m else None)
     if shard.tp_size == 1:
         return tensor
     if name in ("model.embed_tokens.weight", "lm_head.weight"):
@@ -274,6 +334,40 @@ def _rank_part(model: DecoderForCausalLM, name: str, tensor: torch.Tensor) -> to
     units = getattr(shard, field)  # heads (head_dim rows each) or MLP columns
     width = model.cfg.head_dim if field.endswith("heads") else 1
     return tensor.narrow(dim, units.start * width, len(units) * width)
+
+
+def _scale_part(model: DecoderForCausalLM, name: str, tensor: torch.Tensor,
+                split: tuple[int, str] | None) -> torch.Tensor:
+    """This rank's part of an fp8 weight's scale, as Fp8Linear holds it: [rows, column
+    blocks] float32, one row a weight row (a per-tensor scale stays [1, 1] until it meets
+    its rows). A row-parallel layer splits its columns, so a block-wise scale's column blocks
+    are split with them, which needs the split on a block boundary."""
+    if tensor.numel() == 1:
+        return tensor.reshape(1, 1).float()
+    quant, shard = model.quant_config, model.shard
+    if name.endswith("_inv"):
+        if quant is None or quant.weight_block_size is None:
+            raise ModelLoadError(name, "a block-wise scale (weight_scale_inv) needs "
+                                       "quantization_config.weight_block_size")
+        block_rows, block_columns = quant.weight_block_size
+        tensor = tensor.float().repeat_interleave(block_rows, dim=0)
+    else:
+        tensor, block_columns = tensor.float().reshape(-1, 1), None
+    if shard.tp_size == 1 or split is None:
+        return tensor
+    dim, field = split
+    units = getattr(shard, field)
+    width = model.cfg.head_dim if field.endswith("heads") else 1
+    start, length = units.start * width, len(units) * width
+    if dim == 0:
+        return tensor.narrow(0, start, length)
+    if block_columns is None:
+        return tensor  # per channel: each rank's rows are all the output rows
+    if start % block_columns or length % block_columns:
+        raise ModelLoadError(name, f"quantization_config.weight_block_size: columns {start}-{start + length} of this "
+                                   f"rank's part do not fall on the {block_columns}-column blocks; choose a "
+                                   f"tensor-parallel size that splits on them")
+    return tensor.narrow(1, start // block_columns, length // block_columns)
 
 
 def _shard_sizes(model: DecoderForCausalLM, param_name: str) -> list[int]:

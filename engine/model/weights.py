@@ -33,6 +33,19 @@ def safetensors_files(folder: str) -> list[str]:
     return files
 
 
+def safetensors_names(folder: str) -> set[str]:
+    """The names of every tensor in the folder's files, from their headers alone."""
+    from safetensors import safe_open
+    names: set[str] = set()
+    for path in safetensors_files(folder):
+        try:
+            with safe_open(path, framework="pt") as handle:
+                names.update(handle.keys())
+        except Exception as e:  # safetensors raises its own error type for corrupt headers
+            raise ModelLoadError(path, f"cannot read safetensors file ({e})") from None
+    return names
+
+
 def iter_safetensors(folder: str, progress: bool = True,
                      wanted: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor (by HF name), or those `wanted` accepts, unread otherwise."""

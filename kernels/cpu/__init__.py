@@ -6,13 +6,15 @@ rms_norm, fused_add_rms_norm, rotary_embedding: the decoder's per-token ops in o
 (fused_ops.cpp), rounding as engine/model/decoder.py's RMSNorm and rope.py's RotaryEmbedding do.
 skinny_linear: F.linear for 0..SKINNY_MAX_ROWS rows of float32, streaming the plain weight
 (skinny_linear.cpp): decode batches of a few sequences, where a linear layer is a read of its weight.
+skinny_linear_fp8: the same over an fp8 weight's bytes and scales (engine/model/fp8_linear.py),
+dequantized in registers; dequantize_fp8: that weight as float32, for larger batches' GEMM.
 """
 from __future__ import annotations
 
 import torch
 
 __all__ = ["paged_decode_attention", "rms_norm", "fused_add_rms_norm", "rotary_embedding", "skinny_linear",
-           "SKINNY_MAX_ROWS"]
+           "skinny_linear_fp8", "dequantize_fp8", "SKINNY_MAX_ROWS"]
 
 SKINNY_MAX_ROWS = 4  # skinny_linear.cpp: kMaxRows
 
@@ -59,6 +61,25 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """F.linear(x, weight, bias) for float32 x of 0..SKINNY_MAX_ROWS rows and a contiguous weight."""
     _load()
     return torch.ops.pdserve.skinny_linear(x, weight, bias)
+
+
+def skinny_linear_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_columns: int,
+                      bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, W, bias) for float32 x of 0..SKINNY_MAX_ROWS rows, where W is the fp8 weight
+    whose bytes are `weight` (uint8 [out, in]) times `scale` (float32 [out, ceil(in / block_columns)],
+    block_columns a multiple of 16 or the whole row), as Fp8Linear.dequantized gives it."""
+    _load()
+    return torch.ops.pdserve.skinny_linear_fp8(x, weight, scale, block_columns, bias)
+
+
+def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, block_columns: int,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """The float32 weight `weight` (fp8 bytes, uint8 [out, in]) times `scale` stands for, as
+    skinny_linear_fp8 reads it; written into `out` when given."""
+    _load()
+    out = torch.empty(weight.shape, dtype=torch.float32) if out is None else out
+    torch.ops.pdserve.dequantize_fp8(out, weight, scale, block_columns)
+    return out
 
 
 def _load() -> None:

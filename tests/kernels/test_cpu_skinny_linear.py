@@ -5,8 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pdserve.engine.model.fp8_linear import Fp8Linear
 from pdserve.engine.model.packed_linear import PackedLinear
-from pdserve.kernels.cpu import SKINNY_MAX_ROWS, skinny_linear
+from pdserve.kernels.cpu import SKINNY_MAX_ROWS, dequantize_fp8, skinny_linear, skinny_linear_fp8
 
 
 @pytest.mark.parametrize("rows", range(1, SKINNY_MAX_ROWS + 1))
@@ -82,3 +83,74 @@ def test_packed_linear_keeps_onednn_for_a_weight_it_cannot_stream():
     assert not packed.use_skinny_kernel()
     x = torch.randn(2, 32)
     torch.testing.assert_close(packed(x), x @ packed.weight.t(), rtol=1e-5, atol=1e-5)
+
+
+def _fp8(n_out: int, k_len: int, block_columns: int, seed: int) -> Fp8Linear:
+    """An Fp8Linear of random e4m3fn bytes (every value, subnormals and -0 among them; no NaN)
+    and positive scales of varied size."""
+    g = torch.Generator().manual_seed(seed)
+    layer = Fp8Linear(k_len, n_out, bias=False, block_columns=block_columns)
+    bytes_ = torch.randint(0, 256, (n_out, k_len), generator=g, dtype=torch.uint8)
+    bytes_[(bytes_ & 0x7F) == 0x7F] = 0x3C  # e4m3fn's NaN: no weight holds one
+    layer.weight.data.copy_(bytes_)
+    layer.weight_scale.data.copy_(torch.rand(layer.weight_scale.shape, generator=g) * 0.01 + 1e-4)
+    return layer
+
+
+@pytest.mark.parametrize("rows", range(0, SKINNY_MAX_ROWS + 1))
+@pytest.mark.parametrize("k_len,n_out,block_columns", [
+    (576, 960, None), (577, 7, None), (15, 33, None),   # one scale a row (per tensor or channel), tails
+    (576, 96, 128), (100, 9, 32), (64, 5, 16),          # block-wise, a partial last block
+])
+def test_fp8_equals_skinny_linear_over_the_dequantized_weight_bit_for_bit(rows, k_len, n_out, block_columns):
+    layer = _fp8(n_out, k_len, block_columns, seed=rows + k_len + n_out)
+    x = torch.randn(rows, k_len, generator=torch.Generator().manual_seed(rows))
+    got = skinny_linear_fp8(x, layer.weight, layer.weight_scale, layer.block_columns)
+    assert torch.equal(got, skinny_linear(x, layer.dequantized(torch.float32)))
+    bias = torch.randn(n_out)
+    assert torch.equal(skinny_linear_fp8(x, layer.weight, layer.weight_scale, layer.block_columns, bias), got + bias)
+
+
+@pytest.mark.parametrize("k_len,n_out,block_columns", [(576, 960, None), (577, 7, None), (100, 9, 32), (15, 3, None)])
+def test_dequantize_fp8_gives_torchs_dequantized_weight_bit_for_bit(k_len, n_out, block_columns):
+    layer = _fp8(n_out, k_len, block_columns, seed=k_len + n_out)
+    assert torch.equal(dequantize_fp8(layer.weight, layer.weight_scale, layer.block_columns),
+                       layer.dequantized(torch.float32))
+
+
+def test_fp8_layer_takes_the_kernel_for_up_to_8_float32_rows_and_the_dequantizer_for_more():
+    layer = _fp8(40, 96, 32, seed=3)
+    assert layer.use_skinny_kernel()
+    calls = []
+    real = torch.ops.pdserve.skinny_linear_fp8, torch.ops.pdserve.dequantize_fp8
+    torch.ops.pdserve.skinny_linear_fp8 = lambda *a: calls.append(("rows", a[0].shape[0])) or real[0](*a)
+    torch.ops.pdserve.dequantize_fp8 = lambda *a: calls.append("dequantize") or real[1](*a)
+    try:
+        for rows in (1, 4, 5, 8, 9, 64):  # up to two calls of 4 rows, then the dequantized weight
+            x = torch.randn(rows, 96)
+            want = F.linear(x, layer.dequantized(torch.float32))
+            got = layer(x)
+            assert torch.equal(got, want) if rows > 8 else torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+            if rows <= 8:  # each row as the kernel gives it alone
+                assert torch.equal(got, torch.cat([real[0](x[i:i + 1], layer.weight, layer.weight_scale, 32, None)
+                                                   for i in range(rows)]))
+        x = torch.randn(1, 96, dtype=torch.bfloat16)
+        assert torch.equal(layer(x), F.linear(x, layer.dequantized(torch.bfloat16)))
+    finally:
+        torch.ops.pdserve.skinny_linear_fp8, torch.ops.pdserve.dequantize_fp8 = real
+    assert calls == [("rows", 1), ("rows", 4), ("rows", 4), ("rows", 1), ("rows", 4), ("rows", 4),
+                     "dequantize", "dequantize", "dequantize"]
+    assert not _fp8(8, 96, 24, seed=4).use_skinny_kernel()  # scale blocks splitting 16-column groups
+
+
+@pytest.mark.parametrize("x,weight,scale,block_columns,field", [
+    (torch.randn(2, 32), torch.zeros(3, 32, dtype=torch.uint8), torch.ones(3, 4), 8, "block_columns"),
+    (torch.randn(2, 8), torch.zeros(3, 8, dtype=torch.uint8), torch.ones(3, 2), 16, "scale"),
+    (torch.randn(2, 8), torch.zeros(3, 8, dtype=torch.uint8), torch.ones(3, 1, dtype=torch.float64), 16, "scale"),
+    (torch.randn(2, 8), torch.zeros(3, 8), torch.ones(3, 1), 16, "weight"),
+    (torch.randn(2, 8), torch.zeros(3, 9, dtype=torch.uint8), torch.ones(3, 1), 16, "weight"),
+    (torch.randn(5, 8), torch.zeros(3, 8, dtype=torch.uint8), torch.ones(3, 1), 16, "x"),
+])
+def test_fp8_bad_inputs_name_what_is_wrong(x, weight, scale, block_columns, field):
+    with pytest.raises(RuntimeError, match=field):
+        skinny_linear_fp8(x, weight, scale, block_columns)
