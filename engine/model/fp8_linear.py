@@ -11,9 +11,9 @@ The weight is stored as uint8 (its bits), not as a float8 tensor: `Module.to(dty
 every floating tensor, and would turn it back into full precision.
 
 Decode batches of 1-8 float32 rows on a CPU take kernels/cpu/skinny_linear.cpp's fp8 kernel,
-4 rows a call (`skinny`, set by the decoder's prepack once the C++ kernels load): it reads the weight's bytes
-and dequantizes 16 at a time in registers into exactly the float32 weight below, so the result
-is skinny_linear's over the dequantized weight, bit for bit. Larger batches on a CPU
+4 rows a call (`skinny`, set by the decoder's prepack once the C++ kernels load): it reads
+the weight's bytes and dequantizes 16 at a time in registers into exactly the float32 weight
+below, so the result is skinny_linear's over the dequantized weight, bit for bit. Larger batches on a CPU
 dequantize the weight with the C++ op (dequantize_fp8: the same float32 weight, 20x faster
 than torch's fp8 conversion) into a temporary and multiply with the float32 GEMM; elsewhere
 (a GPU) torch dequantizes. Either way the weight in memory stays one byte.
@@ -45,7 +45,7 @@ class Fp8Linear(nn.Module):
         self.weight_scale = nn.Parameter(torch.empty(out_features, num_blocks, dtype=torch.float32),
                                          requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        self.skinny = False  # rows <= SKINNY_MAX_ROWS on skinny_linear_fp8 (use_skinny_kernel)
+        self.skinny = False  # on the C++ fp8 ops (use_skinny_kernel)
 
     def keep_scales_float32(self) -> None:
         """After `Module.to(dtype)`, before the weights load: the scales back to float32."""
