@@ -35,6 +35,7 @@ from pdserve.engine.config import CacheConfig
 from pdserve.services.router.config import PathConfig, RouterConfig
 from pdserve.services.worker.parallel_args import PIPELINE_PARALLEL_FLAGS, TENSOR_PARALLEL_FLAGS
 from pdserve.cli.mooncake_procs import MooncakePlan
+from pdserve.cli.pinning import pin_process
 from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.autoscale import AutoscaleConfig, autoscaler_for, router_discovery_args, write_planned_discovery
 
@@ -313,9 +314,9 @@ class Platform:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **spec.env)
         if spec.cpus:
             env["OMP_NUM_THREADS"] = str(len(spec.cpus))
-        cpus = spec.cpus
-        proc = subprocess.Popen(spec.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+        proc = subprocess.Popen(spec.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if spec.cpus:
+            pin_process(proc.pid, spec.cpus)
         self.started[spec.name] = time.monotonic()
         threading.Thread(target=self._pump, args=(spec.name, proc), daemon=True).start()
         return proc

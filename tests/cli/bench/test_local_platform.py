@@ -19,6 +19,9 @@ def test_colocated_platform_serves_long_prompts_on_pinned_workers(tiny_llama_dir
     with local_platform(cfg, str(tmp_path / "platform.log"), cpus=cpus) as p:
         procs = dict(p.platform.procs)
         pinned = {name: os.sched_getaffinity(proc.pid) for name, proc in procs.items() if name.startswith("decode")}
+        # every thread of a worker, those it started since too (torch's, gRPC's)
+        threads = {name: {frozenset(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{proc.pid}/task")}
+                   for name, proc in procs.items() if name.startswith("decode")}
         # no warm-up and no wait: the first request must already find both workers
         s = run_bench(BenchConfig(target=TargetConfig("grpc", p.router_address, timeout_s=120),
                                   dataset=DatasetConfig("random", num_requests=6, input_len=LengthDist(100),
@@ -29,5 +32,6 @@ def test_colocated_platform_serves_long_prompts_on_pinned_workers(tiny_llama_dir
         # colocated: the router has no prefill pool, so 100-token prompts (> 8) went direct
         assert s["ttft_breakdown"]["prefill_s"]["max"] == 0.0
     assert pinned == {"decode-0": {cpus[0]}, "decode-1": {cpus[-1]}}
+    assert threads == {"decode-0": {frozenset({cpus[0]})}, "decode-1": {frozenset({cpus[-1]})}}
     assert all(proc.poll() is not None for proc in procs.values())
     assert "decode worker serving" in (tmp_path / "platform.log").read_text()
