@@ -11,7 +11,8 @@ tokens, 16 output tokens each) arrive back to back from another client, one afte
 other; the line adds each platform's ITL p90 ratio bursts / calm (issue 13's isolation as a
 client nobody here wrote measures it).
 
-`--dtype bfloat16` serves pdserve and vLLM in bf16. `--llama-server BIN_DIR` adds llama.cpp's
+`--dtype bfloat16` serves pdserve and vLLM in bf16; `--quantization gguf` serves pdserve in the
+embedded file's own Q4_1/Q8_0 blocks (the weights llama.cpp computes with). `--llama-server BIN_DIR` adds llama.cpp's
 server (../shared/peers.md) on the embedded GGUF: it computes with its own 4-bit weights, so
 it is what a CPU user would pick, not a same-precision race. The bursts line also gives
 TTFT p90 bursts / calm and the long prompts' own latency (what they pay for the others).
@@ -174,6 +175,9 @@ def main() -> None:
     parser.add_argument("--platforms", default="pdserve_1p1d,pdserve_colocated_2cores",
                         help="which pdserve platforms to measure (comma-separated; none: peers only)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="pdserve's and vLLM's")
+    parser.add_argument("--quantization", default=None, choices=("gguf",),
+                        help="pdserve's workers' --quantization: gguf computes with the embedded file's own 4-bit "
+                             "blocks, as llama.cpp does")
     parser.add_argument("--prefill-args", default="", help="more flags for pdserve's prefill workers, e.g. "
                                                             "'--max-step-ms 150'")
     parser.add_argument("--llama-server", default=None,
@@ -188,6 +192,7 @@ def main() -> None:
     names = [n for n in args.platforms.split(",") if n]
     for name in names:
         cfg = replace(PLATFORMS[name], worker_args=(*PLATFORMS[name].worker_args, "--dtype", args.dtype),
+                      quantization=args.quantization,
                       prefill_args=(*PLATFORMS[name].prefill_args, *shlex.split(args.prefill_args)))
         with local_platform(cfg, os.path.join(args.out_dir, f"{name}.log"), http=True) as platform:
             result.update(measure(args, f"http://127.0.0.1:{platform.cfg.http_port}", name, DEFAULT_MODEL))
@@ -214,6 +219,7 @@ def main() -> None:
         for name in names:
             result[f"{name}_itl_p90_vs_{peer}"] = round(result[name]["itl_p90_ms"] / result[peer]["itl_p90_ms"], 2)
     result["dtype"] = args.dtype
+    result["quantization"] = args.quantization
     result["cpu"] = read_cpu_flags()
     emit_result(result)
 

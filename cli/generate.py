@@ -8,6 +8,7 @@ from pdserve.cli.structured_args import add_structured_arguments, structured_fro
 from pdserve.engine.config import DEFAULT_MODEL, EngineConfig
 from pdserve.engine.dtypes import DTYPE_NAMES
 from pdserve.services.router.config import DEFAULT_SLO_CLASS
+from pdserve.services.worker.config import add_quantization_argument
 from pdserve.services.worker.parallel_args import add_parallel_arguments, parallel_config_from_args
 
 
@@ -31,6 +32,7 @@ def add_arguments(p) -> None:
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     p.add_argument("--logprobs", type=int, default=None, help="top-N logprobs per token (with --json)")
     p.add_argument("--dtype", default=EngineConfig.dtype, choices=DTYPE_NAMES)
+    add_quantization_argument(p)
     p.add_argument("--device", default=EngineConfig.device)
     p.add_argument("--attention-backend", default=EngineConfig.attention_backend, choices=["cpu", "torch", "triton"])
     p.add_argument("--json", action="store_true", help="print the full output as JSON")
@@ -54,6 +56,7 @@ def run(args) -> int:
         return generate_remote(args, params)
     parallel = parallel_config_from_args(args)
     llm = LLM(model=args.model, revision=args.revision, chat_template=args.chat_template, dtype=args.dtype,
+              quantization=args.quantization,
               device=args.device, attention_backend=args.attention_backend,
               tensor_parallel_size=parallel.tensor_parallel_size,
               pipeline_parallel_size=parallel.pipeline_parallel_size,

@@ -52,6 +52,7 @@ STOP_GRACE_S = DRAIN_TIMEOUT_S + 5.0
 class PlatformConfig:
     model: str = DEFAULT_MODEL
     revision: str | None = None               # of a model named org/name in the Hugging Face cache
+    quantization: str | None = None           # every worker's --quantization (None: the checkpoint as saved)
     gpu_memory_utilization: float = CacheConfig.gpu_memory_utilization  # both pools' workers (CUDA only)
     kv_offloading_size: float | None = None   # both pools' workers' host tier, GiB (--kv-offloading-size); None: off
     served_model_names: tuple[str, ...] = ()  # the router's --served-model-name; empty: --model
@@ -236,6 +237,7 @@ def _worker_spec(cfg: PlatformConfig, role: str, name: str, port: int, metrics_p
     argv = [*_cli(), *WORKER_COMMANDS[role], "--model", cfg.model, "--host", cfg.host,
             "--port", str(port), "--metrics-port", str(metrics_port), "--kvstore", _kvstore_address(cfg),
             "--kvstore-transport", kv_transport, "--threads", str(len(cpus)), *_revision_args(cfg),
+            *(["--quantization", cfg.quantization] if cfg.quantization else []),
             "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
             *offloading, *_served_name_args(cfg), *cfg.worker_args, *_pool_args(cfg, role)]
     return ProcessSpec(name, argv, f"{cfg.host}:{port}", metrics_port, cpus)

@@ -13,14 +13,17 @@ from pdserve.engine.chat import load_chat_template
 from pdserve.services.common.sizes import parse_bytes
 from pdserve.services.router.fronts.http.config import HttpConfig
 from pdserve.services.router.main import add_api_arguments, add_path_arguments, add_port_arguments
-from pdserve.services.worker.config import add_memory_arguments, add_model_arguments, add_speculative_argument
+from pdserve.services.worker.config import (add_memory_arguments, add_model_arguments, add_quantization_argument,
+                                            add_speculative_argument)
 from pdserve.services.worker.parallel_args import add_parallel_size_arguments, positive_int
 
 
 def add_arguments(p) -> None:
     # the flags the router or the workers take are declared by them (their defaults are
     # PlatformConfig's too); up's own default to PlatformConfig's: one place per setting
-    add_model_arguments(p.add_argument_group("the model (the workers' and the router's)"))
+    models = p.add_argument_group("the model (the workers' and the router's)")
+    add_model_arguments(models)
+    add_quantization_argument(models)
     p.add_argument("--prefill", type=int, default=None,
                    help="number of prefill workers (0: colocated, each decode worker prefills its own prompts; "
                         f"default: {PlatformConfig.num_prefill}, 0 with --both)")
@@ -122,7 +125,8 @@ def run(args) -> int:
     HttpConfig(tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
                reasoning_parser=args.reasoning_parser)  # the router's check, before any process starts
     return run_platform(PlatformConfig(
-        model=args.model, revision=args.revision, gpu_memory_utilization=args.gpu_memory_utilization,
+        model=args.model, revision=args.revision, quantization=args.quantization,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         kv_offloading_size=args.kv_offloading_size,
         served_model_names=tuple(args.served_model_name), chat_template=_chat_template(args.chat_template),
         tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,

@@ -7,6 +7,8 @@ from pdserve.engine.structured.params import DEFAULT_COMPILE_TIMEOUT_S
 
 from dataclasses import dataclass, field
 
+QUANTIZATION_METHODS = ("fp8", "gguf")  # values of --quantization / LLM(quantization=...)
+
 # the embedded default model (engine/model/source.py resolves the alias)
 DEFAULT_MODEL = "smollm2"
 # SchedulerConfig.scheduling_policy's choices (engine/core/prefill_order.py)
@@ -142,8 +144,14 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     # `model` named org/name from the Hugging Face cache: its branch, tag or commit (None: main)
     revision: str | None = None
+    # vLLM's --quantization: None takes the checkpoint as saved (a GGUF file dequantized); "gguf" keeps
+    # a GGUF file's Q4_0/Q4_1/Q8_0 weights in their blocks; "fp8" asks for an fp8 checkpoint
+    quantization: str | None = None
 
     def __post_init__(self):
+        if self.quantization not in (None, *QUANTIZATION_METHODS):
+            raise ValueError(f"quantization: must be one of {list(QUANTIZATION_METHODS)} or unset (None: the "
+                             f"checkpoint as saved), got {self.quantization!r}")
         sizes = self.cuda_graph_batch_sizes
         if not isinstance(sizes, tuple) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
             raise ValueError(f"cuda_graph_batch_sizes: must be a tuple of positive batch sizes, got {sizes!r}")

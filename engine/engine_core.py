@@ -58,7 +58,7 @@ class EngineCore:
         size = size_kv_cache(config, self.executor, self.loaded, backend, self.dtype, device)
         num_blocks, num_host_slots, self.max_model_len = size.num_blocks, size.num_host_slots, size.max_model_len
         self.model_key, self.root_hash = model_naming(self.source, self.dtype, arch, cache.block_size,
-                                                      cache.block_names_key)
+                                                      cache.block_names_key, config.quantization)
         self.kv_manager = KVCacheManager(num_blocks, cache.block_size, self.root_hash,
                                          cache.enable_prefix_caching, window=arch.max_window,
                                          num_host_slots=num_host_slots)

@@ -38,11 +38,12 @@ def pick_attention_backend(config: EngineConfig) -> AttentionBackend:
 
 
 def model_naming(source: ModelSource, dtype: torch.dtype, arch: ModelArchConfig, block_size: int,
-                 names_key: bytes = b"") -> tuple[str, BlockHash]:
+                 names_key: bytes = b"", quantization: str | None = None) -> tuple[str, BlockHash]:
     """The model's key (its files' digest, never its path: two folders of one name but other
-    weights must not share KV) and the root of its block hashes, built on that key (and on
-    the platform's `names_key`, when it has one)."""
-    key = checkpoint_identity(source)
+    weights must not share KV; with the quantization it is loaded in, which changes what it
+    computes) and the root of its block hashes, built on that key (and on the platform's
+    `names_key`, when it has one)."""
+    key = checkpoint_identity(source) + (f"+{quantization}" if quantization else "")
     fingerprint = model_fingerprint(key, str(dtype), arch.num_layers, arch.num_kv_heads, arch.head_dim, block_size)
     return key, keyed_root(fingerprint, names_key)
 

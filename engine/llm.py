@@ -48,16 +48,19 @@ class LLM:
                  pipeline_microbatches: int | None = ParallelConfig.pipeline_microbatches,
                  collective_timeout_s: float = ParallelConfig.collective_timeout_s,
                  revision: str | None = EngineConfig.revision,
+                 quantization: str | None = EngineConfig.quantization,
                  chat_template: str | None = None,
                  progress: bool = True,
                  loaded_model: LoadedModel | None = None):
         """`revision`: of a model named org/name in the Hugging Face cache. `chat_template`: a
         Jinja file or the template itself, in place of the tokenizer's (chat, apply_chat_template).
         `kv_offloading_bytes`: host memory keeping the blocks the KV cache evicts (vLLM's
-        kv_offloading_size, in bytes; docs/kv_tiers.md)."""
+        kv_offloading_size, in bytes; docs/kv_tiers.md). `quantization`: "gguf" keeps a GGUF
+        file's Q4_0/Q4_1/Q8_0 weights in their blocks (docs/serving.md)."""
         template = load_chat_template(chat_template) if chat_template is not None else None  # before loading
         config = EngineConfig(
-            model=model, revision=revision, dtype=dtype, device=device, attention_backend=attention_backend,
+            model=model, revision=revision, quantization=quantization, dtype=dtype, device=device,
+            attention_backend=attention_backend,
             seed=seed, cache=CacheConfig(block_size, enable_prefix_caching, kv_cache_memory_bytes,
                                          kv_cache_memory_fraction, gpu_memory_utilization, kv_offloading_bytes),
             scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold,

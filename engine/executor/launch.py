@@ -27,6 +27,7 @@ class RankLaunch:
     master_port: int
     threads: int           # torch CPU threads of this rank
     revision: str | None = None  # the model's, from the Hugging Face cache
+    quantization: str | None = None  # EngineConfig.quantization
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -61,7 +61,8 @@ class MultiProcExecutor(Executor):
         threads = threads_per_rank(self.world_size)
         launch = RankLaunch(0, config.model, config.dtype,
                             config.device, config.attention_backend, config.scheduler.max_model_len,
-                            config.cache.block_size, parallel, backend, _free_port(), threads, config.revision)
+                            config.cache.block_size, parallel, backend, _free_port(), threads, config.revision,
+                            config.quantization)
         self._procs: dict[int, subprocess.Popen] = {}
         self._dead: str | None = None
         self._stopping = False
@@ -81,7 +82,8 @@ class MultiProcExecutor(Executor):
         try:
             self.loaded: LoadedModel = load_model(
                 source, dtype, str(self.device), config.scheduler.max_model_len, progress,
-                shard=lambda arch: rank_shard(self.place, parallel, arch), tp=self.groups.tp)
+                shard=lambda arch: rank_shard(self.place, parallel, arch), tp=self.groups.tp,
+                quantization=config.quantization)
         except (InvalidRequestError, ModelLoadError):
             self.shutdown()
             raise

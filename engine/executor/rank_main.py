@@ -34,7 +34,8 @@ def main(argv: list[str]) -> int:
     groups = ParallelGroups(place, launch.backend, launch.master_port, parallel.collective_timeout_s)
     dtype = parse_dtype(launch.dtype)
     loaded = load_model(resolve_model(launch.model, launch.revision), dtype, str(device), launch.max_model_len, progress=False,
-                        shard=lambda arch: rank_shard(place, parallel, arch), tp=groups.tp)
+                        shard=lambda arch: rank_shard(place, parallel, arch), tp=groups.tp,
+                        quantization=launch.quantization)
     if can_prepack(device, dtype):
         loaded.model.prepack()
     pipe = sys.stdin.buffer

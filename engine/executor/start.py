@@ -21,7 +21,7 @@ def start_executor(config: EngineConfig, source: ModelSource, dtype: torch.dtype
         from pdserve.engine.executor.local import LocalExecutor
         from pdserve.engine.model.loader import load_model
         return LocalExecutor(loaded or load_model(source, dtype, config.device, config.scheduler.max_model_len,
-                                                  progress))
+                                                  progress, quantization=config.quantization))
     if loaded is not None:
         raise ValueError("loaded_model: a model already in memory is whole; with tensor or pipeline "
                          "parallelism each rank loads its own part (pass the model path instead)")

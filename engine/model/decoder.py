@@ -33,6 +33,7 @@ from pdserve.engine.config import ModelArchConfig
 from pdserve.engine.model.arch import embedding_scale
 from pdserve.engine.model.moe import MixtureOfExperts
 from pdserve.engine.model.fp8_linear import Fp8Linear
+from pdserve.engine.model.gguf_linear import GGUFEmbedding, GGUFLinear
 from pdserve.engine.model.packed_linear import PackedLinear, prepack_linears
 from pdserve.engine.model.rope import RotaryEmbedding
 from pdserve.engine.model.shard import ModelShard
@@ -234,6 +235,11 @@ class DecoderForCausalLM(nn.Module):
         cap = self.cfg.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype it computes in (the norms'; quantized weights are held in bytes)."""
+        return next(p.dtype for p in self.parameters() if p.dtype.is_floating_point)
+
     def prepack(self) -> None:
         """Prepares the model for CPU steps: every linear layer's weight prepacked for oneDNN
         (see packed_linear.py), the LM head too, tied or not; norms and RoPE on the C++ ops of
@@ -254,5 +260,5 @@ class DecoderForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, (RMSNorm, RotaryEmbedding)):
                 module.fused = True
-            elif isinstance(module, (PackedLinear, Fp8Linear)):
+            elif isinstance(module, (PackedLinear, Fp8Linear, GGUFLinear, GGUFEmbedding)):
                 module.use_skinny_kernel()

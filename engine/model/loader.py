@@ -10,14 +10,17 @@ from dataclasses import dataclass
 
 import torch
 
-from pdserve.engine.config import ModelArchConfig
+from pdserve.engine.config import QUANTIZATION_METHODS, ModelArchConfig
 from pdserve.engine.dtypes import DTYPE_NAMES, torch_dtype
 from pdserve.engine.errors import ModelLoadError
 from pdserve.engine.model import weights as W
 from pdserve.engine.model.arch import arch_from_gguf_metadata, arch_from_hf_config
 from pdserve.engine.model.arch_table import ARCHITECTURE_FEATURES
 from pdserve.engine.model.decoder import DecoderForCausalLM, TensorParallel
-from pdserve.engine.model.fp8_linear import Fp8Linear, fp8_linear_like
+from pdserve.engine.model.fp8_linear import Fp8Linear
+from pdserve.engine.model.fp8_loading import scale_part, use_fp8_linears
+from pdserve.engine.model.gguf_linear import KEPT_TYPES, narrow_gguf_columns
+from pdserve.engine.model.gguf_loading import finish_gguf_modules, kept_gguf_tensors, use_gguf_modules
 from pdserve.engine.model.quantization import (SCALE_NAMES, UNUSED_SCALES, QuantConfig, quantized_modules,
                                                read_quant_config)
 from pdserve.engine.model.shard import ModelShard
@@ -26,6 +29,7 @@ from pdserve.engine.model.tokenizer_cache import load_gguf_tokenizer
 
 logger = logging.getLogger(__name__)
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)$")
+_TYPE_NAMES = {value: name for name, value in KEPT_TYPES.items()}
 
 
 @dataclass
@@ -49,24 +53,35 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 def load_model(source: ModelSource, dtype: torch.dtype, device: str, max_model_len: int | None = None,
                progress: bool = True, shard: Callable[[ModelArchConfig], ModelShard] | None = None,
-               tp: TensorParallel | None = None) -> LoadedModel:
+               tp: TensorParallel | None = None, quantization: str | None = None) -> LoadedModel:
     """`max_model_len` bounds the RoPE tables; None means the model's own context.
     `shard`: which part of the model this rank holds, given the model's shape (every
-    tensor is narrowed to it as it is read); None: the whole model."""
-    quant, quantized = None, set()
+    tensor is narrowed to it as it is read); None: the whole model.
+    `quantization`: None takes the checkpoint as it is (a GGUF file's weights dequantized,
+    an fp8 checkpoint kept fp8); "gguf" keeps a GGUF file's Q4_0/Q4_1/Q8_0 weights in their
+    blocks; "fp8" asks for an fp8 checkpoint (refused for any other)."""
+    check_quantization(source, quantization)
+    quant, quantized, kept = None, set(), {}
     if source.kind == "gguf":
         reader = W.open_gguf(source.path)
         meta = W.gguf_metadata(reader)
         arch = arch_from_gguf_metadata(meta, {t.name for t in reader.tensors}, source.path)
+        if quantization == "gguf":
+            kept = kept_gguf_tensors(W.gguf_tensor_types(reader, source.path), arch.num_layers)
+            file_weights = sum(t.data.nbytes for t in reader.tensors)
         model_shard = shard(arch) if shard is not None else ModelShard.whole(arch)
         permuted = ARCHITECTURE_FEATURES[arch.architecture].gguf_qk_permuted
         weights = W.iter_gguf(reader, source.path, arch.num_heads, arch.num_kv_heads, permuted, progress,
-                              _stage_filter(model_shard))
+                              _stage_filter(model_shard), kept)
         eos = {int(meta["tokenizer.ggml.eos_token_id"])} if "tokenizer.ggml.eos_token_id" in meta else set()
     else:
         hf_config = _read_json(os.path.join(source.path, "config.json"))
         arch = arch_from_hf_config(hf_config, source.path)
         quant = read_quant_config(hf_config, source.path)
+        if quantization is not None and quant is None:
+            raise ModelLoadError(source.path, f"quantization: {quantization!r} needs a checkpoint saved in it "
+                                              "(config.json's quantization_config); quantizing a full-precision "
+                                              "checkpoint at load is not supported yet: leave quantization unset")
         if quant is not None:
             quantized = quantized_modules(W.safetensors_names(source.path), arch.num_layers, source.path)
         model_shard = shard(arch) if shard is not None else ModelShard.whole(arch)
@@ -79,11 +94,28 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: str, max_model_l
         raise ValueError(f"max_model_len: {max_model_len} exceeds the model's context of "
                          f"{arch.max_position_embeddings} tokens")
     model = _build(arch, dtype, device, max_model_len or arch.max_position_embeddings, weights, source.path,
-                   model_shard, tp, quant, quantized)
+                   model_shard, tp, quant, quantized, kept)
     if quant is not None:
         logger.info("%s: %s in %d of %d layers' projections; weights take %.1f MiB in memory", source.path,
                     quant.describe(), len(quantized), 4 * arch.num_layers, weight_bytes(model) / 2**20)
+    elif quantization == "gguf":
+        logger.info("%s: %d weights kept in their GGUF blocks (%s), the others in %s; weights take %.1f MiB in "
+                    "memory (the file's: %.1f MiB)", source.path, len(kept),
+                    ", ".join(sorted({_TYPE_NAMES[t] for t in kept.values()})) or "none", dtype,
+                    weight_bytes(model) / 2**20, file_weights / 2**20)
     return LoadedModel(model, arch, tokenizer, frozenset(eos), quant)
+
+
+def check_quantization(source: ModelSource, quantization: str | None) -> None:
+    if quantization is None:
+        return
+    if quantization not in QUANTIZATION_METHODS:
+        raise ValueError(f"quantization: must be one of {list(QUANTIZATION_METHODS)} or unset, got {quantization!r}")
+    if (quantization == "gguf") != (source.kind == "gguf"):
+        what = "a GGUF file" if source.kind == "gguf" else "a Hugging Face folder"
+        raise ValueError(f"quantization: {quantization!r} does not apply to {what} ({source.path}); "
+                         f"{'gguf' if source.kind == 'gguf' else 'the checkpoint own method (fp8)'} does, "
+                         "or leave it unset")
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -130,38 +162,22 @@ def _hf_eos_ids(folder: str, hf_config: dict) -> set[int]:
 def _build(arch: ModelArchConfig, dtype: torch.dtype, device: str, max_positions: int,
            weights: Iterable[tuple[str, torch.Tensor]], path: str, shard: ModelShard,
            tp: TensorParallel | None, quant: QuantConfig | None = None,
-           quantized: set[tuple[int, str]] = frozenset()) -> DecoderForCausalLM:
+           quantized: set[tuple[int, str]] = frozenset(), kept: dict[str, int] | None = None) -> DecoderForCausalLM:
     with torch.device("meta"):
         model = DecoderForCausalLM(arch, max_positions, shard, tp)
-    model.quant_config = quant
-    _use_fp8_linears(model, quant, quantized)
+    model.quant_config, model.gguf_types = quant, kept or {}
+    use_fp8_linears(model, quant, quantized)
+    use_gguf_modules(model, kept or {})
     model.to_empty(device=device)
     model.to(dtype)
     for module in model.modules():
         if isinstance(module, Fp8Linear):
             module.keep_scales_float32()
+    finish_gguf_modules(model, dtype)
     _load_weights(model, weights, path)
     for rope in model.rotary_embeddings():
         rope.to_device(torch.device(device), dtype)
     return model.eval()
-
-
-# a quantized module of quantization.quantized_modules -> the layer of ours that computes it
-_QUANTIZED_LAYERS = {"self_attn.qkv": ("attn", "qkv_proj"), "self_attn.o_proj": ("attn", "o_proj"),
-                     "mlp.gate_up": ("mlp", "gate_up_proj"), "mlp.down_proj": ("mlp", "down_proj")}
-
-
-def _use_fp8_linears(model: DecoderForCausalLM, quant: QuantConfig | None, quantized: set[tuple[int, str]]) -> None:
-    """This stage's quantized projections as Fp8Linear, on the meta device (nothing allocated yet)."""
-    if quant is None:
-        return
-    block_columns = quant.weight_block_size[1] if quant.weight_block_size else None
-    for layer, module in quantized:
-        if layer not in model.shard.layers:
-            continue
-        parent = getattr(model.layers[layer - model.shard.layers.start], _QUANTIZED_LAYERS[module][0])
-        name = _QUANTIZED_LAYERS[module][1]
-        setattr(parent, name, fp8_linear_like(getattr(parent, name), block_columns))
 
 
 def _load_weights(model: DecoderForCausalLM, weights: Iterable[tuple[str, torch.Tensor]], path: str) -> None:
@@ -182,11 +198,12 @@ def _load_weights(model: DecoderForCausalLM, weights: Iterable[tuple[str, torch.
 def _copy_into(model: DecoderForCausalLM, params: dict, param_name: str, shard: int, tensor: torch.Tensor,
                name: str, path: str, filled: set[tuple[str, int]]) -> None:
     dest = _shard_view(model, params[param_name], param_name, shard)
-    if dest.dtype == torch.uint8:  # an Fp8Linear's weight: its bits
-        if tensor.dtype != torch.float8_e4m3fn:
+    if dest.dtype == torch.uint8:  # an Fp8Linear's weight (its bits) or a GGUF layer's blocks
+        if tensor.dtype == torch.float8_e4m3fn:
+            tensor = tensor.view(torch.uint8)
+        elif tensor.dtype != torch.uint8:
             raise ModelLoadError(path, f"tensor {name} is {tensor.dtype} where the checkpoint's scales make it "
                                        "float8_e4m3fn")
-        tensor = tensor.view(torch.uint8)
     elif tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         raise ModelLoadError(path, f"tensor {name} is {tensor.dtype} without a scale (weight_scale) to read it with")
     elif name.rsplit(".", 1)[-1] in SCALE_NAMES:
@@ -240,7 +257,9 @@ def _targets(model: DecoderForCausalLM, name: str) -> list[tuple[str, int]]:
     shard = model.shard
     if name == "model.embed_tokens.weight":
         targets = [("embed_tokens.weight", 0)] if model.embed_tokens is not None else []
-        if model.cfg.tie_word_embeddings and model.lm_head is not None:
+        head = model.lm_head
+        if model.cfg.tie_word_embeddings and head is not None and (
+                model.embed_tokens is None or head.weight is not model.embed_tokens.weight):  # not one shared tensor
             targets.append(("lm_head.weight", 0))
         return targets
     if name == "model.norm.weight":
@@ -316,7 +335,7 @@ def _rank_part(model: DecoderForCausalLM, name: str, tensor: torch.Tensor) -> to
     shard = model.shard
     if name.rsplit(".", 1)[-1] in SCALE_NAMES:
         m = _LAYER_RE.match(name)
-        return _scale_part(model, name, tensor, _split_of(model.cfg, m.group(2).rpartition(".")[0]) if m else None)
+        return scale_part(model, name, tensor, _split_of(model.cfg, m.group(2).rpartition(".")[0]) if m else None)
     if shard.tp_size == 1:
         return tensor
     if name in ("model.embed_tokens.weight", "lm_head.weight"):
@@ -333,41 +352,10 @@ def _rank_part(model: DecoderForCausalLM, name: str, tensor: torch.Tensor) -> to
     dim, field = split
     units = getattr(shard, field)  # heads (head_dim rows each) or MLP columns
     width = model.cfg.head_dim if field.endswith("heads") else 1
-    return tensor.narrow(dim, units.start * width, len(units) * width)
-
-
-def _scale_part(model: DecoderForCausalLM, name: str, tensor: torch.Tensor,
-                split: tuple[int, str] | None) -> torch.Tensor:
-    """This rank's part of an fp8 weight's scale, as Fp8Linear holds it: [rows, column
-    blocks] float32, one row a weight row (a per-tensor scale stays [1, 1] until it meets
-    its rows). A row-parallel layer splits its columns, so a block-wise scale's column blocks
-    are split with them, which needs the split on a block boundary."""
-    if tensor.numel() == 1:
-        return tensor.reshape(1, 1).float()
-    quant, shard = model.quant_config, model.shard
-    if name.endswith("_inv"):
-        if quant is None or quant.weight_block_size is None:
-            raise ModelLoadError(name, "a block-wise scale (weight_scale_inv) needs "
-                                       "quantization_config.weight_block_size")
-        block_rows, block_columns = quant.weight_block_size
-        tensor = tensor.float().repeat_interleave(block_rows, dim=0)
-    else:
-        tensor, block_columns = tensor.float().reshape(-1, 1), None
-    if shard.tp_size == 1 or split is None:
-        return tensor
-    dim, field = split
-    units = getattr(shard, field)
-    width = model.cfg.head_dim if field.endswith("heads") else 1
     start, length = units.start * width, len(units) * width
-    if dim == 0:
-        return tensor.narrow(0, start, length)
-    if block_columns is None:
-        return tensor  # per channel: each rank's rows are all the output rows
-    if start % block_columns or length % block_columns:
-        raise ModelLoadError(name, f"quantization_config.weight_block_size: columns {start}-{start + length} of this "
-                                   f"rank's part do not fall on the {block_columns}-column blocks; choose a "
-                                   f"tensor-parallel size that splits on them")
-    return tensor.narrow(1, start // block_columns, length // block_columns)
+    if dim == 1 and tensor.dtype == torch.uint8:  # GGUF blocks: columns split by whole blocks
+        return narrow_gguf_columns(tensor, model.gguf_types[name], start, length, name)
+    return tensor.narrow(dim, start, length)
 
 
 def _shard_sizes(model: DecoderForCausalLM, param_name: str) -> list[int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import glob
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 import numpy as np
 import torch
@@ -86,9 +86,11 @@ def gguf_metadata(reader: GGUFFile) -> dict:
 
 
 def iter_gguf(reader: GGUFFile, path: str, num_heads: int, num_kv_heads: int, permuted_qk: bool,
-              progress: bool = True, wanted: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+              progress: bool = True, wanted: Callable[[str], bool] | None = None,
+              kept: Collection[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
     """Dequantize every tensor (or those whose HF name `wanted` accepts) to float32 and
-    undo llama.cpp's Q/K row permutation."""
+    undo llama.cpp's Q/K row permutation. Tensors named in `kept` come as their GGUF blocks
+    instead, uint8 [rows, bytes a row] (engine/model/gguf_linear.py), their rows reordered alike."""
     from gguf.quants import dequantize
     for tensor in tqdm(reader.tensors, desc="Loading weights", unit="tensor", disable=not progress):
         if tensor.name == "rope_freqs.weight":
@@ -97,16 +99,24 @@ def iter_gguf(reader: GGUFFile, path: str, num_heads: int, num_kv_heads: int, pe
         name = _hf_name(tensor.name, path)
         if wanted is not None and not wanted(name):
             continue
-        try:
-            data = dequantize(tensor.data, tensor.tensor_type)
-        except Exception as e:
-            raise ModelLoadError(path, f"cannot dequantize tensor {tensor.name} ({e})") from None
-        weight = torch.from_numpy(np.array(data, dtype=np.float32))  # a copy: GGUF data is a read-only mmap
+        if name in kept:
+            weight = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))  # a copy of the mmap's blocks
+        else:
+            try:
+                data = dequantize(tensor.data, tensor.tensor_type)
+            except Exception as e:
+                raise ModelLoadError(path, f"cannot dequantize tensor {tensor.name} ({e})") from None
+            weight = torch.from_numpy(np.array(data, dtype=np.float32))  # a copy: GGUF data is a read-only mmap
         if permuted_qk and name.endswith(("q_proj.weight", "q_proj.bias")):
             weight = _unpermute(weight, num_heads)
         elif permuted_qk and name.endswith(("k_proj.weight", "k_proj.bias")):
             weight = _unpermute(weight, num_kv_heads)
         yield name, weight
+
+
+def gguf_tensor_types(reader: GGUFFile, path: str) -> dict[str, int]:
+    """Each tensor's ggml type id, by its Hugging Face name."""
+    return {_hf_name(t.name, path): int(t.tensor_type) for t in reader.tensors if t.name != "rope_freqs.weight"}
 
 
 def _hf_name(gguf_name: str, path: str) -> str:

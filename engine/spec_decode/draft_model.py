@@ -78,7 +78,7 @@ class DraftModelProposer(Proposer):
         self.num_speculative_tokens = num_speculative_tokens
         self.device, self.block_size = torch.device(device), block_size
         self.max_positions = self.model.rope.max_positions
-        if can_prepack(self.device, self.model.embed_tokens.weight.dtype):
+        if can_prepack(self.device, self.model.dtype):
             self.model.prepack()  # idempotent: a target shared as its own draft is packed already
         self.backend = get_attention_backend(attention_backend)
         cache = CacheConfig(block_size, enable_prefix_caching=False, kv_cache_memory_bytes=kv_cache_memory_bytes)

@@ -69,7 +69,7 @@ class ModelRunner:
         self.eos_token_ids = eos_token_ids
         self.model = model
         self.executor = executor
-        if can_prepack(device, next(model.parameters()).dtype):
+        if can_prepack(device, model.dtype):
             model.prepack()
         self.kv_caches = kv_caches
         self.block_size = block_size

@@ -8,13 +8,15 @@ skinny_linear: F.linear for 0..SKINNY_MAX_ROWS rows of float32, streaming the pl
 (skinny_linear.cpp): decode batches of a few sequences, where a linear layer is a read of its weight.
 skinny_linear_fp8: the same over an fp8 weight's bytes and scales (engine/model/fp8_linear.py),
 dequantized in registers; dequantize_fp8: that weight as float32, for larger batches' GEMM.
+skinny_linear_gguf, dequantize_gguf: the same pair over a weight kept in GGUF's Q4_0, Q4_1 or
+Q8_0 blocks (engine/model/gguf_linear.py), equal to gguf-py's dequantized weight bit for bit.
 """
 from __future__ import annotations
 
 import torch
 
 __all__ = ["paged_decode_attention", "rms_norm", "fused_add_rms_norm", "rotary_embedding", "skinny_linear",
-           "skinny_linear_fp8", "dequantize_fp8", "SKINNY_MAX_ROWS"]
+           "skinny_linear_fp8", "dequantize_fp8", "skinny_linear_gguf", "dequantize_gguf", "SKINNY_MAX_ROWS"]
 
 SKINNY_MAX_ROWS = 4  # skinny_linear.cpp: kMaxRows
 
@@ -80,6 +82,33 @@ def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, block_columns: int
     out = torch.empty(weight.shape, dtype=torch.float32) if out is None else out
     torch.ops.pdserve.dequantize_fp8(out, weight, scale, block_columns)
     return out
+
+
+def skinny_linear_gguf(x: torch.Tensor, weight: torch.Tensor, ggml_type: int,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, W, bias) for float32 x of 0..SKINNY_MAX_ROWS rows, where W is the weight
+    whose GGUF blocks of `ggml_type` (Q4_0 2, Q4_1 3, Q8_0 8) are `weight`'s rows (uint8
+    [out, in / 32 x block bytes])."""
+    _load()
+    return torch.ops.pdserve.skinny_linear_gguf(x, weight, ggml_type, bias)
+
+
+def dequantize_gguf(weight: torch.Tensor, ggml_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The float32 weight GGUF blocks stand for (as gguf.quants.dequantize gives it), written
+    into `out` when given."""
+    _load()
+    if out is None:
+        out = torch.empty(weight.shape[0], gguf_columns(weight.shape[1], ggml_type), dtype=torch.float32)
+    torch.ops.pdserve.dequantize_gguf(out, weight, ggml_type)
+    return out
+
+
+# ggml type id -> bytes of one 32-column block (gguf.constants.GGML_QUANT_SIZES)
+GGUF_BLOCK_BYTES = {2: 18, 3: 20, 8: 34}
+
+
+def gguf_columns(row_bytes: int, ggml_type: int) -> int:
+    return row_bytes // GGUF_BLOCK_BYTES[ggml_type] * 32
 
 
 def _load() -> None:

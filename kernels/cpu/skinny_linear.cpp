@@ -19,11 +19,19 @@
 // float32 scale per output row and column block (engine/model/fp8_linear.py): each 16 bytes
 // are widened and scaled in registers into the float32 weight torch would dequantize, so a
 // decode step reads a quarter of the float32 weight's bytes.
+//
+// skinny_linear_gguf reads a weight kept in llama.cpp's GGUF blocks (Q4_0, Q4_1, Q8_0:
+// engine/model/gguf_linear.py), each row its blocks of 32 columns as the file stores them:
+// an fp16 scale d (Q4_1: and an fp16 offset m) then the 32 quants. Each 16 columns are
+// widened and scaled in registers into the float32 weight gguf-py's dequantizer gives
+// (Q4_0 d * (q - 8), Q4_1 d * q + m, Q8_0 q * d, each product and sum rounded once), so the
+// result is skinny_linear's over that weight, bit for bit, reading 4.5-8.5 bits a weight.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
-#if defined(__AVX512F__)
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
@@ -99,6 +107,114 @@ struct Fp8Weight {
   const float* chunk(int64_t n, int64_t k, int64_t width, float* buf) const {
     const float s = scale_of(n, k);
     for (int64_t i = 0; i < width; ++i) buf[i] = fp8_e4m3_to_float(row(n)[k + i]) * s;
+    return buf;
+  }
+#endif
+};
+
+// llama.cpp's block formats, by their ggml type ids (gguf.GGMLQuantizationType).
+enum GgufType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
+constexpr int64_t kGgufBlock = 32;  // columns a block holds
+
+inline float fp16_to_float(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, sizeof bits);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);
+#else
+  return c10::detail::fp16_ieee_to_fp32_value(bits);
+#endif
+}
+
+// Hides a value from the optimizer so that `opaque(a * b) + c` stays a rounded product and
+// a rounded sum: with -march=native GCC would otherwise contract them into one fma, whose
+// single rounding differs from gguf-py's numpy in the last bit.
+template <class V>
+inline V opaque(V v) {
+#if defined(__x86_64__)
+  asm("" : "+v"(v));
+#else
+  volatile V kept = v;
+  v = kept;
+#endif
+  return v;
+}
+
+// A weight of GGUF blocks, [out, in / 32 blocks of kBytes]. The 4-bit formats hold column
+// j of a block in the low nibble of byte j (j < 16) and column j + 16 in its high nibble.
+// Rows are whole blocks (checked), so every read is a whole 16-column half of a block.
+template <GgufType T>
+struct GgufWeight {
+  static constexpr int64_t kBytes = T == kQ4_0 ? 18 : T == kQ4_1 ? 20 : 34;
+  static constexpr int64_t kQuants = T == kQ4_1 ? 4 : 2;  // the quants' offset in a block
+  const uint8_t* w;
+  int64_t row_bytes;
+  const uint8_t* block(int64_t n, int64_t k) const { return w + n * row_bytes + k / kGgufBlock * kBytes; }
+  // one prefetch per 64 columns: per 16 they would mostly name a line already asked for
+  void prefetch(int64_t n, int64_t k) const {
+    if (k % 64 == 0) prefetch_l2(block(n, k) + kPrefetchBytes);
+  }
+#if defined(__AVX512F__)
+  __m512 load(int64_t n, int64_t k) const {
+    const uint8_t* b = block(n, k);
+    const __m512 d = _mm512_set1_ps(fp16_to_float(b));
+    if constexpr (T == kQ8_0) {
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQuants + k % kGgufBlock));
+      return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+    } else {
+      __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQuants));
+      if (k % kGgufBlock) q = _mm_srli_epi16(q, 4);
+      const __m512i qi = _mm512_cvtepu8_epi32(_mm_and_si128(q, _mm_set1_epi8(0x0F)));
+      if constexpr (T == kQ4_0) {
+        return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(qi, _mm512_set1_epi32(8))));
+      } else {
+        return _mm512_add_ps(opaque(_mm512_mul_ps(d, _mm512_cvtepi32_ps(qi))), _mm512_set1_ps(fp16_to_float(b + 2)));
+      }
+    }
+  }
+  __m512 load_tail(int64_t n, int64_t k, __mmask16) const { return load(n, k); }
+#else
+  const float* chunk(int64_t n, int64_t k, int64_t, float* buf) const {
+    const uint8_t* b = block(n, k);
+    const float d = fp16_to_float(b);
+    const int64_t first = k % kGgufBlock;
+#if defined(__AVX2__)
+    __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQuants + (T == kQ8_0 ? first : 0)));
+    __m256i lo, hi;  // columns 0-7 and 8-15 of this half, as int32
+    if constexpr (T == kQ8_0) {
+      lo = _mm256_cvtepi8_epi32(q);
+      hi = _mm256_cvtepi8_epi32(_mm_srli_si128(q, 8));
+    } else {
+      if (first) q = _mm_srli_epi16(q, 4);
+      q = _mm_and_si128(q, _mm_set1_epi8(0x0F));
+      lo = _mm256_cvtepu8_epi32(q);
+      hi = _mm256_cvtepu8_epi32(_mm_srli_si128(q, 8));
+      if constexpr (T == kQ4_0) {
+        lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(8));
+        hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(8));
+      }
+    }
+    const __m256 dv = _mm256_set1_ps(d);
+    __m256 flo = _mm256_mul_ps(_mm256_cvtepi32_ps(lo), dv), fhi = _mm256_mul_ps(_mm256_cvtepi32_ps(hi), dv);
+    if constexpr (T == kQ4_1) {
+      const __m256 m = _mm256_set1_ps(fp16_to_float(b + 2));
+      flo = _mm256_add_ps(opaque(flo), m);
+      fhi = _mm256_add_ps(opaque(fhi), m);
+    }
+    _mm256_storeu_ps(buf, flo);
+    _mm256_storeu_ps(buf + 8, fhi);
+#else
+    for (int64_t i = 0; i < 16; ++i) {
+      const int64_t j = first + i;
+      if constexpr (T == kQ8_0) {
+        buf[i] = static_cast<float>(static_cast<int8_t>(b[kQuants + j])) * d;
+      } else {
+        const uint8_t byte = b[kQuants + j % 16];
+        const int q = j < 16 ? byte & 0x0F : byte >> 4;
+        buf[i] = T == kQ4_0 ? d * static_cast<float>(q - 8) : opaque(d * static_cast<float>(q)) + fp16_to_float(b + 2);
+      }
+    }
+#endif
     return buf;
   }
 #endif
@@ -235,6 +351,37 @@ at::Tensor skinny_linear_fp8(const at::Tensor& x, const at::Tensor& weight, cons
   return run_rows("skinny_linear_fp8", x, w, weight.size(0), bias);
 }
 
+// The float32 weight a quantized one stands for, row by row, written into out [n_out, k_len].
+template <class Weight>
+void dequantize_rows(const Weight& w, int64_t n_out, int64_t k_len, float* out) {
+  at::parallel_for(0, n_out, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      float* row = out + n * k_len;
+      int64_t k = 0;
+#if defined(__AVX512F__)
+      for (; k + 16 <= k_len; k += 16) _mm512_storeu_ps(row + k, w.load(n, k));
+      if (k < k_len) {
+        const __mmask16 mask = static_cast<__mmask16>((1u << (k_len - k)) - 1);
+        _mm512_mask_storeu_ps(row + k, mask, w.load_tail(n, k, mask));
+      }
+#else
+      for (; k < k_len; k += 16) {
+        const int64_t width = std::min<int64_t>(16, k_len - k);
+        const float* chunk = w.chunk(n, k, width, row + k);
+        if (chunk != row + k) std::memcpy(row + k, chunk, static_cast<size_t>(width) * sizeof(float));
+      }
+#endif
+    }
+  });
+}
+
+void check_out(const char* op, const at::Tensor& out, int64_t n_out, int64_t k_len) {
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2 && out.size(0) == n_out &&
+                  out.size(1) == k_len,
+              op, ": out must be a contiguous float32 [", n_out, ", ", k_len, "], got ", out.scalar_type(), " ",
+              out.sizes());
+}
+
 // The float32 weight an fp8 weight stands for, W8 x scale, written into `out` [out, in]: the
 // bits torch's `w.to(float32) * scale` gives, about 20x faster than those torch ops on a
 // 2-core Zen 4 (a 3072 x 576 weight: 0.2 ms against 3.9). For batches beyond skinny_linear_fp8's
@@ -252,25 +399,58 @@ void dequantize_fp8(at::Tensor& out, const at::Tensor& weight, const at::Tensor&
                   scale.dim() == 2 && scale.size(0) == n_out && scale.size(1) == num_blocks,
               "dequantize_fp8: scale must be a contiguous float32 [", n_out, ", ", num_blocks, "], got ",
               scale.scalar_type(), " ", scale.sizes());
-  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.sizes() == weight.sizes(),
-              "dequantize_fp8: out must be a contiguous float32 ", weight.sizes(), ", got ", out.scalar_type(), " ",
-              out.sizes());
+  check_out("dequantize_fp8", out, n_out, k_len);
   const Fp8Weight w{weight.const_data_ptr<uint8_t>(), scale.const_data_ptr<float>(), k_len, num_blocks, block_columns};
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, n_out, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      float* row = op + n * k_len;
-      int64_t k = 0;
-#if defined(__AVX512F__)
-      for (; k + 16 <= k_len; k += 16) _mm512_storeu_ps(row + k, w.load(n, k));
-      if (k < k_len) {
-        const __mmask16 mask = static_cast<__mmask16>((1u << (k_len - k)) - 1);
-        _mm512_mask_storeu_ps(row + k, mask, w.load_tail(n, k, mask));
-      }
-#else
-      for (; k < k_len; k += 16) w.chunk(n, k, std::min<int64_t>(16, k_len - k), row + k);
-#endif
-    }
+  dequantize_rows(w, n_out, k_len, out.data_ptr<float>());
+}
+
+// A GGUF weight's columns (in_features) from its bytes per row; checks the type and layout.
+int64_t gguf_columns(const char* op, const at::Tensor& weight, int64_t ggml_type) {
+  int64_t block_bytes = 0;
+  switch (ggml_type) {
+    case kQ4_0: block_bytes = GgufWeight<kQ4_0>::kBytes; break;
+    case kQ4_1: block_bytes = GgufWeight<kQ4_1>::kBytes; break;
+    case kQ8_0: block_bytes = GgufWeight<kQ8_0>::kBytes; break;
+    default: TORCH_CHECK(false, op, ": ggml_type must be Q4_0 (2), Q4_1 (3) or Q8_0 (8), got ", ggml_type);
+  }
+  TORCH_CHECK(weight.device().is_cpu() && weight.scalar_type() == at::kByte && weight.dim() == 2 &&
+                  weight.is_contiguous() && weight.size(1) % block_bytes == 0,
+              op, ": weight must be contiguous uint8 [out_features, blocks x ", block_bytes,
+              " bytes] (whole blocks of ggml type ", ggml_type, "), got ", weight.scalar_type(), " ", weight.sizes());
+  return weight.size(1) / block_bytes * kGgufBlock;
+}
+
+// Calls f with the GgufWeight of the given type over `weight`.
+template <class F>
+auto with_gguf_weight(const at::Tensor& weight, int64_t ggml_type, F&& f) {
+  const uint8_t* w = weight.const_data_ptr<uint8_t>();
+  const int64_t row_bytes = weight.size(1);
+  switch (ggml_type) {
+    case kQ4_0: return f(GgufWeight<kQ4_0>{w, row_bytes});
+    case kQ4_1: return f(GgufWeight<kQ4_1>{w, row_bytes});
+    default: return f(GgufWeight<kQ8_0>{w, row_bytes});
+  }
+}
+
+// y = x W^T (+ b) for W in GGUF blocks of `ggml_type` (engine/model/gguf_linear.py's weight).
+at::Tensor skinny_linear_gguf(const at::Tensor& x, const at::Tensor& weight, int64_t ggml_type,
+                              const c10::optional<at::Tensor>& bias) {
+  check_x("skinny_linear_gguf", x);
+  const int64_t k_len = gguf_columns("skinny_linear_gguf", weight, ggml_type);
+  TORCH_CHECK(k_len == x.size(1), "skinny_linear_gguf: the weight's rows hold ", k_len, " columns, x has ", x.size(1));
+  return with_gguf_weight(weight, ggml_type, [&](const auto& w) {
+    return run_rows("skinny_linear_gguf", x, w, weight.size(0), bias);
+  });
+}
+
+// The float32 weight a GGUF one stands for, as gguf-py dequantizes it, into out [out, in]:
+// for batches beyond skinny_linear_gguf's rows (a float32 GEMM over it) and embedding rows.
+void dequantize_gguf(at::Tensor& out, const at::Tensor& weight, int64_t ggml_type) {
+  const int64_t k_len = gguf_columns("dequantize_gguf", weight, ggml_type);
+  check_out("dequantize_gguf", out, weight.size(0), k_len);
+  with_gguf_weight(weight, ggml_type, [&](const auto& w) {
+    dequantize_rows(w, weight.size(0), k_len, out.data_ptr<float>());
+    return 0;
   });
 }
 
@@ -280,10 +460,14 @@ TORCH_LIBRARY_FRAGMENT(pdserve, m) {
   m.def("skinny_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
   m.def("skinny_linear_fp8(Tensor x, Tensor weight, Tensor scale, int block_columns, Tensor? bias=None) -> Tensor");
   m.def("dequantize_fp8(Tensor(a!) out, Tensor weight, Tensor scale, int block_columns) -> ()");
+  m.def("skinny_linear_gguf(Tensor x, Tensor weight, int ggml_type, Tensor? bias=None) -> Tensor");
+  m.def("dequantize_gguf(Tensor(a!) out, Tensor weight, int ggml_type) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(pdserve, CPU, m) {
   m.impl("skinny_linear", &skinny_linear);
   m.impl("skinny_linear_fp8", &skinny_linear_fp8);
   m.impl("dequantize_fp8", &dequantize_fp8);
+  m.impl("skinny_linear_gguf", &skinny_linear_gguf);
+  m.impl("dequantize_gguf", &dequantize_gguf);
 }

@@ -7,7 +7,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-from pdserve.engine.config import SCHEDULING_POLICIES, EngineConfig, SchedulerConfig
+from pdserve.engine.config import QUANTIZATION_METHODS, SCHEDULING_POLICIES, EngineConfig, SchedulerConfig
 from pdserve.engine.dtypes import DTYPE_NAMES
 from pdserve.engine.errors import InvalidRequestError
 from pdserve.engine.spec_decode.config import SpeculativeConfig
@@ -103,6 +103,16 @@ KV_WRITE_FINISHED_HELP = {
 }
 
 
+QUANTIZATION_HELP = ("gguf: keep a GGUF file's Q4_0, Q4_1 and Q8_0 weights in their blocks (4.5-8.5 bits a weight) and "
+                     "compute with them, the same tokens as the dequantized weights; fp8: an fp8 checkpoint (taken "
+                     "as saved anyway). Default: the checkpoint as saved, a GGUF file dequantized to --dtype")
+
+
+def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quantization", "-q", default=_ENGINE.quantization, choices=QUANTIZATION_METHODS,
+                        help=QUANTIZATION_HELP)
+
+
 def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, role: str = "decode",
                          roles: tuple[str, ...] = ()) -> None:
     """`role`: the command's; `roles`: those --role may choose (none: no --role, `role` only)."""
@@ -114,6 +124,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser, default_port: int, rol
                         metavar="NAME", help="the name(s) clients use, as the router's: the first is the "
                         "model_name label of the vllm: metrics (default: --model)")
     parser.add_argument("--dtype", default=_ENGINE.dtype, choices=DTYPE_NAMES)
+    add_quantization_argument(parser)
     parser.add_argument("--device", default=_ENGINE.device)
     parser.add_argument("--attention-backend", default=_ENGINE.attention_backend, choices=["cpu", "torch", "triton"])
     parser.add_argument("--host", default=_WORKER.host)
@@ -221,6 +232,7 @@ def worker_config_from_args(args) -> WorkerConfig:
                                 gpu_memory_utilization=args.gpu_memory_utilization,
                                 kv_offloading_bytes=_kv_offloading_bytes(args))
     engine = dataclasses.replace(_ENGINE, model=args.model, revision=args.revision, dtype=args.dtype,
+                                 quantization=args.quantization,
                                  device=args.device,
                                  attention_backend=args.attention_backend, cache=cache, scheduler=scheduler,
                                  cuda_graph_batch_sizes=args.cuda_graph_batch_sizes,

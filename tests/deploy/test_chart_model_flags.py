@@ -68,3 +68,15 @@ def test_served_names_reach_the_router_and_the_workers(sets, names):
 def test_the_schema_refuses_an_empty_name():
     error = render_error("router.servedModelName=")
     assert SCHEMA in error and "/router/servedModelName" in error, error
+
+
+def test_model_quantization_reaches_every_worker_not_the_router():
+    assert all(_args(render(), pool).quantization is None for pool in ("prefill", "decode"))
+    m = render(sets=("model.quantization=gguf",))
+    assert (_args(m, "prefill").quantization, _args(m, "decode").quantization) == ("gguf", "gguf")
+    assert not any("quantization" in a for a in container(m.get("Deployment", f"{FULLNAME}-router"))["args"])
+
+
+def test_the_schema_refuses_a_quantization_the_workers_do_not_serve():
+    error = render_error("model.quantization=awq")
+    assert SCHEMA in error and "/model/quantization" in error, error

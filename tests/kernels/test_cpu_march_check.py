@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 KERNEL_TESTS = [str(Path(__file__).with_name(name)) for name in
-                ("test_cpu_skinny_linear.py", "test_cpu_fused_ops.py", "test_cpu_paged_attention.py")]
+                ("test_cpu_skinny_linear.py", "test_cpu_gguf_linear.py", "test_cpu_fused_ops.py",
+                 "test_cpu_paged_attention.py")]
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="-march=x86-64-v3 names an x86-64 target")

@@ -141,6 +141,9 @@ is not one. (dict "value" .) */}}
 {{- $e := include "pdserve.engine" . | fromYaml -}}
 - {{ .role }}
 - --model={{ $root.Values.model.name }}
+{{- with $root.Values.model.quantization }}
+- --quantization={{ . }}
+{{- end }}
 {{- with $root.Values.router.servedModelName }}
 {{- /* the workers label their vllm: metrics (model_name) with the name clients use */}}
 - --served-model-name

@@ -1,0 +1,144 @@
+"""Linear layers and embeddings whose weights stay in llama.cpp's GGUF blocks in memory
+(`--quantization gguf`): Q4_0, Q4_1 (4.5 and 5 bits a weight) and Q8_0 (8.5 bits).
+
+Each weight row is its blocks as the file stores them, 32 columns a block: an fp16 scale d
+(Q4_1: then an fp16 offset m), then the quants (4-bit: column j in the low nibble of byte j,
+column j + 16 in its high nibble). The weight is held as uint8 [out, in / 32 x block bytes],
+so `Module.to(dtype)` leaves it alone, and the rows narrow for tensor parallelism and
+llama.cpp's Q/K row order like any weight's.
+
+What it computes is exactly the float32 weight gguf-py's dequantizer gives (Q4_0 d (q - 8),
+Q4_1 d q + m, Q8_0 q d) times x, which is what the engine computed before it kept the blocks:
+- decode batches of 1-8 float32 rows on a CPU: kernels/cpu/skinny_linear.cpp's GGUF kernel,
+  4 rows a call, reading the blocks and dequantizing 16 columns at a time in registers (the
+  result is skinny_linear's over the dequantized weight, bit for bit);
+- larger batches on a CPU: the C++ dequantizer into a float32 temporary, then the float32 GEMM;
+- elsewhere (a GPU, or without the C++ kernels): the torch dequantization below.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pdserve.engine.errors import ModelLoadError
+from pdserve.kernels.cpu import GGUF_BLOCK_BYTES, SKINNY_MAX_ROWS
+
+GGUF_BLOCK = 32  # columns a block holds
+# ggml type ids kept in their blocks, by name (gguf.GGMLQuantizationType)
+KEPT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+# batches of up to this many groups of SKINNY_MAX_ROWS rows run the row kernel once a group
+# (the weight's blocks read that many times); larger ones dequantize the weight once
+SKINNY_GROUPS = 2
+
+
+def row_bytes(in_features: int, ggml_type: int) -> int:
+    return in_features // GGUF_BLOCK * GGUF_BLOCK_BYTES[ggml_type]
+
+
+def narrow_gguf_columns(blocks: torch.Tensor, ggml_type: int, start: int, length: int, name: str) -> torch.Tensor:
+    """Columns start..start+length of GGUF blocks [rows, bytes]: whole blocks only."""
+    if start % GGUF_BLOCK or length % GGUF_BLOCK:
+        raise ModelLoadError(name, f"quantization: 'gguf' keeps {GGUF_BLOCK}-column blocks, and this rank's "
+                                   f"columns {start}-{start + length} do not fall on them; choose a tensor-parallel "
+                                   "size that splits on them, or leave quantization unset")
+    block_bytes = GGUF_BLOCK_BYTES[ggml_type]
+    return blocks.narrow(1, start // GGUF_BLOCK * block_bytes, length // GGUF_BLOCK * block_bytes)
+
+
+def dequantize_torch(weight: torch.Tensor, ggml_type: int) -> torch.Tensor:
+    """The float32 weight of GGUF blocks [rows, blocks x bytes], on the weight's device, as
+    gguf-py computes it (each product and sum rounded once)."""
+    rows = weight.shape[0]
+    blocks = weight.reshape(rows, -1, GGUF_BLOCK_BYTES[ggml_type])
+    d = blocks[..., :2].contiguous().view(torch.float16).float()  # [rows, blocks, 1]
+    if ggml_type == KEPT_TYPES["Q8_0"]:
+        return (blocks[..., 2:].contiguous().view(torch.int8).float() * d).reshape(rows, -1)
+    offset = 4 if ggml_type == KEPT_TYPES["Q4_1"] else 2
+    quants = blocks[..., offset:]
+    q = torch.cat([quants & 0x0F, quants >> 4], dim=-1).float()
+    if ggml_type == KEPT_TYPES["Q4_0"]:
+        return (d * (q - 8)).reshape(rows, -1)
+    m = blocks[..., 2:4].contiguous().view(torch.float16).float()
+    return (d * q + m).reshape(rows, -1)
+
+
+def _dequantized(weight: torch.Tensor, ggml_type: int, kernel: bool) -> torch.Tensor:
+    if not kernel:
+        return dequantize_torch(weight, ggml_type)
+    out = torch.empty(weight.shape[0], weight.shape[1] // GGUF_BLOCK_BYTES[ggml_type] * GGUF_BLOCK,
+                      dtype=torch.float32)
+    torch.ops.pdserve.dequantize_gguf(out, weight, ggml_type)
+    return out
+
+
+class GGUFLinear(nn.Module):
+    """y = x W^T + b, W kept in GGUF blocks of `ggml_type`."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, ggml_type: int):
+        super().__init__()
+        if in_features % GGUF_BLOCK:
+            raise ValueError(f"in_features: GGUF blocks hold {GGUF_BLOCK} columns, got {in_features}")
+        self.in_features, self.out_features, self.ggml_type = in_features, out_features, ggml_type
+        self.weight = nn.Parameter(torch.empty(out_features, row_bytes(in_features, ggml_type), dtype=torch.uint8),
+                                   requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.kernel = False  # on the C++ GGUF ops (use_skinny_kernel)
+
+    @classmethod
+    def sharing(cls, embedding: "GGUFEmbedding") -> "GGUFLinear":
+        """The LM head tied to a GGUF embedding: the same blocks, not a copy."""
+        head = cls(embedding.embedding_dim, embedding.num_embeddings, False, embedding.ggml_type)
+        head.weight = embedding.weight
+        return head
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        return _dequantized(self.weight, self.ggml_type, self.kernel).to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (self.kernel and x.dim() == 2 and x.size(0) <= SKINNY_GROUPS * SKINNY_MAX_ROWS
+                and x.dtype == torch.float32 and (self.bias is None or self.bias.dtype == torch.float32)):
+            if x.size(0) <= SKINNY_MAX_ROWS:
+                return self._rows(x)
+            return torch.cat([self._rows(part) for part in x.split(SKINNY_MAX_ROWS)])
+        return F.linear(x, self.dequantized(x.dtype), self.bias)
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.pdserve.skinny_linear_gguf(x, self.weight, self.ggml_type, self.bias)
+
+    def use_skinny_kernel(self) -> bool:
+        """Takes the C++ GGUF ops for a CPU weight (the C++ kernels must be loaded)."""
+        self.kernel = self.weight.device.type == "cpu"
+        return self.kernel
+
+    def extra_repr(self) -> str:
+        kind = next(name for name, value in KEPT_TYPES.items() if value == self.ggml_type)
+        return f"in_features={self.in_features}, out_features={self.out_features}, GGUF {kind}"
+
+
+class GGUFEmbedding(nn.Module):
+    """An embedding table kept in GGUF blocks: the rows looked up are dequantized alone, into
+    `dtype` (the model's, set by the loader)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, ggml_type: int):
+        super().__init__()
+        if embedding_dim % GGUF_BLOCK:
+            raise ValueError(f"embedding_dim: GGUF blocks hold {GGUF_BLOCK} columns, got {embedding_dim}")
+        self.num_embeddings, self.embedding_dim, self.ggml_type = num_embeddings, embedding_dim, ggml_type
+        self.weight = nn.Parameter(torch.empty(num_embeddings, row_bytes(embedding_dim, ggml_type),
+                                               dtype=torch.uint8), requires_grad=False)
+        self.dtype = torch.float32
+        self.kernel = False
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows = self.weight.index_select(0, input_ids.reshape(-1))
+        x = _dequantized(rows, self.ggml_type, self.kernel).to(self.dtype)
+        return x.reshape(*input_ids.shape, self.embedding_dim)
+
+    def use_skinny_kernel(self) -> bool:
+        self.kernel = self.weight.device.type == "cpu"
+        return self.kernel
+
+    def extra_repr(self) -> str:
+        kind = next(name for name, value in KEPT_TYPES.items() if value == self.ggml_type)
+        return f"{self.num_embeddings}, {self.embedding_dim}, GGUF {kind}"
