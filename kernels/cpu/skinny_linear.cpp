@@ -50,6 +50,7 @@ inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }  // read
 // The weights a block reads, 16 columns at a time, as float32: the plain float32 weight, or
 // an fp8 (e4m3fn) one with its float32 scales (skinny_linear_fp8 below).
 struct Float32Weight {
+  static constexpr bool kLoadsBlocks = false;  // read 16 columns a call (load), not 32 (load_block)
   const float* w;
   int64_t k_len;
   const float* row(int64_t n) const { return w + n * k_len; }
@@ -81,6 +82,7 @@ inline float fp8_e4m3_to_float(uint8_t b) {
 }
 
 struct Fp8Weight {
+  static constexpr bool kLoadsBlocks = false;
   const uint8_t* w;
   const float* scale;     // [n_out, num_blocks]
   int64_t k_len, num_blocks, block_columns;
@@ -147,6 +149,9 @@ template <GgufType T>
 struct GgufWeight {
   static constexpr int64_t kBytes = T == kQ4_0 ? 18 : T == kQ4_1 ? 20 : 34;
   static constexpr int64_t kQuants = T == kQ4_1 ? 4 : 2;  // the quants' offset in a block
+#if defined(__AVX512F__)
+  static constexpr bool kLoadsBlocks = true;
+#endif
   const uint8_t* w;
   int64_t row_bytes;
   const uint8_t* block(int64_t n, int64_t k) const { return w + n * row_bytes + k / kGgufBlock * kBytes; }
@@ -173,6 +178,31 @@ struct GgufWeight {
     }
   }
   __m512 load_tail(int64_t n, int64_t k, __mmask16) const { return load(n, k); }
+  // The block at column k (a multiple of 32) as two float32 vectors, columns k..k+15 and
+  // k+16..k+31. A 4-bit block builds its 16 possible weights once (d * i + m, or d * (i - 8),
+  // rounded as gguf-py rounds each weight) and looks each quant up in them (vpermps reads an
+  // index's low 4 bits, so the low nibble needs no mask): about half the work of widening,
+  // converting and scaling every quant, and the same float32 weights.
+  void load_block(int64_t n, int64_t k, __m512& lo, __m512& hi) const {
+    const uint8_t* b = block(n, k);
+    const __m512 d = _mm512_set1_ps(fp16_to_float(b));
+    if constexpr (T == kQ8_0) {
+      const __m128i* q = reinterpret_cast<const __m128i*>(b + kQuants);
+      lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))), d);
+      hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))), d);
+    } else {
+      __m512 table;
+      if constexpr (T == kQ4_0) {
+        table = _mm512_mul_ps(d, _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7));
+      } else {
+        const __m512 scaled = _mm512_mul_ps(d, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+        table = _mm512_add_ps(opaque(scaled), _mm512_set1_ps(fp16_to_float(b + 2)));
+      }
+      const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQuants)));
+      lo = _mm512_permutexvar_ps(q, table);
+      hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+    }
+  }
 #else
   const float* chunk(int64_t n, int64_t k, int64_t, float* buf) const {
     const uint8_t* b = block(n, k);
@@ -221,8 +251,34 @@ struct GgufWeight {
 };
 
 #if defined(__AVX512F__)
+// rows_block for weights read a 32-column block at a time (GGUF): the same sums in the same
+// order (each lane adds columns k, k + 16, k + 32, ... in turn), so the same bits.
+template <int M, int R, class Weight>
+void rows_block_of_blocks(const float* x, const Weight& weight, int64_t k_len, int64_t n, int64_t n_out, float* y) {
+  __m512 acc[M][R];
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < k_len; k += 32) {
+    __m512 lo[R], hi[R];
+    for (int r = 0; r < R; ++r) {
+      weight.prefetch(n + r, k);
+      weight.load_block(n + r, k, lo[r], hi[r]);
+    }
+    for (int m = 0; m < M; ++m) {
+      const __m512 xlo = _mm512_loadu_ps(x + m * k_len + k), xhi = _mm512_loadu_ps(x + m * k_len + k + 16);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xhi, hi[r], _mm512_fmadd_ps(xlo, lo[r], acc[m][r]));
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < R; ++r) y[m * n_out + n + r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+
 template <int M, int R, class Weight>
 void rows_block(const float* x, const Weight& weight, int64_t k_len, int64_t n, int64_t n_out, float* y) {
+  if constexpr (Weight::kLoadsBlocks) {
+    rows_block_of_blocks<M, R>(x, weight, k_len, n, n_out, y);
+    return;
+  }
   __m512 acc[M][R];
   for (int m = 0; m < M; ++m)
     for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
@@ -359,6 +415,14 @@ void dequantize_rows(const Weight& w, int64_t n_out, int64_t k_len, float* out) 
       float* row = out + n * k_len;
       int64_t k = 0;
 #if defined(__AVX512F__)
+      if constexpr (Weight::kLoadsBlocks) {  // whole 32-column blocks (checked)
+        for (; k < k_len; k += 32) {
+          __m512 lo, hi;
+          w.load_block(n, k, lo, hi);
+          _mm512_storeu_ps(row + k, lo);
+          _mm512_storeu_ps(row + k + 16, hi);
+        }
+      }
       for (; k + 16 <= k_len; k += 16) _mm512_storeu_ps(row + k, w.load(n, k));
       if (k < k_len) {
         const __mmask16 mask = static_cast<__mmask16>((1u << (k_len - k)) - 1);
