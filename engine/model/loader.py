@@ -112,9 +112,9 @@ def check_quantization(source: ModelSource, quantization: str | None) -> None:
     if quantization not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization: must be one of {list(QUANTIZATION_METHODS)} or unset, got {quantization!r}")
     if (quantization == "gguf") != (source.kind == "gguf"):
-        what = "a GGUF file" if source.kind == "gguf" else "a Hugging Face folder"
-        raise ValueError(f"quantization: {quantization!r} does not apply to {what} ({source.path}); "
-                         f"{'gguf' if source.kind == 'gguf' else 'the checkpoint own method (fp8)'} does, "
+        what, fits = (("a GGUF file", "'gguf'") if source.kind == "gguf"
+                      else ("a Hugging Face folder", "the checkpoint's own method (fp8)"))
+        raise ValueError(f"quantization: {quantization!r} does not apply to {what} ({source.path}); {fits} does, "
                          "or leave it unset")
 
 
