@@ -30,6 +30,12 @@ from pdserve.engine.model.source import resolve_model
 PROMPT_TOKENS, OUTPUT_TOKENS = 64, 128
 
 
+def random_prompts(rng: random.Random, concurrency: int, num_prompts: int) -> list[list[int]]:
+    """At least `concurrency` prompts of PROMPT_TOKENS random ids (up to 4 a slot, `num_prompts` at most)."""
+    n = max(concurrency, min(num_prompts, 4 * concurrency))
+    return [[rng.randrange(100, 40000) for _ in range(PROMPT_TOKENS)] for _ in range(n)]
+
+
 def tokens_per_s(model: str, dtype: str, concurrency: int, prompts: list[list[int]],
                  quantization: str | None = None) -> tuple[float, list, int]:
     """Output tokens/s of one `generate` over all `prompts`, their token ids, the weights' bytes."""
@@ -57,8 +63,7 @@ def main() -> int:
     rng = random.Random(0)
     result: dict = {"rows": {}}
     for concurrency in (int(c) for c in args.concurrency.split(",")):
-        n = max(concurrency, min(args.num_prompts, 4 * concurrency))
-        prompts = [[rng.randrange(100, 40000) for _ in range(PROMPT_TOKENS)] for _ in range(n)]
+        prompts = random_prompts(rng, concurrency, args.num_prompts)
         row, tokens = {}, {}
         for name, model, dtype in (("fp32", dequantized_dir, "float32"), ("bf16", dequantized_dir, "bfloat16"),
                                    ("fp8", fp8_dir, "float32")):
@@ -68,7 +73,7 @@ def main() -> int:
             print(name, concurrency, row[f"{name}_tok_s"], flush=True)
         row.update(fp8_vs_fp32=round(row["fp8_tok_s"] / row["fp32_tok_s"], 2),
                    fp8_vs_bf16=round(row["fp8_tok_s"] / row["bf16_tok_s"], 2),
-                   fp8_tokens_equal_fp32=tokens["fp8"] == tokens["fp32"], requests=n)
+                   fp8_tokens_equal_fp32=tokens["fp8"] == tokens["fp32"], requests=len(prompts))
         result["rows"][f"concurrency {concurrency}"] = row
     result.update(cpu=read_cpu_flags(), threads=torch.get_num_threads())
     emit_result(result)

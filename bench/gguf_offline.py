@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from bench.fp8_offline import OUTPUT_TOKENS, PROMPT_TOKENS, tokens_per_s
+from bench.fp8_offline import OUTPUT_TOKENS, PROMPT_TOKENS, random_prompts, tokens_per_s
 from bench.machine import read_cpu_flags
 from bench.report import emit_result
 from pdserve.engine import LLM, SamplingParams
@@ -48,8 +48,7 @@ def main() -> int:
     rng = random.Random(0)
     result: dict = {"rows": {}}
     for concurrency in (int(c) for c in args.concurrency.split(",")):
-        n = max(concurrency, min(args.num_prompts, 4 * concurrency))
-        prompts = [[rng.randrange(100, 40000) for _ in range(PROMPT_TOKENS)] for _ in range(n)]
+        prompts = random_prompts(rng, concurrency, args.num_prompts)
         row, tokens = {}, {}
         for name, (dtype, quantization) in RUNS.items():
             rate, tokens[name], weights = tokens_per_s(DEFAULT_MODEL, dtype, concurrency, prompts, quantization)
@@ -57,7 +56,7 @@ def main() -> int:
             print(name, concurrency, row[f"{name}_tok_s"], flush=True)
         row.update(gguf_vs_fp32=round(row["gguf_tok_s"] / row["fp32_tok_s"], 2),
                    gguf_vs_bf16=round(row["gguf_tok_s"] / row["bf16_tok_s"], 2),
-                   gguf_tokens_equal_fp32=tokens["gguf"] == tokens["fp32"], requests=n,
+                   gguf_tokens_equal_fp32=tokens["gguf"] == tokens["fp32"], requests=len(prompts),
                    tokens_each=f"{PROMPT_TOKENS} in / {OUTPUT_TOKENS} out")
         result["rows"][f"concurrency {concurrency}"] = row
     prefill = {name: prefill_ms(dtype, quantization, args.prefill_tokens) for name, (dtype, quantization) in RUNS.items()}

@@ -27,6 +27,7 @@ from pdserve.kernels.cpu import GGUF_BLOCK_BYTES, SKINNY_MAX_ROWS
 GGUF_BLOCK = 32  # columns a block holds
 # ggml type ids kept in their blocks, by name (gguf.GGMLQuantizationType)
 KEPT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+TYPE_NAMES = {value: name for name, value in KEPT_TYPES.items()}
 # batches of up to this many groups of SKINNY_MAX_ROWS rows run the row kernel once a group
 # (the weight's blocks read that many times); larger ones dequantize the weight once
 SKINNY_GROUPS = 2
@@ -112,8 +113,7 @@ class GGUFLinear(nn.Module):
         return self.kernel
 
     def extra_repr(self) -> str:
-        kind = next(name for name, value in KEPT_TYPES.items() if value == self.ggml_type)
-        return f"in_features={self.in_features}, out_features={self.out_features}, GGUF {kind}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, GGUF {TYPE_NAMES[self.ggml_type]}"
 
 
 class GGUFEmbedding(nn.Module):
@@ -140,5 +140,4 @@ class GGUFEmbedding(nn.Module):
         return self.kernel
 
     def extra_repr(self) -> str:
-        kind = next(name for name, value in KEPT_TYPES.items() if value == self.ggml_type)
-        return f"{self.num_embeddings}, {self.embedding_dim}, GGUF {kind}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, GGUF {TYPE_NAMES[self.ggml_type]}"

@@ -19,7 +19,7 @@ from pdserve.engine.model.arch_table import ARCHITECTURE_FEATURES
 from pdserve.engine.model.decoder import DecoderForCausalLM, TensorParallel
 from pdserve.engine.model.fp8_linear import Fp8Linear
 from pdserve.engine.model.fp8_loading import scale_part, use_fp8_linears
-from pdserve.engine.model.gguf_linear import KEPT_TYPES, narrow_gguf_columns
+from pdserve.engine.model.gguf_linear import TYPE_NAMES, narrow_gguf_columns
 from pdserve.engine.model.gguf_loading import finish_gguf_modules, kept_gguf_tensors, use_gguf_modules
 from pdserve.engine.model.quantization import (SCALE_NAMES, UNUSED_SCALES, QuantConfig, quantized_modules,
                                                read_quant_config)
@@ -29,7 +29,6 @@ from pdserve.engine.model.tokenizer_cache import load_gguf_tokenizer
 
 logger = logging.getLogger(__name__)
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)$")
-_TYPE_NAMES = {value: name for name, value in KEPT_TYPES.items()}
 
 
 @dataclass
@@ -101,7 +100,7 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: str, max_model_l
     elif quantization == "gguf":
         logger.info("%s: %d weights kept in their GGUF blocks (%s), the others in %s; weights take %.1f MiB in "
                     "memory (the file's: %.1f MiB)", source.path, len(kept),
-                    ", ".join(sorted({_TYPE_NAMES[t] for t in kept.values()})) or "none", dtype,
+                    ", ".join(sorted({TYPE_NAMES[t] for t in kept.values()})) or "none", dtype,
                     weight_bytes(model) / 2**20, file_weights / 2**20)
     return LoadedModel(model, arch, tokenizer, frozenset(eos), quant)
 
