@@ -29,15 +29,17 @@ def _permute(w: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def write_tiny_gguf(hf_dir: str, path: str, ggml_type: str, embedding_type: str = "Q8_0",
-                    mixed_layer: int | None = None) -> str:
-    """The Llama of `hf_dir` as a GGUF file: projections in `ggml_type` (Q4_0, Q4_1, Q8_0),
-    the embedding in `embedding_type`, norms F32. `mixed_layer`: that layer's k_proj in Q8_0
-    instead (a fused q/k/v of unlike parts)."""
+                    mixed_layer: int | None = None, types: dict[str, str] | None = None) -> str:
+    """The Llama of `hf_dir` as a GGUF file: projections in `ggml_type` (Q4_0, Q4_1, Q8_0, and
+    Q4_K or Q6_K where the rows hold 256-column blocks), the embedding in `embedding_type`,
+    norms F32. `mixed_layer`: that layer's k_proj in Q8_0 instead (a fused q/k/v of unlike
+    parts). `types`: the type of the tensors it names (GGUF names), as llama.cpp's Q4_K_M
+    mixes Q4_K and Q6_K."""
     import gguf
     from safetensors.numpy import load_file
     from transformers import AutoConfig
 
-    types = gguf.GGMLQuantizationType
+    ggml_types = gguf.GGMLQuantizationType
     cfg = AutoConfig.from_pretrained(hf_dir)
     tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
     w = gguf.GGUFWriter(path, "llama")
@@ -58,11 +60,15 @@ def write_tiny_gguf(hf_dir: str, path: str, ggml_type: str, embedding_type: str 
 
     def add(name: str, value: np.ndarray, kind: str) -> None:
         value = value.astype(np.float32)
+        kind = (types or {}).get(name, kind)
         if kind == "F32":
             w.add_tensor(name, value)
+        elif kind.endswith("_K"):
+            blocks = quantize_k(value, kind)
+            w.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=ggml_types[kind])
         else:
             blocks = gguf.quants.quantize(value, types[kind])
-            w.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=types[kind])
+            w.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=ggml_types[kind])
 
     add("token_embd.weight", tensors["model.embed_tokens.weight"], embedding_type)
     add("output_norm.weight", tensors["model.norm.weight"], "F32")
@@ -84,3 +90,53 @@ def write_tiny_gguf(hf_dir: str, path: str, ggml_type: str, embedding_type: str 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def quantize_k(value: np.ndarray, kind: str) -> np.ndarray:
+    """`value` [rows, cols] (cols a multiple of 256) in Q4_K or Q6_K blocks, uint8 [rows, bytes]:
+    a plain round-to-nearest quantizer (gguf-py has none for the K-quants; llama.cpp's searches
+    for better scales), packed as ggml lays the blocks out. Only the layout must be right:
+    the tests compare with gguf-py's dequantizer over these bytes."""
+    rows, cols = value.shape
+    x = value.astype(np.float32).reshape(-1, 256)
+    quantize = _quantize_q4_k if kind == "Q4_K" else _quantize_q6_k
+    return quantize(x).reshape(rows, -1)
+
+
+def _quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    groups = x.reshape(len(x), 8, 32)
+    low = np.minimum(groups.min(axis=-1), 0)
+    scale, offset = (groups.max(axis=-1) - low) / 15, -low   # per 32 columns: x ~ scale q - offset
+    d = np.maximum(scale.max(axis=-1, keepdims=True) / 63, 1e-8).astype(np.float16)
+    dmin = np.maximum(offset.max(axis=-1, keepdims=True) / 63, 1e-8).astype(np.float16)
+    sc = np.clip(np.rint(scale / _nonzero(d.astype(np.float32))), 1, 63).astype(np.uint8)
+    m = np.clip(np.rint(offset / _nonzero(dmin.astype(np.float32))), 0, 63).astype(np.uint8)
+    step = _nonzero((d.astype(np.float32) * sc)[..., None])
+    q = np.clip(np.rint((groups + (dmin.astype(np.float32) * m)[..., None]) / step), 0, 15).astype(np.uint8)
+    packed = np.zeros((len(x), 12), dtype=np.uint8)  # ggml's get_scale_min_k4, inverted
+    packed[:, 0:4] = sc[:, :4] | ((sc[:, 4:] >> 4) << 6)
+    packed[:, 4:8] = m[:, :4] | ((m[:, 4:] >> 4) << 6)
+    packed[:, 8:12] = (sc[:, 4:] & 0x0F) | ((m[:, 4:] & 0x0F) << 4)
+    q = q.reshape(len(x), 4, 2, 32)
+    quants = q[:, :, 0] | (q[:, :, 1] << 4)  # even groups in the low nibbles, odd ones in the high
+    return np.concatenate([d.view(np.uint8), dmin.view(np.uint8), packed, quants.reshape(len(x), 128)], axis=1)
+
+
+def _quantize_q6_k(x: np.ndarray) -> np.ndarray:
+    groups = x.reshape(len(x), 16, 16)
+    scale = np.abs(groups).max(axis=-1) / 31
+    d = np.maximum(scale.max(axis=-1, keepdims=True) / 127, 1e-8).astype(np.float16)
+    sc = np.clip(np.rint(scale / _nonzero(d.astype(np.float32))), 1, 127).astype(np.int8)
+    step = _nonzero((d.astype(np.float32) * sc)[..., None])
+    q = (np.clip(np.rint(groups / step), -32, 31) + 32).astype(np.uint8).reshape(len(x), 2, 4, 32)
+    low = (q & 0x0F)
+    low = np.concatenate([low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)], axis=-1)
+    high = (q >> 4)
+    high = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
+    return np.concatenate([low.reshape(len(x), 128), high.reshape(len(x), 64), sc.view(np.uint8), d.view(np.uint8)],
+                          axis=1)
+
+
+def _nonzero(step: np.ndarray) -> np.ndarray:
+    """A block of zeros has zero scales (fp16 underflow): divide by 1 instead, any quant reads 0."""
+    return np.where(step == 0, np.float32(1), step)

@@ -8,8 +8,8 @@ skinny_linear: F.linear for 0..SKINNY_MAX_ROWS rows of float32, streaming the pl
 (skinny_linear.cpp): decode batches of a few sequences, where a linear layer is a read of its weight.
 skinny_linear_fp8: the same over an fp8 weight's bytes and scales (engine/model/fp8_linear.py),
 dequantized in registers; dequantize_fp8: that weight as float32, for larger batches' GEMM.
-skinny_linear_gguf, dequantize_gguf: the same pair over a weight kept in GGUF's Q4_0, Q4_1 or
-Q8_0 blocks (engine/model/gguf_linear.py), equal to gguf-py's dequantized weight bit for bit.
+skinny_linear_gguf, dequantize_gguf: the same pair over a weight kept in GGUF's Q4_0, Q4_1,
+Q8_0, Q4_K or Q6_K blocks (engine/model/gguf_linear.py), equal to gguf-py's dequantized weight bit for bit.
 """
 from __future__ import annotations
 
@@ -87,8 +87,8 @@ def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, block_columns: int
 def skinny_linear_gguf(x: torch.Tensor, weight: torch.Tensor, ggml_type: int,
                        bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, W, bias) for float32 x of 0..SKINNY_MAX_ROWS rows, where W is the weight
-    whose GGUF blocks of `ggml_type` (Q4_0 2, Q4_1 3, Q8_0 8) are `weight`'s rows (uint8
-    [out, in / 32 x block bytes])."""
+    whose GGUF blocks of `ggml_type` (Q4_0 2, Q4_1 3, Q8_0 8, Q4_K 12, Q6_K 14) are `weight`'s
+    rows (uint8 [out, in / block columns x block bytes])."""
     _load()
     return torch.ops.pdserve.skinny_linear_gguf(x, weight, ggml_type, bias)
 
@@ -103,12 +103,13 @@ def dequantize_gguf(weight: torch.Tensor, ggml_type: int, out: torch.Tensor | No
     return out
 
 
-# ggml type id -> bytes of one 32-column block (gguf.constants.GGML_QUANT_SIZES)
-GGUF_BLOCK_BYTES = {2: 18, 3: 20, 8: 34}
+# ggml type id -> (columns, bytes) of one block (gguf.constants.GGML_QUANT_SIZES)
+GGUF_BLOCKS = {2: (32, 18), 3: (32, 20), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
 
 
 def gguf_columns(row_bytes: int, ggml_type: int) -> int:
-    return row_bytes // GGUF_BLOCK_BYTES[ggml_type] * 32
+    columns, block_bytes = GGUF_BLOCKS[ggml_type]
+    return row_bytes // block_bytes * columns
 
 
 def _load() -> None:

@@ -28,7 +28,9 @@ import torch
 from torch.utils import cpp_extension
 
 BASE_NAME = "pdserve_cpu_kernels"
-SOURCES = [str(Path(__file__).with_name(name)) for name in ("paged_attention.cpp", "fused_ops.cpp", "skinny_linear.cpp")]
+SOURCES = [str(Path(__file__).with_name(name))
+           for name in ("paged_attention.cpp", "fused_ops.cpp", "skinny_linear.cpp", "gguf_linear.cpp")]
+HEADERS = [str(Path(__file__).with_name(name)) for name in ("skinny_rows.h",)]  # in the digest: sources include them
 # ATen's parallel_for is header code over OpenMP (torch's CPU parallel backend): without
 # -fopenmp it runs serially. The library then needs libgomp.so.1, which torch has loaded
 # already, so kernels and torch share one thread pool.
@@ -42,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 def library_name() -> str:
     digest = hashlib.sha256(" ".join(CFLAGS + LDFLAGS).encode())
-    for source in SOURCES:
+    for source in SOURCES + HEADERS:
         digest.update(Path(source).read_bytes())
     return f"{BASE_NAME}_{digest.hexdigest()[:12]}"
 

@@ -13,12 +13,13 @@ from pdserve.engine import LLM, EngineConfig, SamplingParams
 from pdserve.engine.engine_setup import model_naming
 from pdserve.engine.errors import ModelLoadError
 from pdserve.engine.model.gguf_file import GGUFFile
-from pdserve.engine.model.gguf_linear import GGUFEmbedding, GGUFLinear
+from pdserve.engine.model.gguf_linear import KEPT_TYPES, GGUFEmbedding, GGUFLinear
 from pdserve.engine.model.loader import load_model, weight_bytes
 from pdserve.engine.model.source import resolve_model
 from tests.engine.correctness import varied_prompts
 from tests.engine.hf_reference import hf_greedy, load_hf_model
 from tests.gguf_models import write_tiny_gguf
+from tests.models import build_tiny_llama
 
 MAX_TOKENS = 16
 # projections' type -> the embedding's (the LM head is tied to it)
@@ -135,3 +136,32 @@ def test_what_does_not_apply_is_refused_naming_quantization(gguf_files, tiny_lla
         load_model(resolve_model(gguf_files["Q8_0"]), torch.float32, "cpu", progress=False, quantization="fp8")
     with pytest.raises(ModelLoadError, match=r"quantization: 'fp8' needs a checkpoint saved in it"):
         load_model(resolve_model(tiny_llama_dir), torch.float32, "cpu", progress=False, quantization="fp8")
+
+
+@pytest.fixture(scope="module")
+def k_quant_file(tmp_path_factory) -> str:
+    """A tiny Llama whose rows hold 256-column blocks, mixed as llama.cpp's Q4_K_M mixes them:
+    Q4_K projections, layer 1's v_proj and down_proj in Q6_K, a Q6_K embedding (the tied head)."""
+    root = tmp_path_factory.mktemp("tiny-k-quants")
+    hf_dir = build_tiny_llama(root / "hf", hidden_size=512, num_heads=8, num_kv_heads=4)
+    return write_tiny_gguf(hf_dir, str(root / "tiny-Q4_K_M.gguf"), "Q4_K", "Q6_K",
+                           types={"blk.1.attn_v.weight": "Q6_K", "blk.1.ffn_down.weight": "Q6_K"})
+
+
+def test_k_quants_stay_in_their_blocks_and_decode_as_transformers_does(k_quant_file):
+    loaded = _load(k_quant_file)
+    model = loaded.model
+    assert model.embed_tokens.ggml_type == KEPT_TYPES["Q6_K"] and model.lm_head.weight is model.embed_tokens.weight
+    assert model.layers[0].attn.qkv_proj.ggml_type == KEPT_TYPES["Q4_K"]
+    assert not isinstance(model.layers[1].attn.qkv_proj, GGUFLinear)  # Q4_K q/k with a Q6_K v: dequantized
+    assert model.layers[1].mlp.down_proj.ggml_type == KEPT_TYPES["Q6_K"]
+    on_disk = _tensor_bytes(k_quant_file)
+    assert weight_bytes(model) < 1.2 * on_disk
+    prompts = varied_prompts(loaded.arch.vocab_size, [3, 17, 40])
+    expected = hf_greedy(load_hf_model(k_quant_file), prompts, MAX_TOKENS, loaded.eos_token_ids)
+    assert _greedy(LLM(k_quant_file, loaded_model=loaded, quantization="gguf", progress=False), prompts) == expected
+    llm = LLM(k_quant_file, quantization="gguf", tensor_parallel_size=2, progress=False, collective_timeout_s=60)
+    try:  # o_proj's 512 columns split as one 256-column block a rank
+        assert _greedy(llm, prompts) == expected
+    finally:
+        llm.engine.shutdown()

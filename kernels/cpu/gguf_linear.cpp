@@ -1,0 +1,341 @@
+// skinny_linear_gguf and dequantize_gguf: y = x W^T (+ b) for a few float32 rows of x, and
+// the float32 weight itself, for a weight kept in llama.cpp's GGUF blocks
+// (engine/model/gguf_linear.py), each row its blocks as the file stores them:
+//   Q4_0, Q4_1, Q8_0: 32 columns a block, an fp16 scale d (Q4_1: and an fp16 offset m), then
+//     the quants; weight d (q - 8), d q + m, d q;
+//   Q4_K: 256 columns a block, fp16 d and dmin, 8 pairs of 6-bit scale and min packed in 12
+//     bytes, then 4-bit quants; weight (d sc) q - (dmin m) for each 32 columns' sc and m;
+//   Q6_K: 256 columns a block, 6-bit quants (low 4 bits, then high 2), an int8 scale per 16
+//     columns, fp16 d last; weight (d sc) (q - 32).
+// Each 16 or 32 columns are widened and scaled in registers into the float32 weight gguf-py's
+// dequantizer gives (each product and sum rounded once, in its order), so the result is
+// skinny_linear's over that weight, bit for bit (the row loop is skinny_rows.h's), reading
+// 4.5-8.5 bits a weight.
+#include "skinny_rows.h"
+
+#include <cstring>
+
+namespace {
+
+using namespace skinny;
+
+// llama.cpp's block formats, by their ggml type ids (gguf.GGMLQuantizationType).
+enum GgufType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+constexpr int64_t kGgufBlock = 32;    // columns a Q4_0/Q4_1/Q8_0 block holds
+constexpr int64_t kKQuantBlock = 256; // columns a Q4_K/Q6_K block holds
+
+inline float fp16_to_float(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, sizeof bits);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);
+#else
+  return c10::detail::fp16_ieee_to_fp32_value(bits);
+#endif
+}
+
+// Hides a value from the optimizer so that `opaque(a * b) + c` stays a rounded product and
+// a rounded sum: with -march=native GCC would otherwise contract them into one fma, whose
+// single rounding differs from gguf-py's numpy in the last bit.
+template <class V>
+inline V opaque(V v) {
+#if defined(__x86_64__)
+  asm("" : "+v"(v));
+#else
+  volatile V kept = v;
+  v = kept;
+#endif
+  return v;
+}
+
+// A weight of GGUF blocks, [out, in / 32 blocks of kBytes]. The 4-bit formats hold column
+// j of a block in the low nibble of byte j (j < 16) and column j + 16 in its high nibble.
+// Rows are whole blocks (checked), so every read is a whole 16-column half of a block.
+template <GgufType T>
+struct GgufWeight {
+  static constexpr int64_t kBytes = T == kQ4_0 ? 18 : T == kQ4_1 ? 20 : 34;
+  static constexpr int64_t kQuants = T == kQ4_1 ? 4 : 2;  // the quants' offset in a block
+#if defined(__AVX512F__)
+  static constexpr bool kLoadsBlocks = true;
+#endif
+  const uint8_t* w;
+  int64_t row_bytes;
+  const uint8_t* block(int64_t n, int64_t k) const { return w + n * row_bytes + k / kGgufBlock * kBytes; }
+  // one prefetch per 64 columns: per 16 they would mostly name a line already asked for
+  void prefetch(int64_t n, int64_t k) const {
+    if (k % 64 == 0) prefetch_l2(block(n, k) + kPrefetchBytes);
+  }
+#if defined(__AVX512F__)
+  __m512 load(int64_t n, int64_t k) const {
+    const uint8_t* b = block(n, k);
+    const __m512 d = _mm512_set1_ps(fp16_to_float(b));
+    if constexpr (T == kQ8_0) {
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQuants + k % kGgufBlock));
+      return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+    } else {
+      __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQuants));
+      if (k % kGgufBlock) q = _mm_srli_epi16(q, 4);
+      const __m512i qi = _mm512_cvtepu8_epi32(_mm_and_si128(q, _mm_set1_epi8(0x0F)));
+      if constexpr (T == kQ4_0) {
+        return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(qi, _mm512_set1_epi32(8))));
+      } else {
+        return _mm512_add_ps(opaque(_mm512_mul_ps(d, _mm512_cvtepi32_ps(qi))), _mm512_set1_ps(fp16_to_float(b + 2)));
+      }
+    }
+  }
+  __m512 load_tail(int64_t n, int64_t k, __mmask16) const { return load(n, k); }
+  // The block at column k (a multiple of 32) as two float32 vectors, columns k..k+15 and
+  // k+16..k+31. A 4-bit block builds its 16 possible weights once (d * i + m, or d * (i - 8),
+  // rounded as gguf-py rounds each weight) and looks each quant up in them (vpermps reads an
+  // index's low 4 bits, so the low nibble needs no mask): about half the work of widening,
+  // converting and scaling every quant, and the same float32 weights.
+  void load_block(int64_t n, int64_t k, __m512& lo, __m512& hi) const {
+    const uint8_t* b = block(n, k);
+    const __m512 d = _mm512_set1_ps(fp16_to_float(b));
+    if constexpr (T == kQ8_0) {
+      const __m128i* q = reinterpret_cast<const __m128i*>(b + kQuants);
+      lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))), d);
+      hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))), d);
+    } else {
+      __m512 table;
+      if constexpr (T == kQ4_0) {
+        table = _mm512_mul_ps(d, _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7));
+      } else {
+        const __m512 scaled = _mm512_mul_ps(d, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+        table = _mm512_add_ps(opaque(scaled), _mm512_set1_ps(fp16_to_float(b + 2)));
+      }
+      const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQuants)));
+      lo = _mm512_permutexvar_ps(q, table);
+      hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+    }
+  }
+#else
+  const float* chunk(int64_t n, int64_t k, int64_t, float* buf) const {
+    const uint8_t* b = block(n, k);
+    const float d = fp16_to_float(b);
+    const int64_t first = k % kGgufBlock;
+#if defined(__AVX2__)
+    __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQuants + (T == kQ8_0 ? first : 0)));
+    __m256i lo, hi;  // columns 0-7 and 8-15 of this half, as int32
+    if constexpr (T == kQ8_0) {
+      lo = _mm256_cvtepi8_epi32(q);
+      hi = _mm256_cvtepi8_epi32(_mm_srli_si128(q, 8));
+    } else {
+      if (first) q = _mm_srli_epi16(q, 4);
+      q = _mm_and_si128(q, _mm_set1_epi8(0x0F));
+      lo = _mm256_cvtepu8_epi32(q);
+      hi = _mm256_cvtepu8_epi32(_mm_srli_si128(q, 8));
+      if constexpr (T == kQ4_0) {
+        lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(8));
+        hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(8));
+      }
+    }
+    const __m256 dv = _mm256_set1_ps(d);
+    __m256 flo = _mm256_mul_ps(_mm256_cvtepi32_ps(lo), dv), fhi = _mm256_mul_ps(_mm256_cvtepi32_ps(hi), dv);
+    if constexpr (T == kQ4_1) {
+      const __m256 m = _mm256_set1_ps(fp16_to_float(b + 2));
+      flo = _mm256_add_ps(opaque(flo), m);
+      fhi = _mm256_add_ps(opaque(fhi), m);
+    }
+    _mm256_storeu_ps(buf, flo);
+    _mm256_storeu_ps(buf + 8, fhi);
+#else
+    for (int64_t i = 0; i < 16; ++i) {
+      const int64_t j = first + i;
+      if constexpr (T == kQ8_0) {
+        buf[i] = static_cast<float>(static_cast<int8_t>(b[kQuants + j])) * d;
+      } else {
+        const uint8_t byte = b[kQuants + j % 16];
+        const int q = j < 16 ? byte & 0x0F : byte >> 4;
+        buf[i] = T == kQ4_0 ? d * static_cast<float>(q - 8) : opaque(d * static_cast<float>(q)) + fp16_to_float(b + 2);
+      }
+    }
+#endif
+    return buf;
+  }
+#endif
+};
+
+// The 32 columns of a Q4_K block at column k (a multiple of 32): their float32 scale d sc and
+// offset dmin m (each product rounded once, as gguf-py's `d * sc`), and where their quants
+// are: the low nibbles of 32 bytes for even groups, the high nibbles for odd ones.
+struct Q4KGroup {
+  float scale, min;
+  const uint8_t* quants;
+  int shift;
+};
+
+inline Q4KGroup q4k_group(const uint8_t* b, int64_t k) {
+  const int j = static_cast<int>(k % kKQuantBlock / 32);
+  const uint8_t* packed = b + 4;  // 8 six-bit scales and 8 six-bit mins in 12 bytes (ggml's get_scale_min_k4)
+  int sc, m;
+  if (j < 4) {
+    sc = packed[j] & 63;
+    m = packed[j + 4] & 63;
+  } else {
+    sc = (packed[j + 4] & 0x0F) | ((packed[j - 4] >> 6) << 4);
+    m = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
+  }
+  return {fp16_to_float(b) * static_cast<float>(sc), fp16_to_float(b + 2) * static_cast<float>(m),
+          b + 16 + 32 * (j / 2), 4 * (j % 2)};
+}
+
+// The 32 columns of a Q6_K block at column k (rounded down to 32): in each half of 128 columns, 32-column group s
+// takes its low 4 bits from 32 of the half's 64 low-bit bytes (s odd: the second 32), the
+// low nibbles for s < 2 and the high ones after, and its top 2 bits from bits 2s of the
+// half's 32 high-bit bytes. Scales: d times each 16 columns' int8, rounded once.
+struct Q6KGroup {
+  float scale[2];
+  const uint8_t* low;
+  const uint8_t* high;
+  int low_shift, high_shift;
+};
+
+inline Q6KGroup q6k_group(const uint8_t* b, int64_t k) {
+  const int64_t col = k % kKQuantBlock / 32 * 32, half = col / 128, s = col % 128 / 32;
+  const float d = fp16_to_float(b + 208);
+  const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192) + col / 16;
+  return {{d * static_cast<float>(scales[0]), d * static_cast<float>(scales[1])},
+          b + 64 * half + 32 * (s % 2), b + 128 + 32 * half, static_cast<int>(4 * (s / 2)), static_cast<int>(2 * s)};
+}
+
+// A weight of K-quant blocks, [out, in / 256 blocks of kBytes], read 32 columns at a time.
+template <GgufType T>
+struct KQuantWeight {
+  static constexpr int64_t kBytes = T == kQ4_K ? 144 : 210;
+#if defined(__AVX512F__)
+  static constexpr bool kLoadsBlocks = true;
+#endif
+  const uint8_t* w;
+  int64_t row_bytes;
+  const uint8_t* block(int64_t n, int64_t k) const { return w + n * row_bytes + k / kKQuantBlock * kBytes; }
+  void prefetch(int64_t n, int64_t k) const {
+    if (k % 64 == 0) prefetch_l2(w + n * row_bytes + k * kBytes / kKQuantBlock + kPrefetchBytes);
+  }
+#if defined(__AVX512F__)
+  // Q4_K as Q4_1: the group's 16 possible weights, each quant looked up in them
+  void load_block(int64_t n, int64_t k, __m512& lo, __m512& hi) const {
+    const uint8_t* b = block(n, k);
+    if constexpr (T == kQ4_K) {
+      const Q4KGroup g = q4k_group(b, k);
+      const __m512 scaled =
+          _mm512_mul_ps(_mm512_set1_ps(g.scale), _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+      const __m512 table = _mm512_sub_ps(opaque(scaled), _mm512_set1_ps(g.min));
+      const __m128i count = _mm_cvtsi32_si128(g.shift);
+      const __m512i qlo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g.quants)));
+      const __m512i qhi = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g.quants + 16)));
+      lo = _mm512_permutexvar_ps(_mm512_srl_epi32(qlo, count), table);
+      hi = _mm512_permutexvar_ps(_mm512_srl_epi32(qhi, count), table);
+    } else {
+      const Q6KGroup g = q6k_group(b, k);
+      const __m128i low_count = _mm_cvtsi32_si128(g.low_shift), high_count = _mm_cvtsi32_si128(g.high_shift);
+      // 16 quants q - 32 as int8, put together in 16-bit lanes (a shift pulls the next byte's
+      // bits in at the top, the masks drop them; the high bits shifted up stay in their byte)
+      auto part = [&](int offset, float scale) {
+        const __m128i l = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g.low + offset)),
+                                                      low_count), _mm_set1_epi8(0x0F));
+        const __m128i h = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g.high + offset)),
+                                                      high_count), _mm_set1_epi8(3));
+        const __m128i q = _mm_sub_epi8(_mm_or_si128(l, _mm_slli_epi16(h, 4)), _mm_set1_epi8(32));
+        return _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+      };
+      lo = part(0, g.scale[0]);
+      hi = part(16, g.scale[1]);
+    }
+  }
+  __m512 load(int64_t n, int64_t k) const {
+    __m512 lo, hi;
+    load_block(n, k - k % 32, lo, hi);
+    return k % 32 ? hi : lo;
+  }
+  __m512 load_tail(int64_t n, int64_t k, __mmask16) const { return load(n, k); }
+#else
+  const float* chunk(int64_t n, int64_t k, int64_t, float* buf) const {
+    const uint8_t* b = block(n, k);
+    const int64_t first = k % 32;
+    if constexpr (T == kQ4_K) {
+      const Q4KGroup g = q4k_group(b, k);
+      for (int64_t i = 0; i < 16; ++i) {
+        const int q = (g.quants[first + i] >> g.shift) & 0x0F;
+        buf[i] = opaque(g.scale * static_cast<float>(q)) - g.min;
+      }
+    } else {
+      const Q6KGroup g = q6k_group(b, k);
+      const float scale = g.scale[first / 16];
+      for (int64_t i = 0; i < 16; ++i) {
+        const int q = ((g.low[first + i] >> g.low_shift) & 0x0F) | (((g.high[first + i] >> g.high_shift) & 3) << 4);
+        buf[i] = scale * static_cast<float>(q - 32);
+      }
+    }
+    return buf;
+  }
+#endif
+};
+
+// A GGUF weight's columns (in_features) from its bytes per row; checks the type and layout.
+int64_t gguf_columns(const char* op, const at::Tensor& weight, int64_t ggml_type) {
+  int64_t block_bytes = 0, block_columns = kGgufBlock;
+  switch (ggml_type) {
+    case kQ4_0: block_bytes = GgufWeight<kQ4_0>::kBytes; break;
+    case kQ4_1: block_bytes = GgufWeight<kQ4_1>::kBytes; break;
+    case kQ8_0: block_bytes = GgufWeight<kQ8_0>::kBytes; break;
+    case kQ4_K: block_bytes = KQuantWeight<kQ4_K>::kBytes, block_columns = kKQuantBlock; break;
+    case kQ6_K: block_bytes = KQuantWeight<kQ6_K>::kBytes, block_columns = kKQuantBlock; break;
+    default:
+      TORCH_CHECK(false, op, ": ggml_type must be Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12) or Q6_K (14), got ",
+                  ggml_type);
+  }
+  TORCH_CHECK(weight.device().is_cpu() && weight.scalar_type() == at::kByte && weight.dim() == 2 &&
+                  weight.is_contiguous() && weight.size(1) % block_bytes == 0,
+              op, ": weight must be contiguous uint8 [out_features, blocks x ", block_bytes,
+              " bytes] (whole blocks of ggml type ", ggml_type, "), got ", weight.scalar_type(), " ", weight.sizes());
+  return weight.size(1) / block_bytes * block_columns;
+}
+
+// Calls f with the weight policy (GgufWeight, KQuantWeight) of the given type over `weight`.
+template <class F>
+auto with_gguf_weight(const at::Tensor& weight, int64_t ggml_type, F&& f) {
+  const uint8_t* w = weight.const_data_ptr<uint8_t>();
+  const int64_t row_bytes = weight.size(1);
+  switch (ggml_type) {
+    case kQ4_0: return f(GgufWeight<kQ4_0>{w, row_bytes});
+    case kQ4_1: return f(GgufWeight<kQ4_1>{w, row_bytes});
+    case kQ8_0: return f(GgufWeight<kQ8_0>{w, row_bytes});
+    case kQ4_K: return f(KQuantWeight<kQ4_K>{w, row_bytes});
+    default: return f(KQuantWeight<kQ6_K>{w, row_bytes});
+  }
+}
+
+// y = x W^T (+ b) for W in GGUF blocks of `ggml_type` (engine/model/gguf_linear.py's weight).
+at::Tensor skinny_linear_gguf(const at::Tensor& x, const at::Tensor& weight, int64_t ggml_type,
+                              const c10::optional<at::Tensor>& bias) {
+  check_x("skinny_linear_gguf", x);
+  const int64_t k_len = gguf_columns("skinny_linear_gguf", weight, ggml_type);
+  TORCH_CHECK(k_len == x.size(1), "skinny_linear_gguf: the weight's rows hold ", k_len, " columns, x has ", x.size(1));
+  return with_gguf_weight(weight, ggml_type, [&](const auto& w) {
+    return run_rows("skinny_linear_gguf", x, w, weight.size(0), bias);
+  });
+}
+
+// The float32 weight a GGUF one stands for, as gguf-py dequantizes it, into out [out, in]:
+// for batches beyond skinny_linear_gguf's rows (a float32 GEMM over it) and embedding rows.
+void dequantize_gguf(at::Tensor& out, const at::Tensor& weight, int64_t ggml_type) {
+  const int64_t k_len = gguf_columns("dequantize_gguf", weight, ggml_type);
+  check_out("dequantize_gguf", out, weight.size(0), k_len);
+  with_gguf_weight(weight, ggml_type, [&](const auto& w) {
+    dequantize_rows(w, weight.size(0), k_len, out.data_ptr<float>());
+    return 0;
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(pdserve, m) {
+  m.def("skinny_linear_gguf(Tensor x, Tensor weight, int ggml_type, Tensor? bias=None) -> Tensor");
+  m.def("dequantize_gguf(Tensor(a!) out, Tensor weight, int ggml_type) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(pdserve, CPU, m) {
+  m.impl("skinny_linear_gguf", &skinny_linear_gguf);
+  m.impl("dequantize_gguf", &dequantize_gguf);
+}
