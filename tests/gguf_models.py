@@ -67,7 +67,7 @@ def write_tiny_gguf(hf_dir: str, path: str, ggml_type: str, embedding_type: str 
             blocks = quantize_k(value, kind)
             w.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=ggml_types[kind])
         else:
-            blocks = gguf.quants.quantize(value, types[kind])
+            blocks = gguf.quants.quantize(value, ggml_types[kind])
             w.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=ggml_types[kind])
 
     add("token_embd.weight", tensors["model.embed_tokens.weight"], embedding_type)
