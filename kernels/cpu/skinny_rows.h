@@ -3,9 +3,12 @@
 // policy that yields its float32 values 16 columns (load) or one 32-column block (load_block)
 // at a time, 4 weight rows streamed together and each prefetched ahead into L2.
 //
-// A policy provides kLoadsBlocks, prefetch(n, k), and with AVX-512 load(n, k),
-// load_tail(n, k, mask) and (kLoadsBlocks) load_block(n, k, lo, hi); without AVX-512,
-// chunk(n, k, width, buf), which returns columns k..k+width of row n as float32.
+// A policy provides kLoadsBlocks, prefetch(n, k), and with AVX-512 load(n, k) and
+// load_tail(n, k, mask); without AVX-512, chunk(n, k, width, buf), which returns columns
+// k..k+width of row n as float32. A policy that loads blocks (kLoadsBlocks) also provides
+// kColumns (a block's columns), a Header type, read_header(n, k, header) (what a row's block
+// at k holds for all its columns: read once per block and row) and load_block(n, k, header,
+// lo, hi) for the 32 columns at k.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -37,11 +40,13 @@ void rows_block_of_blocks(const float* x, const Weight& weight, int64_t k_len, i
   __m512 acc[M][R];
   for (int m = 0; m < M; ++m)
     for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  typename Weight::Header header[R];
   for (int64_t k = 0; k < k_len; k += 32) {
     __m512 lo[R], hi[R];
     for (int r = 0; r < R; ++r) {
       weight.prefetch(n + r, k);
-      weight.load_block(n + r, k, lo[r], hi[r]);
+      if (k % Weight::kColumns == 0) weight.read_header(n + r, k, header[r]);
+      weight.load_block(n + r, k, header[r], lo[r], hi[r]);
     }
     for (int m = 0; m < M; ++m) {
       const __m512 xlo = _mm512_loadu_ps(x + m * k_len + k), xhi = _mm512_loadu_ps(x + m * k_len + k + 16);
@@ -164,10 +169,12 @@ void dequantize_rows(const Weight& w, int64_t n_out, int64_t k_len, float* out) 
       float* row = out + n * k_len;
       int64_t k = 0;
 #if defined(__AVX512F__)
-      if constexpr (Weight::kLoadsBlocks) {  // whole 32-column blocks (checked)
+      if constexpr (Weight::kLoadsBlocks) {  // whole blocks (checked)
+        typename Weight::Header header;
         for (; k < k_len; k += 32) {
           __m512 lo, hi;
-          w.load_block(n, k, lo, hi);
+          if (k % Weight::kColumns == 0) w.read_header(n, k, header);
+          w.load_block(n, k, header, lo, hi);
           _mm512_storeu_ps(row + k, lo);
           _mm512_storeu_ps(row + k + 16, hi);
         }
