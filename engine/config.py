@@ -145,7 +145,7 @@ class EngineConfig:
     # `model` named org/name from the Hugging Face cache: its branch, tag or commit (None: main)
     revision: str | None = None
     # vLLM's --quantization: None takes the checkpoint as saved (a GGUF file dequantized); "gguf" keeps
-    # a GGUF file's Q4_0/Q4_1/Q8_0/Q4_K/Q6_K weights in their blocks; "fp8" asks for an fp8 checkpoint
+    # a GGUF file's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K weights in their blocks; "fp8" asks for an fp8 checkpoint
     quantization: str | None = None
 
     def __post_init__(self):

@@ -56,7 +56,7 @@ class LLM:
         Jinja file or the template itself, in place of the tokenizer's (chat, apply_chat_template).
         `kv_offloading_bytes`: host memory keeping the blocks the KV cache evicts (vLLM's
         kv_offloading_size, in bytes; docs/kv_tiers.md). `quantization`: "gguf" keeps a GGUF
-        file's Q4_0/Q4_1/Q8_0/Q4_K/Q6_K weights in their blocks (docs/serving.md)."""
+        file's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K weights in their blocks (docs/serving.md)."""
         template = load_chat_template(chat_template) if chat_template is not None else None  # before loading
         config = EngineConfig(
             model=model, revision=revision, quantization=quantization, dtype=dtype, device=device,

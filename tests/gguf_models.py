@@ -30,7 +30,7 @@ def _permute(w: np.ndarray, num_heads: int) -> np.ndarray:
 
 def write_tiny_gguf(hf_dir: str, path: str, ggml_type: str, embedding_type: str = "Q8_0",
                     mixed_layer: int | None = None, types: dict[str, str] | None = None) -> str:
-    """The Llama of `hf_dir` as a GGUF file: projections in `ggml_type` (Q4_0, Q4_1, Q8_0, and
+    """The Llama of `hf_dir` as a GGUF file: projections in `ggml_type` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and
     Q4_K or Q6_K where the rows hold 256-column blocks), the embedding in `embedding_type`,
     norms F32. `mixed_layer`: that layer's k_proj in Q8_0 instead (a fused q/k/v of unlike
     parts). `types`: the type of the tensors it names (GGUF names), as llama.cpp's Q4_K_M

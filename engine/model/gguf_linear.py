@@ -1,16 +1,18 @@
 """Linear layers and embeddings whose weights stay in llama.cpp's GGUF blocks in memory
-(`--quantization gguf`): Q4_0, Q4_1, Q8_0 (4.5, 5 and 8.5 bits a weight) and the K-quants
-Q4_K and Q6_K (4.5 and 6.56 bits) that llama.cpp's Q4_K_M / Q6_K files are made of.
+(`--quantization gguf`): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (4.5-8.5 bits a weight) and the K-quants
+Q4_K and Q6_K (4.5 and 6.56 bits) that llama.cpp's Q4_K_M / Q6_K files are made of (with
+Q5_0/Q8_0 where a row does not hold whole 256-column blocks).
 
 Each weight row is its blocks as the file stores them: 32 columns a block for Q4_0/Q4_1/Q8_0
 (an fp16 scale d, for Q4_1 an fp16 offset m, then the quants: column j in the low nibble of
-byte j, column j + 16 in its high nibble), 256 for the K-quants (kernels/cpu/gguf_linear.cpp
+byte j, column j + 16 in its high nibble; Q5_0/Q5_1 add 32 high bits before the nibbles),
+256 for the K-quants (kernels/cpu/gguf_linear.cpp
 describes their layout). The weight is held as uint8 [out, in / block columns x block bytes],
 so `Module.to(dtype)` leaves it alone, and the rows narrow for tensor parallelism and
 llama.cpp's Q/K row order like any weight's.
 
 What it computes is exactly the float32 weight gguf-py's dequantizer gives (Q4_0 d (q - 8),
-Q4_1 d q + m, Q8_0 q d, Q4_K (d sc) q - dmin m, Q6_K (d sc) (q - 32)) times x, which is what
+Q4_1 d q + m, Q5_0 d (q - 16), Q5_1 d q + m, Q8_0 q d, Q4_K (d sc) q - dmin m, Q6_K (d sc) (q - 32)) times x, which is what
 the engine computed before it kept the blocks:
 - decode batches of 1-8 float32 rows on a CPU: kernels/cpu/gguf_linear.cpp's kernel,
   4 rows a call, reading the blocks and dequantizing 16 or 32 columns at a time in registers
@@ -28,7 +30,7 @@ from pdserve.engine.errors import ModelLoadError
 from pdserve.kernels.cpu import GGUF_BLOCKS, SKINNY_MAX_ROWS
 
 # ggml type ids kept in their blocks, by name (gguf.GGMLQuantizationType)
-KEPT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+KEPT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 TYPE_NAMES = {value: name for name, value in KEPT_TYPES.items()}
 # batches of up to this many groups of SKINNY_MAX_ROWS rows run the row kernel once a group
 # (the weight's blocks read that many times); larger ones dequantize the weight once
@@ -63,6 +65,8 @@ def dequantize_torch(weight: torch.Tensor, ggml_type: int) -> torch.Tensor:
         return _dequantize_q4_k(blocks).reshape(rows, -1)
     if ggml_type == KEPT_TYPES["Q6_K"]:
         return _dequantize_q6_k(blocks).reshape(rows, -1)
+    if ggml_type in (KEPT_TYPES["Q5_0"], KEPT_TYPES["Q5_1"]):
+        return _dequantize_q5(blocks, ggml_type).reshape(rows, -1)
     d = _fp16(blocks, 0)
     if ggml_type == KEPT_TYPES["Q8_0"]:
         return (blocks[..., 2:].contiguous().view(torch.int8).float() * d).reshape(rows, -1)
@@ -77,6 +81,20 @@ def dequantize_torch(weight: torch.Tensor, ggml_type: int) -> torch.Tensor:
 def _fp16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
     """The fp16 at byte `offset` of each block, as float32 [rows, blocks, 1]."""
     return blocks[..., offset:offset + 2].contiguous().view(torch.float16).float()
+
+
+def _dequantize_q5(blocks: torch.Tensor, ggml_type: int) -> torch.Tensor:
+    """[rows, blocks, 22 or 24] -> [rows, blocks, 32]: d (q - 16) or d q + m, q's fifth bit
+    from the block's little-endian uint32 of high bits."""
+    high_at = 2 if ggml_type == KEPT_TYPES["Q5_0"] else 4
+    high = blocks[..., high_at:high_at + 4].to(torch.int64)
+    high = high[..., 0:1] | high[..., 1:2] << 8 | high[..., 2:3] << 16 | high[..., 3:4] << 24
+    bits = (high >> torch.arange(32, device=blocks.device)) & 1
+    nibbles = blocks[..., high_at + 4:]
+    q = (torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).to(torch.int64) | bits << 4).float()
+    if ggml_type == KEPT_TYPES["Q5_0"]:
+        return _fp16(blocks, 0) * (q - 16)
+    return _fp16(blocks, 0) * q + _fp16(blocks, 2)
 
 
 def _dequantize_q4_k(blocks: torch.Tensor) -> torch.Tensor:

@@ -2,10 +2,10 @@
 GGUF layers (gguf_linear.py) put in place of the full-precision ones before loading.
 
 Kept: the token embedding, the LM head and each layer's projections, where the file stores
-them in a type the kernels read (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K). The fused projections
-(q/k/v, gate/up) are kept only when all their parts share one type; anything else (other
-K-quants, mixed parts, norms) is dequantized to the model's dtype as before, and the loader
-says how many were.
+them in a type the kernels read (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K). The fused
+projections (q/k/v, gate/up) are kept only when all their parts share one type; anything else
+(other K-quants, mixed parts, norms) is dequantized to the model's dtype as before, and the
+loader says how many were.
 """
 from __future__ import annotations
 

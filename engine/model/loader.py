@@ -57,7 +57,7 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: str, max_model_l
     `shard`: which part of the model this rank holds, given the model's shape (every
     tensor is narrowed to it as it is read); None: the whole model.
     `quantization`: None takes the checkpoint as it is (a GGUF file's weights dequantized,
-    an fp8 checkpoint kept fp8); "gguf" keeps a GGUF file's Q4_0/Q4_1/Q8_0/Q4_K/Q6_K weights in their
+    an fp8 checkpoint kept fp8); "gguf" keeps a GGUF file's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K weights in their
     blocks; "fp8" asks for an fp8 checkpoint (refused for any other)."""
     check_quantization(source, quantization)
     quant, quantized, kept = None, set(), {}

@@ -9,7 +9,7 @@ skinny_linear: F.linear for 0..SKINNY_MAX_ROWS rows of float32, streaming the pl
 skinny_linear_fp8: the same over an fp8 weight's bytes and scales (engine/model/fp8_linear.py),
 dequantized in registers; dequantize_fp8: that weight as float32, for larger batches' GEMM.
 skinny_linear_gguf, dequantize_gguf: the same pair over a weight kept in GGUF's Q4_0, Q4_1,
-Q8_0, Q4_K or Q6_K blocks (engine/model/gguf_linear.py), equal to gguf-py's dequantized weight bit for bit.
+Q5_0, Q5_1, Q8_0, Q4_K or Q6_K blocks (engine/model/gguf_linear.py), equal to gguf-py's dequantized weight bit for bit.
 """
 from __future__ import annotations
 
@@ -87,7 +87,8 @@ def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, block_columns: int
 def skinny_linear_gguf(x: torch.Tensor, weight: torch.Tensor, ggml_type: int,
                        bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, W, bias) for float32 x of 0..SKINNY_MAX_ROWS rows, where W is the weight
-    whose GGUF blocks of `ggml_type` (Q4_0 2, Q4_1 3, Q8_0 8, Q4_K 12, Q6_K 14) are `weight`'s
+    whose GGUF blocks of `ggml_type` (Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12,
+    Q6_K 14) are `weight`'s
     rows (uint8 [out, in / block columns x block bytes])."""
     _load()
     return torch.ops.pdserve.skinny_linear_gguf(x, weight, ggml_type, bias)
@@ -104,7 +105,7 @@ def dequantize_gguf(weight: torch.Tensor, ggml_type: int, out: torch.Tensor | No
 
 
 # ggml type id -> (columns, bytes) of one block (gguf.constants.GGML_QUANT_SIZES)
-GGUF_BLOCKS = {2: (32, 18), 3: (32, 20), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
+GGUF_BLOCKS = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
 
 
 def gguf_columns(row_bytes: int, ggml_type: int) -> int:

@@ -3,6 +3,8 @@
 // (engine/model/gguf_linear.py), each row its blocks as the file stores them:
 //   Q4_0, Q4_1, Q8_0: 32 columns a block, an fp16 scale d (Q4_1: and an fp16 offset m), then
 //     the quants; weight d (q - 8), d q + m, d q;
+//   Q5_0, Q5_1: as Q4_0 and Q4_1 with a fifth bit per quant (32 high bits after the
+//     scales); weight d (q - 16), d q + m;
 //   Q4_K: 256 columns a block, fp16 d and dmin, 8 pairs of 6-bit scale and min packed in 12
 //     bytes, then 4-bit quants; weight (d sc) q - (dmin m) for each 32 columns' sc and m;
 //   Q6_K: 256 columns a block, 6-bit quants (low 4 bits, then high 2), an int8 scale per 16
@@ -20,7 +22,7 @@ namespace {
 using namespace skinny;
 
 // llama.cpp's block formats, by their ggml type ids (gguf.GGMLQuantizationType).
-enum GgufType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+enum GgufType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
 constexpr int64_t kGgufBlock = 32;    // columns a Q4_0/Q4_1/Q8_0 block holds
 constexpr int64_t kKQuantBlock = 256; // columns a Q4_K/Q6_K block holds
 
@@ -154,6 +156,75 @@ struct GgufWeight {
       }
     }
 #endif
+    return buf;
+  }
+#endif
+};
+
+// A weight of Q5_0 / Q5_1 blocks, 32 columns a block: fp16 d (Q5_1: then fp16 m), 32 high
+// bits (column j's in bit j of a little-endian uint32), then 16 bytes of low nibbles laid out
+// as Q4_0's. Weight d (q - 16) or d q + m, as gguf-py rounds them.
+template <GgufType T>
+struct Q5Weight {
+  static constexpr int64_t kBytes = T == kQ5_0 ? 22 : 24;
+  static constexpr int64_t kHigh = T == kQ5_0 ? 2 : 4;  // the high bits' offset in a block
+  const uint8_t* w;
+  int64_t row_bytes;
+  const uint8_t* block(int64_t n, int64_t k) const { return w + n * row_bytes + k / kGgufBlock * kBytes; }
+  void prefetch(int64_t n, int64_t k) const {
+    if (k % 64 == 0) prefetch_l2(block(n, k) + kPrefetchBytes);
+  }
+  static int quant(const uint8_t* b, int64_t j) {
+    uint32_t high;
+    std::memcpy(&high, b + kHigh, sizeof high);
+    const uint8_t byte = b[kHigh + 4 + j % 16];
+    return (j < 16 ? byte & 0x0F : byte >> 4) | static_cast<int>((high >> j) & 1) << 4;
+  }
+#if defined(__AVX512F__)
+  static constexpr bool kLoadsBlocks = true;
+  static constexpr int64_t kColumns = kGgufBlock;
+  struct Header {};
+  void read_header(int64_t, int64_t, Header&) const {}
+  // The block's 32 possible weights as two 16-entry tables (the high bit picks the table:
+  // vpermt2ps reads an index's low 5 bits), each quant looked up in them.
+  void load_block(int64_t n, int64_t k, const Header&, __m512& lo, __m512& hi) const {
+    const uint8_t* b = block(n, k);
+    const __m512 d = _mm512_set1_ps(fp16_to_float(b));
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 low_table, high_table;
+    if constexpr (T == kQ5_0) {
+      low_table = _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(16)));
+      high_table = _mm512_mul_ps(d, iota);
+    } else {
+      const __m512 m = _mm512_set1_ps(fp16_to_float(b + 2));
+      low_table = _mm512_add_ps(opaque(_mm512_mul_ps(d, iota)), m);
+      high_table = _mm512_add_ps(opaque(_mm512_mul_ps(d, _mm512_add_ps(iota, _mm512_set1_ps(16)))), m);
+    }
+    uint32_t high;
+    std::memcpy(&high, b + kHigh, sizeof high);
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kHigh + 4)));
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    const __m512i nibbles_lo = _mm512_and_si512(q, _mm512_set1_epi32(0x0F)), nibbles_hi = _mm512_srli_epi32(q, 4);
+    const __m512i qlo = _mm512_mask_or_epi32(nibbles_lo, static_cast<__mmask16>(high & 0xFFFF), nibbles_lo, sixteen);
+    const __m512i qhi = _mm512_mask_or_epi32(nibbles_hi, static_cast<__mmask16>(high >> 16), nibbles_hi, sixteen);
+    lo = _mm512_permutex2var_ps(low_table, qlo, high_table);
+    hi = _mm512_permutex2var_ps(low_table, qhi, high_table);
+  }
+  __m512 load(int64_t n, int64_t k) const {
+    __m512 lo, hi;
+    load_block(n, k - k % 32, Header{}, lo, hi);
+    return k % 32 ? hi : lo;
+  }
+  __m512 load_tail(int64_t n, int64_t k, __mmask16) const { return load(n, k); }
+#else
+  const float* chunk(int64_t n, int64_t k, int64_t, float* buf) const {
+    const uint8_t* b = block(n, k);
+    const float d = fp16_to_float(b);
+    const int64_t first = k % kGgufBlock;
+    for (int64_t i = 0; i < 16; ++i) {
+      const int q = quant(b, first + i);
+      buf[i] = T == kQ5_0 ? d * static_cast<float>(q - 16) : opaque(d * static_cast<float>(q)) + fp16_to_float(b + 2);
+    }
     return buf;
   }
 #endif
@@ -309,11 +380,13 @@ int64_t gguf_columns(const char* op, const at::Tensor& weight, int64_t ggml_type
     case kQ4_0: block_bytes = GgufWeight<kQ4_0>::kBytes; break;
     case kQ4_1: block_bytes = GgufWeight<kQ4_1>::kBytes; break;
     case kQ8_0: block_bytes = GgufWeight<kQ8_0>::kBytes; break;
+    case kQ5_0: block_bytes = Q5Weight<kQ5_0>::kBytes; break;
+    case kQ5_1: block_bytes = Q5Weight<kQ5_1>::kBytes; break;
     case kQ4_K: block_bytes = KQuantWeight<kQ4_K>::kBytes, block_columns = kKQuantBlock; break;
     case kQ6_K: block_bytes = KQuantWeight<kQ6_K>::kBytes, block_columns = kKQuantBlock; break;
     default:
-      TORCH_CHECK(false, op, ": ggml_type must be Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12) or Q6_K (14), got ",
-                  ggml_type);
+      TORCH_CHECK(false, op, ": ggml_type must be Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), Q8_0 (8), Q4_K (12) or ",
+                  "Q6_K (14), got ", ggml_type);
   }
   TORCH_CHECK(weight.device().is_cpu() && weight.scalar_type() == at::kByte && weight.dim() == 2 &&
                   weight.is_contiguous() && weight.size(1) % block_bytes == 0,
@@ -322,7 +395,7 @@ int64_t gguf_columns(const char* op, const at::Tensor& weight, int64_t ggml_type
   return weight.size(1) / block_bytes * block_columns;
 }
 
-// Calls f with the weight policy (GgufWeight, KQuantWeight) of the given type over `weight`.
+// Calls f with the weight policy (GgufWeight, Q5Weight, KQuantWeight) of the given type over `weight`.
 template <class F>
 auto with_gguf_weight(const at::Tensor& weight, int64_t ggml_type, F&& f) {
   const uint8_t* w = weight.const_data_ptr<uint8_t>();
@@ -331,6 +404,8 @@ auto with_gguf_weight(const at::Tensor& weight, int64_t ggml_type, F&& f) {
     case kQ4_0: return f(GgufWeight<kQ4_0>{w, row_bytes});
     case kQ4_1: return f(GgufWeight<kQ4_1>{w, row_bytes});
     case kQ8_0: return f(GgufWeight<kQ8_0>{w, row_bytes});
+    case kQ5_0: return f(Q5Weight<kQ5_0>{w, row_bytes});
+    case kQ5_1: return f(Q5Weight<kQ5_1>{w, row_bytes});
     case kQ4_K: return f(KQuantWeight<kQ4_K>{w, row_bytes});
     default: return f(KQuantWeight<kQ6_K>{w, row_bytes});
   }

@@ -103,9 +103,8 @@ KV_WRITE_FINISHED_HELP = {
 }
 
 
-QUANTIZATION_HELP = ("gguf: keep a GGUF file's Q4_0, Q4_1, Q8_0, Q4_K and Q6_K weights in their blocks (4.5-8.5 "
-                     "bits a weight) and "
-                     "compute with them, the same tokens as the dequantized weights; fp8: an fp8 checkpoint (taken "
+QUANTIZATION_HELP = ("gguf: keep a GGUF file's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K weights in their "
+                     "blocks (4.5-8.5 bits a weight) and compute with them, the same tokens as the dequantized weights; fp8: an fp8 checkpoint (taken "
                      "as saved anyway). Default: the checkpoint as saved, a GGUF file dequantized to --dtype")
 
 

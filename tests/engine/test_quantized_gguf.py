@@ -23,7 +23,7 @@ from tests.models import build_tiny_llama
 
 MAX_TOKENS = 16
 # projections' type -> the embedding's (the LM head is tied to it)
-FILES = {"Q4_0": "Q4_0", "Q4_1": "Q8_0", "Q8_0": "Q8_0"}
+FILES = {"Q4_0": "Q4_0", "Q4_1": "Q8_0", "Q5_1": "Q5_0", "Q8_0": "Q8_0"}
 
 
 @pytest.fixture(scope="module")
