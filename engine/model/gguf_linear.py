@@ -6,14 +6,13 @@ Q5_0/Q8_0 where a row does not hold whole 256-column blocks).
 Each weight row is its blocks as the file stores them: 32 columns a block for Q4_0/Q4_1/Q8_0
 (an fp16 scale d, for Q4_1 an fp16 offset m, then the quants: column j in the low nibble of
 byte j, column j + 16 in its high nibble; Q5_0/Q5_1 add 32 high bits before the nibbles),
-256 for the K-quants (kernels/cpu/gguf_linear.cpp
-describes their layout). The weight is held as uint8 [out, in / block columns x block bytes],
-so `Module.to(dtype)` leaves it alone, and the rows narrow for tensor parallelism and
+256 for the K-quants (kernels/cpu/gguf_linear.cpp describes their layout). The weight is held
+as uint8 [out, in / block columns x block bytes], so `Module.to(dtype)` leaves it alone, and the rows narrow for tensor parallelism and
 llama.cpp's Q/K row order like any weight's.
 
 What it computes is exactly the float32 weight gguf-py's dequantizer gives (Q4_0 d (q - 8),
-Q4_1 d q + m, Q5_0 d (q - 16), Q5_1 d q + m, Q8_0 q d, Q4_K (d sc) q - dmin m, Q6_K (d sc) (q - 32)) times x, which is what
-the engine computed before it kept the blocks:
+Q4_1 d q + m, Q5_0 d (q - 16), Q5_1 d q + m, Q8_0 q d, Q4_K (d sc) q - dmin m, Q6_K
+(d sc) (q - 32)) times x, which is what the engine computed before it kept the blocks:
 - decode batches of 1-8 float32 rows on a CPU: kernels/cpu/gguf_linear.cpp's kernel,
   4 rows a call, reading the blocks and dequantizing 16 or 32 columns at a time in registers
   (the result is skinny_linear's over the dequantized weight, bit for bit);
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pdserve.engine.errors import ModelLoadError
-from pdserve.kernels.cpu import GGUF_BLOCKS, SKINNY_MAX_ROWS
+from pdserve.kernels.cpu import GGUF_BLOCKS, SKINNY_MAX_ROWS, gguf_columns
 
 # ggml type ids kept in their blocks, by name (gguf.GGMLQuantizationType)
 KEPT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
@@ -124,8 +123,7 @@ def _dequantize_q6_k(blocks: torch.Tensor) -> torch.Tensor:
 def _dequantized(weight: torch.Tensor, ggml_type: int, kernel: bool) -> torch.Tensor:
     if not kernel:
         return dequantize_torch(weight, ggml_type)
-    columns, block_bytes = GGUF_BLOCKS[ggml_type]
-    out = torch.empty(weight.shape[0], weight.shape[1] // block_bytes * columns, dtype=torch.float32)
+    out = torch.empty(weight.shape[0], gguf_columns(weight.shape[1], ggml_type), dtype=torch.float32)
     torch.ops.pdserve.dequantize_gguf(out, weight, ggml_type)
     return out
 
