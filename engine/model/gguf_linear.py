@@ -7,8 +7,8 @@ Each weight row is its blocks as the file stores them: 32 columns a block for Q4
 (an fp16 scale d, for Q4_1 an fp16 offset m, then the quants: column j in the low nibble of
 byte j, column j + 16 in its high nibble; Q5_0/Q5_1 add 32 high bits before the nibbles),
 256 for the K-quants (kernels/cpu/gguf_linear.cpp describes their layout). The weight is held
-as uint8 [out, in / block columns x block bytes], so `Module.to(dtype)` leaves it alone, and the rows narrow for tensor parallelism and
-llama.cpp's Q/K row order like any weight's.
+as uint8 [out, in / block columns x block bytes], so `Module.to(dtype)` leaves it alone, and
+the rows narrow for tensor parallelism and llama.cpp's Q/K row order like any weight's.
 
 What it computes is exactly the float32 weight gguf-py's dequantizer gives (Q4_0 d (q - 8),
 Q4_1 d q + m, Q5_0 d (q - 16), Q5_1 d q + m, Q8_0 q d, Q4_K (d sc) q - dmin m, Q6_K
